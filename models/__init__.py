@@ -1,0 +1,45 @@
+"""The math of privrec: pure numpy, no I/O.
+
+Contextual bandits (LinUCB, CoLin, GOB.Lin) in one Kronecker family, the
+continual-release mechanisms that privatise their statistics, privacy
+events and accountants, the collaboration graphs, the synthetic environment
+of the collaborative paper, and plain-bytes state codecs.
+
+Nothing here imports Kafka, Redis, faust, reads files, reads the clock or
+configures logging: the same objects run inside the streaming pipeline and
+in offline experiments. Time enters as a tick count and randomness as a seed.
+
+Modules
+-------
+policies      LinUCB / CoLin / GOB.Lin, non-private, global-DP and local-DP
+mechanisms    continual-release trees: ``step(state, increment) -> (release, state, event)``
+accounting    DP events, zCDP / Gaussian-DP / Laplace accountants, calibration
+noise         keyed (counter-based) noise: never redrawn, exactly restorable
+graphs        W, G^{-1/2}, sensitivities
+environment   the paper's synthetic environment with a regret oracle
+"""
+
+from .accounting import GaussianTreeEvent, LaplaceTreeEvent, NoNoiseEvent, ZCDPAccountant, GDPAccountant
+from .environment import SyntheticEnvironment
+from .mechanisms import MECHANISMS, BinaryTreeMechanism, TreeState, make_mechanism
+from .noise import KeyedNoise
+from .policies import ALGORITHMS, KroneckerUCB, PrivacyConfig, RandomPolicy, make_policy
+
+__all__ = [
+    "ALGORITHMS",
+    "MECHANISMS",
+    "BinaryTreeMechanism",
+    "GDPAccountant",
+    "GaussianTreeEvent",
+    "KeyedNoise",
+    "KroneckerUCB",
+    "LaplaceTreeEvent",
+    "NoNoiseEvent",
+    "PrivacyConfig",
+    "RandomPolicy",
+    "SyntheticEnvironment",
+    "TreeState",
+    "ZCDPAccountant",
+    "make_mechanism",
+    "make_policy",
+]

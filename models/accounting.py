@@ -1,0 +1,358 @@
+"""Privacy events, accountants and noise calibration.
+
+A mechanism describes what it spends with a frozen *event* (its
+hyperparameters, nothing else); an *accountant* turns events into a
+guarantee. Mechanisms never compute guarantees themselves, and accountants
+never touch mechanisms (after google/differential-privacy's ``dp_accounting``).
+
+Neighbouring relation throughout: **event level, replace-one** — two streams
+differ in the reward (and, for algorithms that protect contexts, the
+context) of one interaction. A continual-release tree of ``h`` levels puts
+every leaf in at most ``h`` nodes, so one interaction touches at most ``h``
+node releases (ERRATA §1).
+
+Conversions (ERRATA §1, §5):
+
+* zCDP: a Gaussian tree with per-node noise ``sigma`` and L2 sensitivity
+  ``Delta`` is ``rho = h * Delta**2 / (2 sigma**2)``-zCDP, which implies
+  ``(rho + 2 sqrt(rho ln(1/delta)), delta)``-DP.
+* Exact (Gaussian DP): the ``h`` Gaussian node releases compose to one
+  ``mu``-GDP mechanism with ``mu = sqrt(h) * Delta / sigma``, which is
+  ``(epsilon, delta)``-DP exactly when
+  ``Phi(-epsilon/mu + mu/2) - e**epsilon Phi(-epsilon/mu - mu/2) <= delta``.
+* Laplace: per-node scale ``b = Delta_1 * h / epsilon`` gives pure
+  ``epsilon``-DP only when ``Delta_1`` is the **L1** sensitivity. The
+  papers calibrate with the L2 sensitivity ("paper" calibration): that is
+  *not* an ``epsilon``-DP guarantee; its real pure-DP level is
+  ``epsilon * Delta_1 / Delta_2``.
+
+Examples
+--------
+>>> round(rho_from_epsilon(2.0, 1e-5), 4)
+0.08
+>>> round(epsilon_from_rho(rho_from_epsilon(2.0, 1e-5), 1e-5), 9)
+2.0
+>>> ev = GaussianTreeEvent(noise_multiplier=9.35, max_nodes_per_leaf=14)
+>>> g = ZCDPAccountant().compose(ev).guarantee(1e-5)
+>>> (round(g.epsilon, 2), g.delta, g.valid)
+(2.0, 1e-05, True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "DpEvent",
+    "NoNoiseEvent",
+    "LaplaceTreeEvent",
+    "GaussianTreeEvent",
+    "Guarantee",
+    "ZCDPAccountant",
+    "GDPAccountant",
+    "LaplaceAccountant",
+    "UnsupportedEventError",
+    "describe",
+    "rho_from_epsilon",
+    "epsilon_from_rho",
+    "gdp_delta",
+    "gdp_epsilon",
+    "gdp_mu",
+    "check_epsilon",
+    "check_delta",
+]
+
+
+def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
+    """Validate a privacy parameter: ``epsilon > 0`` (``inf`` = no privacy)."""
+    eps = float(epsilon)
+    if math.isnan(eps) or eps <= 0:
+        raise ValueError(f"`{name}` must be positive (use inf for no noise), got {epsilon}.")
+    return eps
+
+
+def check_delta(delta: float, name: str = "delta") -> float:
+    """Validate ``0 < delta < 1``."""
+    d = float(delta)
+    if not 0.0 < d < 1.0:
+        raise ValueError(f"`{name}` must be in (0, 1), got {delta}.")
+    return d
+
+
+def rho_from_epsilon(epsilon: float, delta: float) -> float:
+    """Largest zCDP ``rho`` whose conversion gives ``(epsilon, delta)``-DP.
+
+    ``rho = (sqrt(epsilon + ln(1/delta)) - sqrt(ln(1/delta)))**2``; the exact
+    inverse of :func:`epsilon_from_rho`.
+    """
+    eps, dl = check_epsilon(epsilon), check_delta(delta)
+    if math.isinf(eps):
+        return math.inf
+    L = math.log(1.0 / dl)
+    return (math.sqrt(eps + L) - math.sqrt(L)) ** 2
+
+
+def epsilon_from_rho(rho: float, delta: float) -> float:
+    """``epsilon = rho + 2 sqrt(rho ln(1/delta))`` (Bun & Steinke 2016, Prop. 1.3)."""
+    if rho < 0:
+        raise ValueError(f"`rho` must be non-negative, got {rho}.")
+    dl = check_delta(delta)
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / dl))
+
+
+def _phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def gdp_delta(mu: float, epsilon: float) -> float:
+    """Exact ``delta`` of a ``mu``-GDP mechanism at ``epsilon`` (Dong, Roth, Su 2019, Cor. 2.13)."""
+    if mu <= 0:
+        return 0.0
+    if math.isinf(mu):
+        return 1.0
+    a = -epsilon / mu + mu / 2.0
+    b = -epsilon / mu - mu / 2.0
+    # e^eps * Phi(b) computed in log space to avoid overflow at large eps
+    tail = 0.0 if _phi(b) == 0.0 else math.exp(epsilon + math.log(_phi(b)))
+    return max(0.0, _phi(a) - tail)
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Smallest ``epsilon`` with ``gdp_delta(mu, epsilon) <= delta`` (bisection)."""
+    check_delta(delta)
+    if mu <= 0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while gdp_delta(mu, hi) > delta:
+        hi *= 2.0
+        if hi > 1e6:
+            return math.inf
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if gdp_delta(mu, mid) > delta:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+    """Largest ``mu`` whose ``mu``-GDP mechanism is ``(epsilon, delta)``-DP (bisection)."""
+    eps, dl = check_epsilon(epsilon), check_delta(delta)
+    if math.isinf(eps):
+        return math.inf
+    lo, hi = 0.0, 1.0
+    while gdp_delta(hi, eps) <= dl:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if gdp_delta(mid, eps) <= dl:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# --------------------------------------------------------------------------- events
+
+
+@runtime_checkable
+class DpEvent(Protocol):
+    """What a mechanism spent; frozen, append-only (add types, never change fields)."""
+
+    @property
+    def kind(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NoNoiseEvent:
+    """A release without noise (``epsilon = inf``): no privacy."""
+
+    kind: str = field(default="none", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class LaplaceTreeEvent:
+    """A continual-release tree with i.i.d. Laplace node noise.
+
+    Attributes
+    ----------
+    noise_multiplier
+        Per-node, per-coordinate Laplace scale divided by the sensitivity it
+        was calibrated to.
+    max_nodes_per_leaf
+        ``h``: the most node releases one leaf (one interaction) touches.
+    sensitivity_norm
+        ``"l1"`` (a valid pure-DP calibration) or ``"l2"`` (the papers'
+        calibration, not a valid pure-DP guarantee).
+    """
+
+    noise_multiplier: float
+    max_nodes_per_leaf: int
+    sensitivity_norm: Literal["l1", "l2"] = "l1"
+    kind: str = field(default="laplace_tree", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class GaussianTreeEvent:
+    """A continual-release tree with i.i.d. Gaussian node noise.
+
+    Attributes
+    ----------
+    noise_multiplier
+        Per-node, per-coordinate std divided by the L2 sensitivity of a leaf.
+    max_nodes_per_leaf
+        ``h``: the most node releases one leaf touches.
+    """
+
+    noise_multiplier: float
+    max_nodes_per_leaf: int
+    kind: str = field(default="gaussian_tree", init=False)
+
+
+# --------------------------------------------------------------------------- accountants
+
+
+class UnsupportedEventError(TypeError):
+    """An accountant was given an event it cannot account for."""
+
+    def __init__(self, accountant: str, event: object) -> None:
+        super().__init__(f"{accountant} does not support event {event!r}.")
+        self.accountant = accountant
+        self.event = event
+
+
+@dataclass(frozen=True, slots=True)
+class Guarantee:
+    """An ``(epsilon, delta)`` statement and whether it is a valid DP proof."""
+
+    epsilon: float
+    delta: float
+    valid: bool
+    note: str
+
+
+class ZCDPAccountant:
+    """Composes Gaussian events in zero-concentrated DP; converts to ``(epsilon, delta)``.
+
+    Examples
+    --------
+    >>> acc = ZCDPAccountant().compose(GaussianTreeEvent(2.0, 4))
+    >>> acc.rho
+    0.5
+    """
+
+    def __init__(self) -> None:
+        self.rho = 0.0
+        self.ledger: list[DpEvent] = []
+
+    def supports(self, event: DpEvent) -> bool:
+        return isinstance(event, (GaussianTreeEvent, NoNoiseEvent))
+
+    def compose(self, event: DpEvent, count: int = 1) -> ZCDPAccountant:
+        if count < 1:
+            raise ValueError(f"`count` must be positive, got {count}.")
+        if not self.supports(event):  # check first, commit second
+            raise UnsupportedEventError("ZCDPAccountant", event)
+        if isinstance(event, NoNoiseEvent):
+            self.rho = math.inf
+        else:
+            nm = event.noise_multiplier
+            self.rho += math.inf if nm == 0 else count * event.max_nodes_per_leaf / (2 * nm * nm)
+        self.ledger.append(event)
+        return self
+
+    def epsilon(self, delta: float) -> float:
+        return math.inf if math.isinf(self.rho) else epsilon_from_rho(self.rho, delta)
+
+    def guarantee(self, delta: float) -> Guarantee:
+        eps = self.epsilon(delta)
+        return Guarantee(eps, delta, not math.isinf(eps), f"zCDP rho={self.rho:.6g}")
+
+
+class GDPAccountant:
+    """Composes Gaussian events exactly in Gaussian DP (``mu`` adds in quadrature)."""
+
+    def __init__(self) -> None:
+        self.mu_squared = 0.0
+        self.ledger: list[DpEvent] = []
+
+    def supports(self, event: DpEvent) -> bool:
+        return isinstance(event, (GaussianTreeEvent, NoNoiseEvent))
+
+    def compose(self, event: DpEvent, count: int = 1) -> GDPAccountant:
+        if count < 1:
+            raise ValueError(f"`count` must be positive, got {count}.")
+        if not self.supports(event):
+            raise UnsupportedEventError("GDPAccountant", event)
+        if isinstance(event, NoNoiseEvent) or event.noise_multiplier == 0:
+            self.mu_squared = math.inf
+        else:
+            self.mu_squared += count * event.max_nodes_per_leaf / event.noise_multiplier**2
+        self.ledger.append(event)
+        return self
+
+    @property
+    def mu(self) -> float:
+        return math.sqrt(self.mu_squared)
+
+    def epsilon(self, delta: float) -> float:
+        return math.inf if math.isinf(self.mu_squared) else gdp_epsilon(self.mu, delta)
+
+    def guarantee(self, delta: float) -> Guarantee:
+        eps = self.epsilon(delta)
+        return Guarantee(eps, delta, not math.isinf(eps), f"GDP mu={self.mu:.6g}")
+
+
+class LaplaceAccountant:
+    """Basic composition of Laplace tree events (pure DP).
+
+    An ``"l2"``-calibrated event yields the papers' *claimed* epsilon with
+    ``valid=False``: it is not a differential-privacy guarantee.
+    """
+
+    def __init__(self) -> None:
+        self.epsilon_sum = 0.0
+        self.valid = True
+        self.ledger: list[DpEvent] = []
+
+    def supports(self, event: DpEvent) -> bool:
+        return isinstance(event, (LaplaceTreeEvent, NoNoiseEvent))
+
+    def compose(self, event: DpEvent, count: int = 1) -> LaplaceAccountant:
+        if count < 1:
+            raise ValueError(f"`count` must be positive, got {count}.")
+        if not self.supports(event):
+            raise UnsupportedEventError("LaplaceAccountant", event)
+        if isinstance(event, NoNoiseEvent) or event.noise_multiplier == 0:
+            self.epsilon_sum = math.inf
+        else:
+            self.epsilon_sum += count * event.max_nodes_per_leaf / event.noise_multiplier
+            if event.sensitivity_norm != "l1":
+                self.valid = False
+        self.ledger.append(event)
+        return self
+
+    def guarantee(self, delta: float = 0.0) -> Guarantee:
+        if self.valid:
+            return Guarantee(self.epsilon_sum, 0.0, not math.isinf(self.epsilon_sum), "pure DP (L1)")
+        return Guarantee(
+            self.epsilon_sum,
+            0.0,
+            False,
+            "paper calibration: Laplace noise scaled to the L2 sensitivity; "
+            "not an epsilon-DP guarantee (real level epsilon*Delta_1/Delta_2)",
+        )
+
+
+def describe(event: DpEvent, delta: float) -> Guarantee:
+    """The guarantee one event gives on its own, with the tightest accountant we have."""
+    if isinstance(event, GaussianTreeEvent):
+        return GDPAccountant().compose(event).guarantee(delta)
+    if isinstance(event, LaplaceTreeEvent):
+        return LaplaceAccountant().compose(event).guarantee(delta)
+    if isinstance(event, NoNoiseEvent):
+        return Guarantee(math.inf, 1.0, False, "no noise")
+    raise UnsupportedEventError("describe", event)

@@ -1,0 +1,495 @@
+"""LinUCB, CoLin and GOB.Lin, non-private and private, as one Kronecker family.
+
+Every algorithm is ridge regression on ``x_tilde = kron(V[:, u], x)`` with
+UCB arm choice (spec collaborative-dp-bandits §2, §5):
+
+    A = lambda_ I + sum x_tilde x_tilde^T,   b = sum x_tilde r,
+    score(x) = x^T theta_u + alpha * sqrt(x^T C_u x),
+
+with ``theta_u = (V[:,u]^T ⊗ I_d) A^{-1} b`` and
+``C_u = (V[:,u]^T ⊗ I_d) A^{-1} (V[:,u] ⊗ I_d)`` (ERRATA §3). ``V = I``
+(LinUCB) keeps ``A`` block-diagonal: one ``d x d`` inverse per user.
+Otherwise ``A^{-1}`` is ``dN x dN`` and updated by Sherman–Morrison; a
+decision costs ``O(N^2 d^2 + K d^2)`` instead of ``O(K (dN)^2)``.
+
+Privacy (spec §3, §4): ``A`` depends only on public contexts and is used
+exactly. ``b`` depends on rewards and is used only through a continual-release
+mechanism:
+
+* ``privacy="global"``: one server-side tree over the ``dN`` vector ``b``
+  with sensitivity ``max_u Lx ||V[:, u]||_2``;
+* ``privacy="local"``: one tree per user over that user's own ``b_u`` (its
+  full ``dN`` vector; spec G20) with sensitivity ``Lx ||V[:, u]||_2``; the
+  server sums the users' latest releases.
+
+Releases happen every ``tick`` interactions; between ticks decisions use the
+statistics of the last release (the Gram snapshot and the released ``b``),
+exactly as the streaming pipeline's serving models do.
+
+Examples
+--------
+>>> import numpy as np
+>>> from models.graphs import uniform_w
+>>> pol = make_policy("CoLin", d=2, W=uniform_w(3), seed=0)
+>>> X = np.array([[1.0, 0.0], [0.0, 1.0]])
+>>> pol.select(0, X)
+0
+>>> pol.update(0, X[1], 1.0)
+>>> pol.select(1, X)
+1
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.linalg.blas import dger
+
+from ._codec import decode_arrays, encode_arrays
+from .graphs import adjacency_from_w, goblin_projection, sensitivities, validate_w
+from .mechanisms import Mechanism, TreeState, levels_for_horizon, make_mechanism
+
+__all__ = [
+    "Policy",
+    "KroneckerUCB",
+    "RandomPolicy",
+    "PrivacyConfig",
+    "ALGORITHMS",
+    "make_policy",
+    "projection_for",
+]
+
+FloatArray = NDArray[np.float64]
+PrivacyMode = Literal["none", "global", "local"]
+
+
+class Policy(Protocol):
+    """A contextual bandit policy over per-round candidate sets."""
+
+    def select(self, user: int, contexts: FloatArray) -> int: ...
+
+    def update(self, user: int, context: FloatArray, reward: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PrivacyConfig:
+    """How ``b`` is released.
+
+    Attributes
+    ----------
+    mode
+        ``"none"``, ``"global"`` (trusted server adds the noise) or
+        ``"local"`` (each user perturbs its own statistic).
+    mechanism
+        A name from :data:`models.mechanisms.MECHANISMS`.
+    epsilon, delta
+        Privacy parameters (``delta`` only for Gaussian mechanisms);
+        ``epsilon = inf`` switches noise off.
+    horizon
+        Expected number of interactions ``T``; sizes the trees
+        (``levels = bitlength(ceil(T / tick))``; per-user trees use
+        ``ceil(T / N)`` interactions). Longer streams roll over to new epochs.
+    tick
+        Interactions per release.
+    seed
+        Secret seed of the mechanisms' keyed noise.
+    """
+
+    mode: PrivacyMode = "none"
+    mechanism: str = "paper"
+    epsilon: float = math.inf
+    delta: float = 1e-5
+    horizon: int = 10_000
+    tick: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("none", "global", "local"):
+            raise ValueError(f"`mode` must be 'none', 'global' or 'local', got {self.mode!r}.")
+        if int(self.tick) < 1:
+            raise ValueError(f"`tick` must be a positive number of interactions, got {self.tick}.")
+        if int(self.horizon) < 1:
+            raise ValueError(f"`horizon` must be positive, got {self.horizon}.")
+        if math.isnan(self.epsilon) or self.epsilon <= 0:
+            raise ValueError(f"`epsilon` must be positive (inf for no noise), got {self.epsilon}.")
+        if not 0.0 < self.delta < 1.0:
+            raise ValueError(f"`delta` must be in (0, 1), got {self.delta}.")
+
+
+class KroneckerUCB:
+    """UCB on ``kron(V[:, u], x)``: LinUCB (``V = I``), CoLin (``V = W``), GOB.Lin (``V = G^{-1/2}``).
+
+    Parameters
+    ----------
+    d
+        Context dimension.
+    V
+        ``N x N`` user-mixing matrix; the identity gives independent per-user
+        models stored block-diagonally.
+    lambda_
+        Ridge weight ``lambda``.
+    alpha
+        Exploration width: a constant, or ``"theory"`` for the papers'
+        confidence widths with the noise term corrected by ERRATA O1
+        (a smoke test only: it is worse than random play, feasibility §0).
+    privacy
+        How ``b`` is released (:class:`PrivacyConfig`).
+    context_bound
+        ``Lx``: contexts are assumed to satisfy ``||x||_2 <= Lx``.
+    theory_delta
+        Failure probability in the theory widths (spec G8: 0.1).
+    """
+
+    def __init__(
+        self,
+        *,
+        d: int,
+        V: FloatArray,
+        lambda_: float = 0.1,
+        alpha: float | Literal["theory"] = 0.3,
+        privacy: PrivacyConfig | None = None,
+        context_bound: float = 1.0,
+        theory_delta: float = 0.1,
+    ) -> None:
+        V = np.asarray(V, dtype=np.float64)
+        if int(d) < 1:
+            raise ValueError(f"`d` must be a positive integer, got {d}.")
+        if V.ndim != 2 or V.shape[0] != V.shape[1] or V.shape[0] < 1:
+            raise ValueError(f"`V` must be a square N x N matrix, got shape {V.shape}.")
+        if not np.isfinite(V).all():
+            raise ValueError("`V` must be finite.")
+        zero = np.flatnonzero(np.linalg.norm(V, axis=0) == 0)
+        if zero.size:
+            raise ValueError(f"`V` has zero column(s) {zero.tolist()}.")
+        if not (lambda_ > 0 and math.isfinite(lambda_)):
+            raise ValueError(f"`lambda_` must be positive, got {lambda_}.")
+        if alpha != "theory" and not (isinstance(alpha, (int, float)) and alpha >= 0 and math.isfinite(alpha)):
+            raise ValueError(f"`alpha` must be a non-negative number or 'theory', got {alpha!r}.")
+        if not context_bound > 0:
+            raise ValueError(f"`context_bound` must be positive, got {context_bound}.")
+        if not 0 < theory_delta < 1:
+            raise ValueError(f"`theory_delta` must be in (0, 1), got {theory_delta}.")
+        self.d = int(d)
+        self.V = V
+        self.n_users = V.shape[0]
+        self.lambda_ = float(lambda_)
+        self.alpha = alpha
+        self.privacy = privacy or PrivacyConfig()
+        self.context_bound = float(context_bound)
+        self.theory_delta = float(theory_delta)
+        self.block = bool(np.array_equal(V, np.eye(self.n_users)))
+        self.dim = self.d * self.n_users
+        self.user_sensitivity: FloatArray = sensitivities(V, self.context_bound)
+        self.tick = int(self.privacy.tick)
+        self._vnorm2 = np.linalg.norm(V, axis=0) ** 2
+        self._build_mechanisms()
+        self.reset()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _build_mechanisms(self) -> None:
+        p = self.privacy
+        self.mechanism: Mechanism | None = None
+        self.user_mechanisms: list[Mechanism] = []
+        ticks = -(-p.horizon // p.tick)
+        if p.mode == "global":
+            self.mechanism = make_mechanism(
+                p.mechanism, dim=self.dim, sensitivity=float(self.user_sensitivity.max()), epsilon=p.epsilon,
+                delta=p.delta, horizon=ticks, seed=p.seed, stream=0,
+                sensitivity_l1=self._l1_sensitivity(None))
+        elif p.mode == "local":
+            per_user = min(ticks, -(-p.horizon // self.n_users))
+            self.user_mechanisms = [
+                make_mechanism(p.mechanism, dim=self._user_dim, sensitivity=float(self.user_sensitivity[u]),
+                               epsilon=p.epsilon, delta=p.delta, horizon=per_user, seed=p.seed, stream=1 + u,
+                               sensitivity_l1=self._l1_sensitivity(u))
+                for u in range(self.n_users)]
+
+    @property
+    def _user_dim(self) -> int:
+        # A local LinUCB user's statistic is its own d-block (the rest is identically zero).
+        return self.d if self.block else self.dim
+
+    def _l1_sensitivity(self, user: int | None) -> float:
+        """``max ||x_tilde||_1`` for ``||x||_2 <= Lx``: ``sqrt(d) Lx ||V[:,u]||_1``."""
+        l1 = np.abs(self.V).sum(axis=0) * math.sqrt(self.d) * self.context_bound
+        return float(l1.max() if user is None else l1[user])
+
+    def reset(self) -> None:
+        """Forget everything learned (keeps the hyperparameters and the noise key)."""
+        n, d = self.n_users, self.d
+        if self.block:
+            self.ainv: FloatArray = np.tile(np.eye(d) / self.lambda_, (n, 1, 1))
+        else:
+            self.ainv = np.eye(self.dim) / self.lambda_
+        self.t = 0
+        self.vnorm2_sum = 0.0
+        self.pending = np.zeros(self.dim)
+        self.b_exact = np.zeros(self.dim)
+        self.b_released = np.zeros(self.dim)
+        self.ainv_released = self.ainv if self.tick == 1 else self.ainv.copy()
+        self.mech_state: TreeState | None = self.mechanism.init_state() if self.mechanism else None
+        self.user_states: list[TreeState] = [m.init_state() for m in self.user_mechanisms]
+        self.user_pending = np.zeros((n, self._user_dim)) if self.user_mechanisms else np.zeros((0, 0))
+        self.user_eta = np.zeros((n, self.dim)) if self.user_mechanisms else np.zeros((0, 0))
+        self._cache: dict[int, tuple[FloatArray, FloatArray]] = {}
+
+    # ------------------------------------------------------------------ decisions
+
+    def serving_model(self, user: int) -> tuple[FloatArray, FloatArray]:
+        """``(theta_u, C_u)`` from the last release: the whole per-user serving model."""
+        hit = self._cache.get(user)
+        if hit is not None:
+            return hit
+        ainv, b = self.ainv_released, self.b_released
+        d = self.d
+        if self.block:
+            C = ainv[user]
+            theta = C @ b[user * d:(user + 1) * d]
+        else:
+            v = self.V[:, user]
+            # Qt = (v^T ⊗ I_d) A^{-1}, shape (d, dN): a weighted sum of A^{-1}'s row blocks,
+            # one contiguous gemv (A^{-1} is symmetric, so Qt = Q^T with Q = A^{-1} (v ⊗ I_d)).
+            Qt = (v @ ainv.reshape(self.n_users, d * self.dim)).reshape(d, self.dim)
+            C = Qt.reshape(d, self.n_users, d).transpose(0, 2, 1) @ v
+            theta = Qt @ b
+        if self.tick > 1:
+            self._cache[user] = (theta, C)
+        return theta, C
+
+    def scores(self, user: int, contexts: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """``(mean, bonus)`` per candidate; the UCB score is their sum."""
+        self._check_user(user)
+        X = np.asarray(contexts, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.d:
+            raise ValueError(f"`contexts` must have shape (K, {self.d}), got {X.shape}.")
+        theta, C = self.serving_model(user)
+        mean = X @ theta
+        width = np.sqrt(np.maximum(((X @ C) * X).sum(axis=1), 0.0))
+        return mean, self.current_alpha() * width
+
+    def select(self, user: int, contexts: FloatArray) -> int:
+        """Index (into ``contexts``) of the arm with the highest UCB score; first on ties."""
+        mean, bonus = self.scores(user, contexts)
+        return int(np.argmax(mean + bonus))
+
+    # ------------------------------------------------------------------ learning
+
+    def update(self, user: int, context: FloatArray, reward: float) -> None:
+        """Record that ``user`` was shown ``context`` and gave ``reward``."""
+        self._check_user(user)
+        x = np.asarray(context, dtype=np.float64)
+        if x.shape != (self.d,):
+            raise ValueError(f"`context` must have shape ({self.d},), got {x.shape}.")
+        r = float(reward)
+        if not math.isfinite(r):
+            raise ValueError(f"`reward` must be finite, got {reward}.")
+        d = self.d
+        if self.block:
+            _sherman_morrison(self.ainv[user], x)
+            sl = slice(user * d, (user + 1) * d)
+            self.pending[sl] += r * x
+            if self.user_mechanisms:
+                self.user_pending[user] += r * x
+        else:
+            xt = (self.V[:, user, None] * x).ravel()  # = kron(V[:, user], x)
+            _sherman_morrison(self.ainv, xt)
+            z = r * xt
+            self.pending += z
+            if self.user_mechanisms:
+                self.user_pending[user] += z
+        self.t += 1
+        self.vnorm2_sum += float(self._vnorm2[user])
+        if self.t % self.tick == 0:
+            self.release()
+
+    def release(self) -> None:
+        """Publish the statistics accumulated since the last tick (one tick)."""
+        self.b_exact = self.b_exact + self.pending
+        if self.mechanism is not None and self.mech_state is not None:
+            released, self.mech_state, _ = self.mechanism.step(self.mech_state, self.pending)
+            self.b_released = released
+        elif self.user_mechanisms:
+            d = self.d
+            for u in np.flatnonzero(np.any(self.user_pending != 0, axis=1)):
+                m = self.user_mechanisms[u]
+                _, self.user_states[u], _ = m.step(self.user_states[u], self.user_pending[u])
+                eta = m.noise(self.user_states[u])
+                if self.block:
+                    self.user_eta[u, u * d:(u + 1) * d] = eta
+                else:
+                    self.user_eta[u] = eta
+            self.user_pending[:] = 0.0
+            # = sum over users of their latest noisy b_u (exactly b when noise is off)
+            self.b_released = self.b_exact + self.user_eta.sum(axis=0)
+        else:
+            self.b_released = self.b_exact
+        self.pending = np.zeros(self.dim)
+        if self.tick > 1:
+            self.ainv_released = self.ainv.copy()
+            self._cache.clear()
+
+    # ------------------------------------------------------------------ widths
+
+    def current_alpha(self) -> float:
+        """The exploration width in force now."""
+        if self.alpha != "theory":
+            return float(self.alpha)
+        lam, dn, dl = self.lambda_, self.dim, self.theory_delta
+        # Lemma 2 (fixed: -2 log delta inside the root), S = sqrt(N) for unit theta_i
+        base = math.sqrt(dn * math.log(1 + self.vnorm2_sum / (lam * dn)) - 2 * math.log(dl))
+        base += math.sqrt(lam) * math.sqrt(self.n_users)
+        return base + self._noise_bound() / math.sqrt(lam)
+
+    def _noise_bound(self) -> float:
+        """High-probability bound on ``||eta||_2`` (ERRATA O1), ``zeta = theory_delta``."""
+        zeta = self.theory_delta
+        if self.mechanism is not None and self.mech_state is not None:
+            return _tree_noise_bound(self.mechanism, self.mech_state.step, self.dim, zeta)
+        total = 0.0
+        for m, s in zip(self.user_mechanisms, self.user_states):
+            total += _tree_noise_bound(m, s.step, self.dim, zeta) ** 2
+        return math.sqrt(total)
+
+    # ------------------------------------------------------------------ state
+
+    SCHEMA = "privrec.KroneckerUCB/1"
+
+    def to_mapping(self) -> dict[str, bytes]:
+        """All learned state as plain bytes (restored bit-exactly by :meth:`load_mapping`)."""
+        arrays: dict[str, NDArray[np.generic]] = {
+            "ainv": self.ainv, "pending": self.pending, "b_exact": self.b_exact, "b_released": self.b_released,
+            "user_pending": self.user_pending, "user_eta": self.user_eta,
+        }
+        if self.tick > 1:
+            arrays["ainv_released"] = self.ainv_released
+        out = encode_arrays(arrays, scalars={"t": self.t, "vnorm2_sum": self.vnorm2_sum}, schema=self.SCHEMA)
+        if self.mech_state is not None:
+            out.update({f"global/{k}": v for k, v in self.mech_state.to_mapping().items()})
+        for u, s in enumerate(self.user_states):
+            out.update({f"user{u}/{k}": v for k, v in s.to_mapping().items()})
+        return out
+
+    def load_mapping(self, mapping: dict[str, bytes]) -> None:
+        """Restore the state written by :meth:`to_mapping` into this (same-config) policy."""
+        own = {k: v for k, v in mapping.items() if "/" not in k}
+        arrays, scalars = decode_arrays(own, schema=self.SCHEMA)  # type: ignore[arg-type]
+        if arrays["ainv"].shape != self.ainv.shape:
+            raise ValueError(f"state has `ainv` of shape {arrays['ainv'].shape}, expected {self.ainv.shape}.")
+        self.ainv = arrays["ainv"].astype(np.float64)
+        self.pending = arrays["pending"].astype(np.float64)
+        self.b_exact = arrays["b_exact"].astype(np.float64)
+        self.b_released = arrays["b_released"].astype(np.float64)
+        self.user_pending = arrays["user_pending"].astype(np.float64)
+        self.user_eta = arrays["user_eta"].astype(np.float64)
+        self.ainv_released = arrays["ainv_released"].astype(np.float64) if self.tick > 1 else self.ainv
+        self.t = int(scalars["t"])  # type: ignore[arg-type]
+        self.vnorm2_sum = float(scalars["vnorm2_sum"])  # type: ignore[arg-type]
+        if self.mech_state is not None:
+            self.mech_state = TreeState.from_mapping(_sub(mapping, "global/"))
+        self.user_states = [TreeState.from_mapping(_sub(mapping, f"user{u}/")) for u in range(len(self.user_states))]
+        self._cache.clear()
+
+    def _check_user(self, user: int) -> None:
+        if not (isinstance(user, (int, np.integer)) and 0 <= user < self.n_users):
+            raise ValueError(f"`user` must be an integer in [0, {self.n_users}), got {user!r}.")
+
+
+class RandomPolicy:
+    """Uniformly random choice, keyed by ``(seed, t)`` so that it needs no RNG state."""
+
+    def __init__(self, *, seed: int = 0) -> None:
+        self.seed = int(seed)
+        self.t = 0
+
+    def select(self, user: int, contexts: FloatArray) -> int:
+        g = np.random.Generator(np.random.Philox(key=[self.seed, 0], counter=[0, self.t, 0, 0]))
+        return int(g.integers(len(contexts)))
+
+    def update(self, user: int, context: FloatArray, reward: float) -> None:
+        self.t += 1
+
+
+def _sub(mapping: dict[str, bytes], prefix: str) -> dict[str, bytes]:
+    return {k[len(prefix):]: v for k, v in mapping.items() if k.startswith(prefix)}
+
+
+def _sherman_morrison(ainv: FloatArray, x: FloatArray) -> None:
+    """In place: ``ainv <- (A + x x^T)^{-1}`` for symmetric ``ainv = A^{-1}``."""
+    ax = ainv @ x
+    denom = 1.0 + float(x @ ax)
+    # dger on the F-ordered view of the C-ordered symmetric matrix updates it in place.
+    dger(-1.0 / denom, ax, ax, a=ainv.T, overwrite_a=1)
+
+
+def _tree_noise_bound(mech: Mechanism, step: int, dim: int, zeta: float) -> float:
+    k = max(1, bin(step).count("1"))
+    scale = float(getattr(mech, "scale", 0.0))
+    if scale == 0:
+        return 0.0
+    if getattr(mech, "noise_kind", "gaussian") == "gaussian":
+        return scale * math.sqrt(k) * (math.sqrt(dim) + math.sqrt(2 * math.log(1 / zeta)))
+    return math.sqrt(dim) * k * scale * math.log(k * dim / zeta)
+
+
+# --------------------------------------------------------------------------- registry
+
+#: The algorithms of the collaborative paper: name -> (structure, privacy mode).
+ALGORITHMS: dict[str, tuple[str, PrivacyMode]] = {
+    "LinUCB": ("linucb", "none"),
+    "CoLin": ("colin", "none"),
+    "GOBLin": ("goblin", "none"),
+    "DP-LinUCB": ("linucb", "global"),
+    "DP-CoLin": ("colin", "global"),
+    "DP-GOBLin": ("goblin", "global"),
+    "LDP-CoLin": ("colin", "local"),
+    "LDP-GOBLin": ("goblin", "local"),
+}
+
+
+def projection_for(structure: str, W: FloatArray, goblin_scale: float = 1.0) -> FloatArray:
+    """``V`` for ``"linucb"`` (identity), ``"colin"`` (``W``) or ``"goblin"`` (``G^{-1/2}``)."""
+    W = validate_w(W)
+    if structure == "linucb":
+        return np.eye(W.shape[0])
+    if structure == "colin":
+        return W
+    if structure == "goblin":
+        return goblin_projection(adjacency_from_w(W), goblin_scale)
+    raise ValueError(f"`structure` must be 'linucb', 'colin' or 'goblin', got {structure!r}.")
+
+
+def make_policy(
+    name: str,
+    *,
+    d: int,
+    W: FloatArray,
+    lambda_: float = 0.1,
+    alpha: float | Literal["theory"] = 0.3,
+    epsilon: float = math.inf,
+    delta: float = 1e-5,
+    mechanism: str = "paper",
+    horizon: int = 10_000,
+    tick: int = 1,
+    seed: int = 0,
+    V: FloatArray | None = None,
+) -> KroneckerUCB:
+    """Build one of :data:`ALGORITHMS` by name.
+
+    ``V`` overrides the projection derived from ``W`` (e.g. a precomputed
+    ``G^{-1/2}``). Non-private names ignore ``epsilon``.
+    """
+    if name not in ALGORITHMS:
+        raise ValueError(f"`name` must be one of {list(ALGORITHMS)}, got {name!r}.")
+    structure, mode = ALGORITHMS[name]
+    proj = projection_for(structure, W) if V is None else V
+    W = validate_w(W)
+    if proj.shape != W.shape:
+        raise ValueError(f"`V` must have the shape of `W` {W.shape}, got {proj.shape}.")
+    privacy = PrivacyConfig(mode=mode, mechanism=mechanism, epsilon=epsilon if mode != "none" else math.inf,
+                            delta=delta, horizon=horizon, tick=tick, seed=seed)
+    return KroneckerUCB(d=d, V=proj, lambda_=lambda_, alpha=alpha, privacy=privacy)
