@@ -1,0 +1,3 @@
+"""Benchmarks behind ``privrec bench``; each prints numbers and returns a JSON document."""
+
+__all__: list[str] = []

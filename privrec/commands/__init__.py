@@ -1,0 +1,3 @@
+"""Subcommands of ``privrec``; each module exposes ``register(subparsers)``."""
+
+__all__: list[str] = []

@@ -1,0 +1,59 @@
+"""``privrec experiment table1`` and ``privrec bench core`` end to end, on a tiny grid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from privrec.cli import main
+
+
+def test_table1_writes_every_output(tmp_path: Path) -> None:
+    out = tmp_path / "t1"
+    rc = main(["experiment", "table1", "--out", str(out), "--runs", "2", "--horizon", "300", "--preset", "d5",
+               "--jobs", "1", "--no-progress"])
+    assert rc == 0
+    doc = json.loads((out / "table1.json").read_text())
+    assert doc["epsilons"] == [0.5, 1.0, 2.0, 5.0, 10.0]
+    expected_rows = {"DP-LinUCB", "DP-CoLin", "DP-GOBLin", "LDP-CoLin", "LDP-GOBLin", "LinUCB", "CoLin", "GOBLin",
+                     "random"}
+    assert set(doc["rows"]) == expected_rows
+    for row in doc["rows"].values():
+        assert len(row["mean"]) == 5 and len(row["std"]) == 5
+    assert doc["settings"]["horizon"] == 300 and doc["settings"]["runs"] == 2
+    assert doc["settings"]["lambda"] == 1.0 and doc["settings"]["environment"]["d"] == 5
+    for f in ("table1.md", "table1.png", "curves.png"):
+        assert (out / f).stat().st_size > 0
+    assert "DP-GOBLin" in (out / "table1.md").read_text()
+
+
+def test_bench_core_writes_json(tmp_path: Path) -> None:
+    assert main(["bench", "core", "--out", str(tmp_path), "--steps", "100", "--d", "5", "--users", "3"]) == 0
+    doc = json.loads((tmp_path / "core.json").read_text())
+    assert doc["linucb_us"] > 0 and doc["colin_us"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--runs", "0"], "`--runs` must be at least 1"),
+        (["--tick", "0"], "`--tick` must be a positive"),
+        (["--delta", "1.5"], r"`--delta` must be in \(0, 1\)"),
+    ],
+)
+def test_bad_parameters_exit_2_with_a_clear_message(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["experiment", "table1", "--out", str(tmp_path), "--no-progress", *args])
+    assert rc == 2
+    import re
+
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_bad_alpha_is_an_argparse_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["experiment", "table1", "--out", str(tmp_path), "--alpha", "wide"])
+    assert exc.value.code == 2
