@@ -17,7 +17,6 @@ The sample (see ``bandit/README.md`` in the data directory):
 
 from __future__ import annotations
 
-import ast
 import os
 from collections import Counter
 from pathlib import Path
@@ -56,13 +55,24 @@ def read_sample_events(path: Path) -> tuple[NDArray[np.int64], NDArray[np.int64]
                 continue
             try:
                 u, t, p = line.rstrip("\r\n").split("\t")
-                pool = ast.literal_eval(p)
+                if not (p.startswith("[") and p.endswith("]")):
+                    raise ValueError("pool is not a [..] list")
+                pools.append([int(a) for a in p[1:-1].split(",")])
                 users.append(int(u))
                 ts.append(int(t))
-                pools.append([int(a) for a in pool])
-            except (ValueError, SyntaxError) as exc:
+            except ValueError as exc:
                 raise DataFormatError(path, i, f"expected `user<TAB>ts<TAB>[ids]`, got {line[:80]!r} ({exc})") from None
     return np.array(users, dtype=np.int64), np.array(ts, dtype=np.int64), pools
+
+
+def _keys(users: NDArray[Any], artists: NDArray[Any]) -> NDArray[np.int64]:
+    return (np.asarray(users, dtype=np.int64) << 32) | np.asarray(artists, dtype=np.int64)
+
+
+def _frac_in(keys: NDArray[np.int64], sorted_keys: NDArray[np.int64], digits: int = 4) -> float:
+    if keys.size == 0:
+        return 0.0
+    return round(float(np.isin(keys, sorted_keys, assume_unique=False).mean()), digits)
 
 
 def _stats(values: NDArray[Any]) -> dict[str, float]:
@@ -145,95 +155,99 @@ def compare_with_authors_sample(
         raise DatasetNotFoundError(bdir, missing)
     raw = read_raw(catalog.data_dir)
     users = np.array([int(u) for u in catalog.users], dtype=np.int64)  # sorted = BanditLib's mapping order
-    tagged_pairs = {(int(u), int(a)) for u, a in raw.tagged[:, :2].tolist()}
-    listened_pairs = {(int(u), int(a)) for u, a in raw.listened[:, :2].tolist()}
-    tag_days: dict[tuple[int, int], set[int]] = {}
-    for u, a, _, day, month, year in raw.tagged.tolist():
-        tag_days.setdefault((u, a), set()).add(madrid_midnight_ms(year, month, day))
-    taggers = Counter(a for _, a in tagged_pairs)  # artist -> number of users who tagged it
-    tagged_artists = set(taggers)
+    tagged_keys = np.unique(_keys(raw.tagged[:, 0], raw.tagged[:, 1]))
+    listened_keys = np.unique(_keys(raw.listened[:, 0], raw.listened[:, 1]))
+    taggers = np.bincount((tagged_keys & 0xFFFFFFFF).astype(np.int64))  # artist -> users who tagged it
+    tag_ms = np.array([madrid_midnight_ms(y, m, d) for d, m, y in raw.tagged[:, 3:6].tolist()], dtype=np.int64)
+    row_keys = _keys(raw.tagged[:, 0], raw.tagged[:, 1])
+    tag_days = set(zip(row_keys.tolist(), tag_ms.tolist()))
+    order = np.lexsort((tag_ms, row_keys))
+    first = np.r_[True, row_keys[order][1:] != row_keys[order][:-1]]
+    first_tag = dict(zip(row_keys[order][first].tolist(), tag_ms[order][first].tolist()))
 
-    # --- the sample's events -------------------------------------------------------------
-    s_mapped, s_ts, s_pools = read_sample_events(bdir / SAMPLE_FILES["events"])
-    s_users = users[s_mapped - 1]
-    s_pos = np.array([p[0] for p in s_pools], dtype=np.int64)
-    s_pairs = list(zip(s_users.tolist(), s_pos.tolist()))
-    s_neg = [(u, a) for u, p in zip(s_users.tolist(), s_pools) for a in p[1:]]
-    s_per_user = np.array(list(Counter(s_users.tolist()).values()))
-    s_pair_count = Counter(s_pairs)
-    s_userset = set(s_users.tolist())
-    first_tag = {k: min(v) for k, v in tag_days.items()}
-    sample = {
-        "events": len(s_pools),
-        "users": len(s_userset),
-        "events_per_user": _stats(s_per_user),
-        "pool_sizes": dict(Counter(len(p) for p in s_pools)),
-        "pools_with_distinct_arms": sum(len(set(p)) == len(p) for p in s_pools),
-        "positive_slot_0_fraction": 1.0,
-        "distinct_positive_pairs": len(s_pair_count),
-        "events_per_positive_pair": _stats(np.array(list(s_pair_count.values()))),
-        "distinct_positive_artists": len(set(s_pos.tolist())),
-        "distinct_artists_in_pools": len({a for p in s_pools for a in p}),
-        "pool_artists_that_are_tagged_artists_fraction": round(
-            float(np.mean([a in tagged_artists for p in s_pools for a in p])), 4
-        ),
-        "positives_tagged_fraction": round(float(np.mean([p in tagged_pairs for p in s_pairs])), 4),
-        "positives_listened_fraction": round(float(np.mean([p in listened_pairs for p in s_pairs])), 4),
-        "negatives_tagged_by_user_fraction": round(float(np.mean([p in tagged_pairs for p in s_neg])), 6),
-        "negatives_listened_by_user_fraction": round(float(np.mean([p in listened_pairs for p in s_neg])), 6),
-        "ts_equals_first_tag_day_fraction": round(
-            float(np.mean([first_tag.get(p) == t for p, t in zip(s_pairs, s_ts.tolist())])), 4
-        ),
-        "ts_equals_some_tag_day_fraction": round(
-            float(np.mean([t in tag_days.get(p, ()) for p, t in zip(s_pairs, s_ts.tolist())])), 4
-        ),
-        "positive_taggers_mean": round(float(np.mean([taggers.get(a, 0) for a in s_pos.tolist()])), 3),
-        "negative_taggers_mean": round(float(np.mean([taggers.get(a, 0) for _, a in s_neg])), 3),
-    }
+    def n_taggers(artists: NDArray[np.int64]) -> NDArray[np.int64]:
+        ok = (artists >= 0) & (artists < len(taggers))
+        out = np.zeros(artists.shape, dtype=np.int64)
+        out[ok] = taggers[artists[ok]]
+        return out
 
-    # --- ours -----------------------------------------------------------------------------
-    table = catalog.event_arrays()
-    o_users, o_arms, o_pools = table.users, table.arms, table.pools
-    same = np.isin(o_users, list(s_userset))
-    slot = np.argmax(o_pools == o_arms[:, None], axis=1)
-
-    def ours(mask: NDArray[np.bool_]) -> dict[str, Any]:
-        u, a, p = o_users[mask], o_arms[mask], o_pools[mask]
-        pairs = list(zip(u.tolist(), a.tolist()))
-        neg_mask = p != a[:, None]
-        neg_pairs = list(zip(np.repeat(u, p.shape[1] - 1).tolist(), p[neg_mask].tolist()))
+    def pool_stats(u: NDArray[np.int64], a: NDArray[np.int64], p: NDArray[np.int64], slot: NDArray[np.int64]) -> dict[str, Any]:
+        """``p``: pools padded with -1; ``slot``: position of the positive in each pool."""
+        valid = p >= 0
+        neg = valid & (p != a[:, None])
+        neg_keys = _keys(np.broadcast_to(u[:, None], p.shape)[neg], p[neg])
+        srt = np.sort(np.where(valid, p, -1), axis=1)
+        distinct = ~((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any(axis=1)
+        pos_keys = _keys(u, a)
         return {
-            "events": int(mask.sum()),
+            "events": int(len(u)),
             "users": int(len(np.unique(u))),
             "events_per_user": _stats(np.unique(u, return_counts=True)[1]),
-            "pool_sizes": {int(p.shape[1]): int(mask.sum())},
-            "pools_with_distinct_arms": int(sum(len(set(r)) == len(r) for r in p.tolist())),
-            "positive_slot_0_fraction": round(float((slot[mask] == 0).mean()), 4),
+            "pool_sizes": {int(k): int(v) for k, v in zip(*np.unique(valid.sum(axis=1), return_counts=True))},
+            "pools_with_distinct_arms": int(distinct.sum()),
+            "positive_slot_0_fraction": round(float((slot == 0).mean()), 4),
+            "distinct_positive_pairs": int(len(np.unique(pos_keys))),
             "distinct_positive_artists": int(len(np.unique(a))),
-            "distinct_artists_in_pools": int(len(np.unique(p))),
-            "positives_tagged_fraction": round(float(np.mean([x in tagged_pairs for x in pairs])), 4),
-            "positives_listened_fraction": round(float(np.mean([x in listened_pairs for x in pairs])), 4),
-            "negatives_tagged_by_user_fraction": round(float(np.mean([x in tagged_pairs for x in neg_pairs])), 6),
-            "negatives_listened_by_user_fraction": round(
-                float(np.mean([x in listened_pairs for x in neg_pairs])), 6
-            ),
-            "positive_taggers_mean": round(float(np.mean([taggers.get(x, 0) for x in a.tolist()])), 3),
-            "negative_taggers_mean": round(float(np.mean([taggers.get(x, 0) for _, x in neg_pairs])), 3),
+            "distinct_artists_in_pools": int(len(np.unique(p[valid]))),
+            "pool_artists_with_features_fraction": round(float(np.isin(p[valid], artist_ids).mean()), 4),
+            "positives_tagged_fraction": _frac_in(pos_keys, tagged_keys),
+            "positives_listened_fraction": _frac_in(pos_keys, listened_keys),
+            "negatives_tagged_by_user_fraction": _frac_in(neg_keys, tagged_keys, 6),
+            "negatives_listened_by_user_fraction": _frac_in(neg_keys, listened_keys, 6),
+            "positive_taggers_mean": round(float(n_taggers(a).mean()), 3),
+            "negative_taggers_mean": round(float(n_taggers(p[neg]).mean()), 3),
         }
 
-    ours_same = ours(same)
-    ours_all = ours(np.ones(len(o_users), dtype=bool))
-    our_pairs_same = set(zip(o_users[same].tolist(), o_arms[same].tolist()))
-    their_pairs = set(s_pair_count)
+    artist_ids = np.array([int(x) for x in catalog.artist_ids], dtype=np.int64)
+
+    # --- the sample's events (positive first) ----------------------------------------------
+    s_mapped, s_ts, s_pools = read_sample_events(bdir / SAMPLE_FILES["events"])
+    if s_mapped.size and (s_mapped.min() < 1 or s_mapped.max() > len(users)):
+        raise DataFormatError(
+            bdir / SAMPLE_FILES["events"], 0,
+            f"mapped user ids must be in [1, {len(users)}], got [{s_mapped.min()}, {s_mapped.max()}]",
+        )
+    s_users = users[s_mapped - 1]
+    width = max((len(p) for p in s_pools), default=0)
+    s_p = np.full((len(s_pools), width), -1, dtype=np.int64)
+    for i, row in enumerate(s_pools):
+        s_p[i, : len(row)] = row
+    s_pos = s_p[:, 0]
+    s_pair_keys = _keys(s_users, s_pos)
+    sample = pool_stats(s_users, s_pos, s_p, np.zeros(len(s_users), dtype=np.int64))
+    sample["events_per_positive_pair"] = _stats(np.unique(s_pair_keys, return_counts=True)[1])
+    days_per_pair = Counter(k for k, _ in tag_days)
+    pair_keys, pair_events = np.unique(s_pair_keys, return_counts=True)
+    sample["pairs_with_one_event_per_tag_day_fraction"] = round(
+        float(np.mean([days_per_pair.get(k, 0) == n for k, n in zip(pair_keys.tolist(), pair_events.tolist())]))
+        if len(pair_keys) else 0.0,
+        4,
+    )
+    sample["ts_equals_first_tag_day_fraction"] = round(
+        float(np.mean([first_tag.get(k) == t for k, t in zip(s_pair_keys.tolist(), s_ts.tolist())])), 4
+    )
+    sample["ts_equals_some_tag_day_fraction"] = round(
+        float(np.mean([(k, t) in tag_days for k, t in zip(s_pair_keys.tolist(), s_ts.tolist())])), 4
+    )
+
+    # --- ours ------------------------------------------------------------------------------
+    table = catalog.event_arrays()
+    o_users, o_arms, o_pools = table.users, table.arms, table.pools
+    slot = np.argmax(o_pools == o_arms[:, None], axis=1)
+    s_userset = np.unique(s_users)
+    same = np.isin(o_users, s_userset)
+    ours_same = pool_stats(o_users[same], o_arms[same], o_pools[same], slot[same])
+    ours_all = pool_stats(o_users, o_arms, o_pools, slot)
+    ours_keys = np.unique(_keys(o_users[same], o_arms[same]))
+    their_keys = np.unique(s_pair_keys)
+    common = int(np.isin(their_keys, ours_keys).sum())
     overlap = {
-        "sample_pairs": len(their_pairs),
-        "our_pairs_for_sample_users": len(our_pairs_same),
-        "common_pairs": len(their_pairs & our_pairs_same),
-        "sample_pairs_in_ours_fraction": round(len(their_pairs & our_pairs_same) / max(1, len(their_pairs)), 4),
-        "our_pairs_in_sample_fraction": round(len(their_pairs & our_pairs_same) / max(1, len(our_pairs_same)), 4),
-        "sample_events_whose_pair_is_ours_fraction": round(
-            float(np.mean([p in our_pairs_same for p in s_pairs])), 4
-        ),
+        "sample_pairs": int(len(their_keys)),
+        "our_pairs_for_sample_users": int(len(ours_keys)),
+        "common_pairs": common,
+        "sample_pairs_in_ours_fraction": round(common / max(1, len(their_keys)), 4),
+        "our_pairs_in_sample_fraction": round(common / max(1, len(ours_keys)), 4),
+        "sample_events_whose_pair_is_ours_fraction": _frac_in(s_pair_keys, ours_keys),
     }
 
     # --- clusters ---------------------------------------------------------------------------
@@ -247,7 +261,7 @@ def compare_with_authors_sample(
     if metis.shape[0] != len(users):
         raise DataFormatError(bdir / SAMPLE_FILES["metis"], 0, f"expected {len(users)} lines, got {metis.shape[0]}")
     metis = np.where(metis == _UNSELECTED, -1, metis)
-    sample_user_idx = np.searchsorted(users, sorted(s_userset))
+    sample_user_idx = np.searchsorted(users, s_userset)
     clusters = {
         "ours": partition_stats(ours_labels, edges),
         "banditlib_spectral": partition_stats(spectral, edges),

@@ -25,6 +25,7 @@ Examples
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,6 +68,7 @@ def _last_sunday(year: int, month: int) -> dt.date:
     return last - dt.timedelta(days=(last.weekday() + 1) % 7)
 
 
+@functools.lru_cache(maxsize=65536)
 def madrid_midnight_ms(year: int, month: int, day: int) -> int:
     """Milliseconds since the epoch of 00:00 local time in Madrid on that day.
 
@@ -174,8 +176,9 @@ def build_events(
     >>> tagged = np.array([[1, 12, 7, 1, 4, 2009]])
     >>> ev = build_events(listened, tagged, np.arange(10, 16), "listened", pool_size=3, seed=0)
     >>> ev.users.tolist(), ev.arms.tolist(), ev.pools.shape
-    ([2, 1], [11, 10], (2, 3))
-    >>> sorted(set(ev.pools[1].tolist()) & {10, 11, 12})  # no other positive of user 1
+    ([1, 2], [10, 11], (2, 3))
+    >>> pool_of_user_1 = ev.pools[ev.users == 1][0]
+    >>> sorted(set(pool_of_user_1.tolist()) & {10, 12})  # 12 (tagged by user 1) is never a negative
     [10]
     """
     if pool_size < 2:
