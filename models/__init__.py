@@ -17,6 +17,7 @@ accounting    DP events, zCDP / Gaussian-DP / Laplace accountants, calibration
 noise         keyed (counter-based) noise: never redrawn, exactly restorable
 graphs        W, G^{-1/2}, sensitivities
 environment   the paper's synthetic environment with a regret oracle
+streaming     the pipeline's pure stages: exact unit statistics, release, solve, UCB scores
 """
 
 from .accounting import GaussianTreeEvent, LaplaceTreeEvent, NoNoiseEvent, ZCDPAccountant, GDPAccountant
@@ -24,6 +25,7 @@ from .environment import SyntheticEnvironment
 from .mechanisms import MECHANISMS, BinaryTreeMechanism, TreeState, make_mechanism
 from .noise import KeyedNoise
 from .policies import ALGORITHMS, KroneckerUCB, PrivacyConfig, RandomPolicy, make_policy
+from .streaming import ReleasedStats, Releaser, UnitStats, solve, ucb_scores
 
 __all__ = [
     "ALGORITHMS",
@@ -37,9 +39,14 @@ __all__ = [
     "NoNoiseEvent",
     "PrivacyConfig",
     "RandomPolicy",
+    "ReleasedStats",
+    "Releaser",
     "SyntheticEnvironment",
     "TreeState",
+    "UnitStats",
     "ZCDPAccountant",
     "make_mechanism",
     "make_policy",
+    "solve",
+    "ucb_scores",
 ]

@@ -51,7 +51,8 @@ from scipy.linalg.blas import dger
 
 from ._codec import decode_arrays, encode_arrays
 from .graphs import adjacency_from_w, goblin_projection, sensitivities, validate_w
-from .mechanisms import Mechanism, TreeState, levels_for_horizon, make_mechanism
+from .mechanisms import Mechanism, TreeState, make_mechanism
+from .streaming import ucb_scores
 
 __all__ = [
     "Policy",
@@ -264,13 +265,8 @@ class KroneckerUCB:
     def scores(self, user: int, contexts: FloatArray) -> tuple[FloatArray, FloatArray]:
         """``(mean, bonus)`` per candidate; the UCB score is their sum."""
         self._check_user(user)
-        X = np.asarray(contexts, dtype=np.float64)
-        if X.ndim != 2 or X.shape[1] != self.d:
-            raise ValueError(f"`contexts` must have shape (K, {self.d}), got {X.shape}.")
         theta, C = self.serving_model(user)
-        mean = X @ theta
-        width = np.sqrt(np.maximum(((X @ C) * X).sum(axis=1), 0.0))
-        return mean, self.current_alpha() * width
+        return ucb_scores(theta, C, contexts, self.current_alpha())
 
     def select(self, user: int, contexts: FloatArray) -> int:
         """Index (into ``contexts``) of the arm with the highest UCB score; first on ties."""
