@@ -103,6 +103,8 @@ class Mechanism(Protocol):
 
     def reset_state(self, state: TreeState) -> TreeState: ...
 
+    def state_from_mapping(self, mapping: dict[str, bytes] | dict[bytes, bytes]) -> TreeState: ...
+
 
 @dataclass(frozen=True, slots=True)
 class TreeState:
@@ -326,6 +328,13 @@ class BinaryTreeMechanism:
         """Close the current epoch: freeze its last noise into ``carry``; start a new tree."""
         return replace(state, step=0, epoch=state.epoch + 1, carry=self.noise(state),
                        nodes=np.zeros_like(state.nodes))
+
+    def state_from_mapping(self, mapping: dict[str, bytes] | dict[bytes, bytes]) -> TreeState:
+        """Decode a state written by ``state.to_mapping()``, checking it fits this mechanism."""
+        state = TreeState.from_mapping(mapping)
+        if state.nodes.shape != (self.levels, self.dim):
+            raise ValueError(f"state has nodes of shape {state.nodes.shape}, expected {(self.levels, self.dim)}.")
+        return state
 
     def noise(self, state: TreeState) -> FloatArray:
         """``eta`` of the last release: ``carry`` plus the live nodes' noise."""

@@ -385,9 +385,9 @@ class KroneckerUCB:
         self.ainv_released = arrays["ainv_released"].astype(np.float64) if self.tick > 1 else self.ainv
         self.t = int(scalars["t"])  # type: ignore[arg-type]
         self.vnorm2_sum = float(scalars["vnorm2_sum"])  # type: ignore[arg-type]
-        if self.mech_state is not None:
-            self.mech_state = TreeState.from_mapping(_sub(mapping, "global/"))
-        self.user_states = [TreeState.from_mapping(_sub(mapping, f"user{u}/")) for u in range(len(self.user_states))]
+        if self.mechanism is not None:
+            self.mech_state = self.mechanism.state_from_mapping(_sub(mapping, "global/"))
+        self.user_states = [m.state_from_mapping(_sub(mapping, f"user{u}/")) for u, m in enumerate(self.user_mechanisms)]
         self._cache.clear()
 
     def _check_user(self, user: int) -> None:
