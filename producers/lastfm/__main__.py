@@ -19,8 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m producers.lastfm", description=__doc__)
     parser.add_argument("command", choices=["build", "compare"])
-    parser.add_argument("--data-dir", default=None, help="HetRec folder (default: $PRIVREC_DATA_DIR or ../shared/data/lastfm-2k)")
-    parser.add_argument("--cache-dir", default=None, help="cache root (default: $PRIVREC_CACHE_DIR or ~/.cache/privrec/lastfm)")
+    parser.add_argument(
+        "--data-dir", default=None, help="HetRec folder (default: $PRIVREC_DATA_DIR or ../shared/data/lastfm-2k)"
+    )
+    parser.add_argument(
+        "--cache-dir", default=None, help="cache root (default: $PRIVREC_CACHE_DIR or ~/.cache/privrec/lastfm)"
+    )
     parser.add_argument("--no-cache", action="store_true", help="build in memory, ignore the cache")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--positives", choices=["tagged", "listened"], default="tagged")

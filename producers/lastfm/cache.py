@@ -101,7 +101,8 @@ def write_entry(
     try:
         for name, arrays in artifacts.items():
             with (tmp / f"{name}.npz").open("wb") as f:
-                np.savez(f, **arrays)
+                # numpy's stub types **kwds as `bool` (for its allow_pickle keyword); ours are arrays.
+                np.savez(f, **arrays)  # type: ignore[arg-type]
         for name, value in (documents or {}).items():
             (tmp / f"{name}.json").write_text(json.dumps(value, ensure_ascii=False), encoding="utf-8")
         (tmp / "meta.json").write_text(json.dumps(dict(meta), indent=2, sort_keys=True) + "\n")

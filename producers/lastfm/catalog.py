@@ -137,8 +137,9 @@ class LastFMEvent:
         Examples
         --------
         >>> ev = LastFMEvent("lastfm:tagged:2:52", "2", "52", 1.0, ("7", "52"), 1238536800000.0)
-        >>> ev.to_interaction("7")
-        {'event_id': 'lastfm:tagged:2:52', 'user': '2', 'arm': '7', 'context': None, 'reward': 0.0, 'ts': 1238536800000.0, 'rec_id': None}
+        >>> ev.to_interaction("7")  # doctest: +NORMALIZE_WHITESPACE
+        {'event_id': 'lastfm:tagged:2:52', 'user': '2', 'arm': '7', 'context': None,
+         'reward': 0.0, 'ts': 1238536800000.0, 'rec_id': None}
         """
         arm = self.arm if chosen_arm is None else chosen_arm
         if arm not in self.pool:

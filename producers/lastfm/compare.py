@@ -171,7 +171,9 @@ def compare_with_authors_sample(
         out[ok] = taggers[artists[ok]]
         return out
 
-    def pool_stats(u: NDArray[np.int64], a: NDArray[np.int64], p: NDArray[np.int64], slot: NDArray[np.int64]) -> dict[str, Any]:
+    def pool_stats(
+        u: NDArray[np.int64], a: NDArray[np.int64], p: NDArray[np.int64], slot: NDArray[np.int64]
+    ) -> dict[str, Any]:
         """``p``: pools padded with -1; ``slot``: position of the positive in each pool."""
         valid = p >= 0
         neg = valid & (p != a[:, None])
@@ -255,7 +257,9 @@ def compare_with_authors_sample(
     ours_labels = np.array([catalog.user_cluster[str(u)] for u in users.tolist()], dtype=np.int64)
     spectral = np.loadtxt(bdir / SAMPLE_FILES["spectral"], dtype=np.int64)
     if spectral.shape[0] < len(users) + 1:
-        raise DataFormatError(bdir / SAMPLE_FILES["spectral"], 0, f"expected >= {len(users) + 1} lines, got {spectral.shape[0]}")
+        raise DataFormatError(
+            bdir / SAMPLE_FILES["spectral"], 0, f"expected >= {len(users) + 1} lines, got {spectral.shape[0]}"
+        )
     spectral = spectral[1 : len(users) + 1]
     metis = np.loadtxt(bdir / SAMPLE_FILES["metis"], dtype=np.int64)
     if metis.shape[0] != len(users):
