@@ -398,7 +398,7 @@ def start_process(
         if (port is None or port in _listening_ports(pid)) and (ready is None or ready()):
             return handle
         if time.monotonic() > deadline:
-            stop(handle, state_dir=state)
+            stop(handle)
             raise ServiceError(
                 f"{name} (pid {pid}) was not ready at {address or 'start'} after {timeout:g} s; "
                 f"{log_path}:\n{tail(log_path)}"
@@ -418,12 +418,7 @@ def _exit_status(pid: int) -> str | None:
     return f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
 
 
-def stop(
-    handle: ServiceHandle,
-    *,
-    state_dir: str | os.PathLike[str] | None = None,
-    grace_seconds: float = 10.0,
-) -> bool:
+def stop(handle: ServiceHandle, *, grace_seconds: float = 10.0) -> bool:
     """Stop the process ``handle`` describes: SIGTERM, then SIGKILL after ``grace_seconds``.
 
     Only a process that :func:`is_running` recognises is signalled; a PID that now belongs
@@ -432,9 +427,7 @@ def stop(
     Parameters
     ----------
     handle
-        What to stop.
-    state_dir
-        Where the handle's PID files live; default: the directory of its log file.
+        What to stop; its PID and handle files are next to its log file.
     grace_seconds
         Seconds between SIGTERM and SIGKILL.
 
@@ -444,7 +437,6 @@ def stop(
         ``True`` if our process was running and has been stopped, ``False`` if it was
         already gone. Either way its PID and handle files are removed.
     """
-    state = Path(state_dir) if state_dir is not None else handle.log_path.parent
     was_running = is_running(handle)
     if was_running:
         for sig, wait in ((signal.SIGTERM, grace_seconds), (signal.SIGKILL, 10.0)):
@@ -457,7 +449,7 @@ def stop(
                 break
         else:
             raise ServiceError(f"{handle.name} (pid {handle.pid}) survived SIGKILL")
-    _remove_handle(state, handle.name)
+    _remove_handle(handle.log_path.parent, handle.name)
     return was_running
 
 
@@ -471,7 +463,7 @@ def stop_all(state_dir: str | os.PathLike[str], *, grace_seconds: float = 10.0) 
     """
     stopped = []
     for handle in reversed(list(read_handles(state_dir).values())):
-        if stop(handle, state_dir=state_dir, grace_seconds=grace_seconds):
+        if stop(handle, grace_seconds=grace_seconds):
             stopped.append(handle.name)
     return stopped
 
@@ -518,6 +510,12 @@ def kafka_ready(address: str, timeout: float = 2.0) -> bool:
         admin.close()
 
 
+#: Tansu reads these environment variables as settings; they must not override our flags.
+_TANSU_ENV = frozenset(
+    {"CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "SCHEMA_REGISTRY"}
+)
+
+
 def start_broker(
     state_dir: str | os.PathLike[str],
     *,
@@ -562,7 +560,6 @@ def start_broker(
             f"--kafka-advertised-listener-url={listener}",
         ]
         address = f"{host}:{p}"
-        # Tansu reads its settings from these variables too; ours must not be overridden.
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
         return start_process(
             name,
@@ -576,11 +573,6 @@ def start_broker(
         )
 
     return _start_on_free_port(start, port, host)
-
-
-_TANSU_ENV = frozenset(
-    {"CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "SCHEMA_REGISTRY"}
-)
 
 
 def create_topics(

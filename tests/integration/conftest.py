@@ -33,7 +33,7 @@ def broker(services_dir: Path) -> Iterator[ServiceHandle]:
     try:
         yield handle
     finally:
-        services.stop(handle, state_dir=services_dir)
+        services.stop(handle)
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +43,7 @@ def redis_server(services_dir: Path) -> Iterator[ServiceHandle]:
     try:
         yield handle
     finally:
-        services.stop(handle, state_dir=services_dir)
+        services.stop(handle)
 
 
 @pytest.fixture

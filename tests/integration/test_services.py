@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,13 +31,13 @@ def _pid_gone(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] == "Z"
 
 
-def _consume_all(address: str, topic: str, expected: int, timeout: float = 10.0) -> list:
+def _consume_all(address: str, topic: str, expected: int, timeout: float = 10.0) -> list[Any]:
     consumer = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False)
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
         consumer.assign(partitions)
         consumer.seek_to_beginning(*partitions)
-        records: list = []
+        records: list[Any] = []
         deadline = time.monotonic() + timeout
         while len(records) < expected and time.monotonic() < deadline:
             for batch in consumer.poll(timeout_ms=200).values():
@@ -187,7 +188,13 @@ def test_stop_never_kills_a_process_it_did_not_start(
 
 def test_start_failure_quotes_the_log_and_cleans_up(tmp_path: Path) -> None:
     with pytest.raises(ServiceError, match=r"(?s)exit code 3.*boom on stderr"):
-        services.start_process("bad", ["sh", "-c", "echo boom on stderr >&2; exit 3"], tmp_path)
+        services.start_process(
+            "bad",
+            ["sh", "-c", "echo boom on stderr >&2; exit 3"],
+            tmp_path,
+            ready=lambda: False,  # without a probe, "launched" already counts as ready
+            timeout=10,
+        )
     assert services.read_handles(tmp_path) == {}
 
 
