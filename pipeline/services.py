@@ -6,11 +6,11 @@ both on loopback, on free ports, as child processes tracked by PID. Everything a
 service leaves behind sits in one *state directory*::
 
     STATE_DIR/
-      kafka.pid   kafka.json   kafka.log      # broker: PID, handle, stdout+stderr
-      redis.pid   redis.json   redis.log      # redis-server
+      kafka.pid   kafka.service.json   kafka.log      # broker: PID, handle, stdout+stderr
+      redis.pid   redis.service.json   redis.log      # redis-server
       redis/                                  # redis working dir (appendonlydir/ inside)
 
-``<name>.pid`` holds the bare PID, for any tool; ``<name>.json`` holds the whole
+``<name>.pid`` holds the bare PID, for any tool; ``<name>.service.json`` holds the whole
 :class:`ServiceHandle`, so another process (``privrec status``, ``privrec down``) can find
 and stop what this one started. :func:`start_process` is the generic launcher, and faust
 workers use it too.
@@ -81,6 +81,8 @@ _POLL_SECONDS = 0.05
 _PORT_ATTEMPTS = 5
 #: Tansu says "AddrInUse" / "Address in use", redis "Address already in use".
 _ADDR_IN_USE = re.compile(r"AddrInUse|Address (already )?in use", re.IGNORECASE)
+#: Suffix of handle files; distinct, so other JSON files may share the state directory.
+_HANDLE_SUFFIX = ".service.json"
 #: Kafka error code TOPIC_ALREADY_EXISTS.
 _TOPIC_ALREADY_EXISTS = 36
 
@@ -144,7 +146,7 @@ class ServiceHandle:
         return int(self.address.rpartition(":")[2])
 
     def to_json(self) -> str:
-        """Serialize for ``<name>.json``; inverse of :meth:`from_json`."""
+        """Serialize for ``<name>.service.json``; inverse of :meth:`from_json`."""
         data = asdict(self)
         data["log_path"] = str(self.log_path)
         data["argv"] = list(self.argv)
@@ -248,7 +250,7 @@ def _pid_path(state_dir: Path, name: str) -> Path:
 
 
 def _handle_path(state_dir: Path, name: str) -> Path:
-    return state_dir / f"{name}.json"
+    return state_dir / f"{name}{_HANDLE_SUFFIX}"
 
 
 def _write_handle(state_dir: Path, handle: ServiceHandle) -> None:
@@ -282,7 +284,8 @@ def read_handles(state_dir: str | os.PathLike[str]) -> dict[str, ServiceHandle]:
     A handle is returned whether or not its process still runs; ask :func:`is_running`.
     """
     state = Path(state_dir)
-    handles = [ServiceHandle.from_json(p.read_text()) for p in sorted(state.glob("*.json"))]
+    paths = sorted(state.glob(f"*{_HANDLE_SUFFIX}"))
+    handles = [ServiceHandle.from_json(p.read_text()) for p in paths]
     handles.sort(key=lambda h: h.start_ticks)
     return {h.name: h for h in handles}
 
@@ -314,7 +317,8 @@ def start_process(
         Command line; ``argv[0]`` must be an absolute path or on ``PATH``. The process
         inherits our working directory, so give it absolute paths.
     state_dir
-        Directory for ``<name>.pid``, ``<name>.json`` and ``<name>.log``; created if missing.
+        Directory for ``<name>.pid``, ``<name>.service.json`` and ``<name>.log``; created
+        if missing.
     address
         ``host:port`` the process will listen on. When given, readiness also requires that
         the process itself (not another one) holds a listening socket on that port.

@@ -157,6 +157,7 @@ def test_stop_leaves_no_process_and_no_pid_files(tmp_path: Path) -> None:
     broker = services.start_broker(tmp_path)
     server = services.start_redis(tmp_path)
     assert int((tmp_path / "kafka.pid").read_text()) == broker.pid
+    (tmp_path / "settings.json").write_text("{}")  # other files may share the directory
     assert set(services.read_handles(tmp_path)) == {"kafka", "redis"}
 
     assert services.stop_all(tmp_path) == ["redis", "kafka"]  # last started, first stopped
