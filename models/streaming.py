@@ -102,6 +102,18 @@ class UnitStats:
         np.add.at(self.b, units, r[:, None] * X)
         np.add.at(self.count, units, 1)
 
+    @classmethod
+    def merged(cls, shards: list[UnitStats]) -> UnitStats:
+        """Sum of per-partition shards, added in the given order (``0 + s_0 + s_1 + ...``)."""
+        if not shards:
+            raise ValueError("`shards` must not be empty.")
+        total = cls.zeros(n_units=shards[0].n_units, d=shards[0].d)
+        for s in shards:
+            total.gram += s.gram
+            total.b += s.b
+            total.count += s.count
+        return total
+
     def copy(self) -> UnitStats:
         return UnitStats(self.gram.copy(), self.b.copy(), self.count.copy())
 

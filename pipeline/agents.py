@@ -1,0 +1,102 @@
+"""Ingest: a batch consumer of ``interactions`` running as a task of the faust worker.
+
+Each poll returns up to ``batch_size`` records per partition; each
+partition's records go through :class:`pipeline.ingest.IngestProcessor`:
+parse, send the dead letters (awaited, so none is lost), then one atomic
+Redis commit of statistics + offset. On assignment, partitions are sought to
+the offset stored in Redis — the source of truth — so whatever Kafka
+redelivers after a crash is skipped, and nothing before it is re-read.
+Kafka offsets are committed too, after Redis, for lag monitoring only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+
+import redis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+
+from .app import app, catalog, settings
+from .ingest import IngestProcessor
+from .records import TOPICS, dead_letter_value
+from .trusted import TrustedStore
+
+log = logging.getLogger("privrec.ingest")
+
+__all__ = ["ingest"]
+
+
+class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, consumer: AIOKafkaConsumer, processor: IngestProcessor) -> None:
+        self.consumer = consumer
+        self.processor = processor
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        for tp in revoked:
+            self.processor.forget(tp.partition)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        stored = self.processor.store.offsets(settings.partitions)
+        for tp in assigned:
+            self.processor.forget(tp.partition)
+            off = stored[tp.partition] if tp.partition < len(stored) else None
+            if off is None:
+                await self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, off)
+        log.info("assigned partitions %s (stored offsets %s)", sorted(tp.partition for tp in assigned), stored)
+
+
+@app.task
+async def ingest() -> None:
+    """Consume ``interactions`` in batches until the worker stops."""
+    client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
+    processor = IngestProcessor(client, settings.namespace, catalog)
+    TrustedStore(client, settings.namespace).ensure_config(
+        settings.model_config() | {"catalog_fingerprint": catalog.fingerprint})
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka, group_id=f"privrec-{settings.namespace}-ingest",
+        enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6000,
+        heartbeat_interval_ms=1000, max_poll_records=settings.batch_size, fetch_max_wait_ms=100)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka, linger_ms=5)
+    await producer.start()
+    consumer.subscribe([TOPICS["interactions"]], listener=_SeekToStoredOffsets(consumer, processor))
+    await consumer.start()
+    worker_id = os.environ.get("PRIVREC_WORKER_ID", f"worker-{os.getpid()}")
+    status_key = f"{settings.namespace}:ops:{{{settings.namespace}:ops}}:workers"
+    counted = 0
+    last_status = 0.0
+    try:
+        while True:
+            batches = await consumer.getmany(timeout_ms=int(settings.batch_seconds * 1000),
+                                             max_records=settings.batch_size)
+            for tp, records in batches.items():
+                msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
+                batch = processor.prepare(tp.partition, msgs)
+                for item in batch.dead:
+                    await producer.send_and_wait(TOPICS["dead_letters"], key=None, value=dead_letter_value(
+                        item.raw, item.reason, tp.topic, tp.partition, item.offset))
+                if not processor.commit(batch):
+                    # another writer moved the offset: reload and redo this batch once
+                    batch = processor.prepare(tp.partition, msgs)
+                    if not processor.commit(batch):
+                        log.warning("partition %d owned elsewhere; skipping batch", tp.partition)
+                        continue
+                counted += batch.counted
+            if batches:
+                await consumer.commit()
+            now = time.monotonic()
+            if now - last_status > 1.0:
+                last_status = now
+                client.hset(status_key, worker_id, json.dumps({
+                    "pid": os.getpid(), "counted": counted, "at_ms": int(time.time() * 1000),
+                    "partitions": sorted(tp.partition for tp in consumer.assignment())}))
+    except asyncio.CancelledError:
+        raise
+    finally:
+        await consumer.stop()
+        await producer.stop()

@@ -1,0 +1,66 @@
+"""The faust application of a privrec worker.
+
+``app`` is built from the environment settings (:class:`pipeline.settings.Settings`;
+``privrec up`` sets them for each worker it starts). It owns the worker
+lifecycle, the leader election and the leader-only release/solve timer
+(:mod:`pipeline.timers`); ingest runs as an app task (:mod:`pipeline.agents`).
+
+Why ingest is a batch consumer task rather than a per-event faust agent:
+measured on this machine (deploy/NOTES-broker.md), faust's per-event stream
+tops out at ~8–9k events/s (three event-loop iterations and two task
+creations per event, whatever the batch size of ``stream.take``), while an
+aiokafka ``getmany`` loop inside the same worker runs at ~78k/s. Idempotence
+does not depend on it: the processed offset of each partition is stored in
+Redis atomically with the statistics it produced.
+
+Wiring traps (all measured, see the notes): the faust CLI re-enables the web
+server on 0.0.0.0:6066, so workers start through :mod:`pipeline.worker`;
+``exactly_once`` needs transactions Tansu does not support; group joins take
+``session_timeout / 2``, hence the 6 s session timeout.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import faust
+
+from .catalog import load_catalog
+from .settings import Settings
+
+__all__ = ["app", "settings", "catalog", "create_app"]
+
+
+def create_app(settings: Settings, *, state_dir: Path | None = None, web_port: int | None = None) -> faust.App:
+    """A faust app for ``settings`` (memory store, at-least-once, 6 s sessions)."""
+    if settings.kafka is None:
+        raise ValueError("setting `kafka` (KAFKA_BOOTSTRAP) is required to run a worker")
+    datadir = (state_dir or Path(os.environ.get("PRIVREC_STATE_DIR", ".privrec"))) / "faust"
+    return faust.App(
+        f"privrec-{settings.namespace}",
+        broker=f"kafka://{settings.kafka}",
+        store="memory://",
+        processing_guarantee="at_least_once",
+        broker_session_timeout=6.0,
+        broker_rebalance_timeout=6.0,
+        broker_heartbeat_interval=1.0,
+        broker_commit_interval=1.0,
+        topic_partitions=settings.partitions,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=web_port is not None,
+        web_port=web_port or 6066,
+        web_bind="127.0.0.1",
+        web_host="127.0.0.1",
+        datadir=str(datadir),
+        autodiscover=False,
+    )
+
+
+settings = Settings.from_mapping({})
+catalog = load_catalog(settings)
+_web = os.environ.get("PRIVREC_WEB_PORT")
+app = create_app(settings, web_port=int(_web) if _web else None)
+
+# agents and timers register themselves on `app` when imported
+from . import agents, timers  # noqa: E402,F401

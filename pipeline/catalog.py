@@ -1,0 +1,189 @@
+"""Item catalogs: who the users are, which unit models them, and each arm's features.
+
+A catalog is public data: user ids and their model unit, arm ids with their
+feature vectors and names, and the collaboration matrix ``W`` over units.
+The pipeline looks arms up here when an event omits its ``context``, and
+serving scores candidates with these features.
+
+* :class:`SyntheticCatalog`: the collaborative paper's synthetic world (users
+  ``"0".."N-1"``, one unit each; arms ``"0".."K-1"``), built from a public seed.
+* :class:`LastFMCatalogAdapter`: HetRec LastFM (users → 100 friend-graph
+  clusters; artists with TF-IDF/SVD features), from :mod:`producers.lastfm`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from models.environment import SyntheticEnvironment
+
+if TYPE_CHECKING:
+    from producers.lastfm import LastFMCatalog
+
+    from .settings import Settings
+
+__all__ = ["Catalog", "SyntheticCatalog", "LastFMCatalogAdapter", "load_catalog", "UnknownUserError",
+           "UnknownArmError"]
+
+FloatArray = NDArray[np.float64]
+
+
+class UnknownUserError(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class UnknownArmError(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Catalog(Protocol):
+    name: str
+    d: int
+    n_units: int
+    W: FloatArray
+
+    def unit_of(self, user: str) -> int: ...
+
+    def arm_row(self, arm: str) -> int: ...
+
+    @property
+    def feature_matrix(self) -> FloatArray: ...
+
+    def arm_name(self, arm: str) -> str: ...
+
+    @property
+    def default_pool(self) -> Sequence[str]: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+
+class _Base:
+    """Shared lookups over ``_user_unit``, ``_arm_rows``, ``_features``."""
+
+    name = "base"
+    _user_unit: dict[str, int]
+    _arm_rows: dict[str, int]
+    _arm_ids: Sequence[str]
+    _features: FloatArray
+    W: FloatArray
+
+    @property
+    def d(self) -> int:
+        return int(self._features.shape[1])
+
+    @property
+    def n_units(self) -> int:
+        return int(self.W.shape[0])
+
+    @property
+    def feature_matrix(self) -> FloatArray:
+        return self._features
+
+    @property
+    def users(self) -> Sequence[str]:
+        return list(self._user_unit)
+
+    @property
+    def arm_ids(self) -> Sequence[str]:
+        return self._arm_ids
+
+    def unit_of(self, user: str) -> int:
+        try:
+            return self._user_unit[user]
+        except KeyError:
+            raise UnknownUserError(f"unknown user {user!r} in catalog {self.name!r}") from None
+
+    def arm_row(self, arm: str) -> int:
+        try:
+            return self._arm_rows[arm]
+        except KeyError:
+            raise UnknownArmError(f"unknown arm {arm!r} in catalog {self.name!r}") from None
+
+    def features_of(self, arms: Sequence[str]) -> FloatArray:
+        out: FloatArray = self._features[[self.arm_row(a) for a in arms]]
+        return out
+
+    @cached_property
+    def fingerprint(self) -> str:
+        h = hashlib.sha256()
+        h.update(self.name.encode())
+        h.update(np.ascontiguousarray(self._features).tobytes())
+        h.update(np.ascontiguousarray(self.W).tobytes())
+        h.update(repr(sorted(self._user_unit.items())).encode())
+        return h.hexdigest()[:16]
+
+
+class SyntheticCatalog(_Base):
+    """The synthetic world of the collaborative paper (see :class:`models.SyntheticEnvironment`).
+
+    Examples
+    --------
+    >>> cat = SyntheticCatalog(n_users=3, d=4, n_arms=20, seed=1)
+    >>> cat.unit_of("2"), cat.features_of(["0", "5"]).shape, cat.n_units
+    (2, (2, 4), 3)
+    """
+
+    name = "synthetic"
+
+    def __init__(self, *, n_users: int = 10, d: int = 25, n_arms: int = 1000, seed: int = 0,
+                 w_quantile: float = 0.5) -> None:
+        self.env = SyntheticEnvironment(n_users=n_users, d=d, n_arms=n_arms, n_shown=min(10, n_arms), horizon=1,
+                                        seed=seed, w_quantile=w_quantile)
+        self.W = self.env.W
+        self._features = self.env.arms
+        self._arm_ids = [str(i) for i in range(n_arms)]
+        self._arm_rows = {a: i for i, a in enumerate(self._arm_ids)}
+        self._user_unit = {str(u): u for u in range(n_users)}
+
+    def arm_name(self, arm: str) -> str:
+        self.arm_row(arm)
+        return f"arm {arm}"
+
+    @property
+    def default_pool(self) -> Sequence[str]:
+        return self._arm_ids[: min(25, len(self._arm_ids))]
+
+
+class LastFMCatalogAdapter(_Base):
+    """HetRec LastFM: users are modelled by their friend-graph cluster."""
+
+    name = "lastfm"
+
+    def __init__(self, catalog: LastFMCatalog) -> None:
+        self.lastfm = catalog
+        self.W = np.asarray(catalog.W, dtype=np.float64)
+        self._features = np.asarray(catalog.feature_matrix, dtype=np.float64)
+        self._arm_ids = list(catalog.artist_ids)
+        self._arm_rows = dict(catalog.artist_index)
+        self._user_unit = dict(catalog.user_cluster)
+        counts = np.bincount(catalog.event_arrays().arms.astype(np.int64))
+        popular = np.argsort(-counts)[:200]
+        self._popular = [str(a) for a in popular if counts[a] > 0 and str(a) in self._arm_rows][:25]
+
+    def arm_name(self, arm: str) -> str:
+        self.arm_row(arm)
+        return str(self.lastfm.artist_names.get(arm, f"artist {arm}"))
+
+    @property
+    def default_pool(self) -> Sequence[str]:
+        """The 25 most often tagged artists."""
+        return self._popular
+
+
+def load_catalog(settings: Settings) -> SyntheticCatalog | LastFMCatalogAdapter:
+    """The catalog the settings name (LastFM is built or read from its cache)."""
+    if settings.catalog == "synthetic":
+        return SyntheticCatalog(n_users=settings.n_users, d=settings.d, n_arms=settings.n_arms,
+                                seed=settings.world_seed)
+    from producers.lastfm import load_catalog as load_lastfm
+
+    return LastFMCatalogAdapter(load_lastfm(settings.data_dir, d=settings.d, progress=False))

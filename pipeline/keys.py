@@ -1,0 +1,58 @@
+"""Names of the Redis keys that may leave the trusted boundary: released and model state.
+
+Layout (DESIGN §4): ``{ns}:{kind}:{{{ns}:{slot}}}:{name}``. The kind comes
+right after the namespace, so ``{ns}:released:*`` and ``{ns}:model:*`` are
+the only patterns a serving role needs (a Redis ACL can enforce it); the
+``{ns:slot}`` hash tag keeps every key of one atomic write in one Redis
+Cluster slot. Trusted keys (exact statistics, offsets, noise state, the
+noise secret) are built in :mod:`pipeline.trusted`, which the serving code
+never imports.
+
+Examples
+--------
+>>> k = PublicKeys("demo")
+>>> k.released, k.model_meta, k.model_unit(3)
+('demo:released:{demo:rel}:stats', 'demo:model:{demo:model}:meta', 'demo:model:{demo:model}:u3')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["PublicKeys", "PUBLIC_KINDS"]
+
+#: Key kinds serving may read.
+PUBLIC_KINDS = ("released", "model")
+
+
+@dataclass(frozen=True)
+class PublicKeys:
+    """Released statistics, serving models and the namespace's public config."""
+
+    ns: str
+
+    def _key(self, kind: str, slot: str, name: str) -> str:
+        return f"{self.ns}:{kind}:{{{self.ns}:{slot}}}:{name}"
+
+    @property
+    def released(self) -> str:
+        """Hash: the latest released statistics (``ReleasedStats`` mapping) with ``version``."""
+        return self._key("released", "rel", "stats")
+
+    @property
+    def released_log(self) -> str:
+        """Stream of released versions (version, time, event) for the budget view."""
+        return self._key("released", "rel", "log")
+
+    @property
+    def model_meta(self) -> str:
+        """Hash: ``version``, algorithm, alpha, d, units, and the privacy statement."""
+        return self._key("model", "model", "meta")
+
+    def model_unit(self, unit: int) -> str:
+        """Hash: ``theta``, ``M`` and ``version`` of one unit's serving model."""
+        return self._key("model", "model", f"u{unit}")
+
+    def patterns(self) -> list[str]:
+        """Glob patterns of every key serving is allowed to read."""
+        return [f"{self.ns}:{kind}:*" for kind in PUBLIC_KINDS]

@@ -1,0 +1,147 @@
+"""Record types of the public topics, and the strict parser of ``interactions`` events.
+
+``interactions`` (key = user id) carries JSON objects (DESIGN §7)::
+
+    {"event_id": str, "user": str, "arm": str, "context": [float, ...] | null,
+     "reward": float, "ts": float (ms since epoch), "rec_id": str | null}
+
+:func:`parse_interaction` turns the raw bytes into ``(unit, context, reward)``
+or raises :class:`MalformedEvent` with the reason that goes to
+``dead-letters``. Rules: a JSON object; ``event_id``, ``user``, ``arm`` are
+non-empty strings; ``reward`` is a finite number in ``[0, 1]`` (the privacy
+sensitivities assume it); ``user`` is known to the catalog; ``context``, when
+given, has exactly ``d`` finite numbers and is scaled down to norm ``<= 1``
+(the context bound ``Lx = 1`` of the sensitivities); when omitted, ``arm``
+must be a catalog arm and its features are used.
+
+Examples
+--------
+>>> from pipeline.catalog import SyntheticCatalog
+>>> cat = SyntheticCatalog(n_users=2, d=2, n_arms=3)
+>>> unit, x, r = parse_interaction(b'{"event_id": "e1", "user": "1", "arm": "2", "reward": 1}', cat)
+>>> unit, r, x.shape
+(1, 1.0, (2,))
+>>> parse_interaction(b'{"event_id": "e2", "user": "1", "arm": "2", "reward": 1.5}', cat)
+Traceback (most recent call last):
+...
+pipeline.records.MalformedEvent: reward 1.5 is outside [0, 1]
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any
+
+import faust
+import numpy as np
+from numpy.typing import NDArray
+
+from .catalog import Catalog, UnknownArmError, UnknownUserError
+
+__all__ = ["Interaction", "Recommendation", "DeadLetter", "MalformedEvent", "parse_interaction",
+           "dead_letter_value", "TOPICS"]
+
+#: Topic names (DESIGN §7).
+TOPICS = {"interactions": "interactions", "recommendations": "recommendations", "dead_letters": "dead-letters",
+          "ldp_reports": "ldp-reports", "federated_updates": "federated-updates"}
+
+
+class Interaction(faust.Record, serializer="json"):
+    """One logged interaction (value of the ``interactions`` topic)."""
+
+    event_id: str
+    user: str
+    arm: str
+    reward: float
+    context: list[float] | None = None
+    ts: float | None = None
+    rec_id: str | None = None
+
+
+class Recommendation(faust.Record, serializer="json"):
+    """One shown list (value of the ``recommendations`` topic)."""
+
+    rec_id: str
+    user: str
+    items: list[str]
+    model_version: int
+    ts: float
+
+
+class DeadLetter(faust.Record, serializer="json"):
+    """A rejected message: the original bytes (text, or base64) and why."""
+
+    original: str
+    original_encoding: str
+    reason: str
+    topic: str
+    partition: int
+    offset: int
+
+
+class MalformedEvent(ValueError):
+    """An event that cannot be counted; the message is the dead-letter reason."""
+
+
+_REQUIRED = ("event_id", "user", "arm", "reward")
+
+
+def parse_interaction(raw: bytes, catalog: Catalog) -> tuple[int, NDArray[np.float64], float]:
+    """Validate one ``interactions`` value; return ``(unit, context, reward)``."""
+    try:
+        obj: Any = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise MalformedEvent(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise MalformedEvent(f"not a JSON object but {type(obj).__name__}")
+    missing = [k for k in _REQUIRED if k not in obj]
+    if missing:
+        raise MalformedEvent(f"missing field(s): {', '.join(missing)}")
+    for k in ("event_id", "user", "arm"):
+        if not isinstance(obj[k], str) or not obj[k]:
+            raise MalformedEvent(f"field {k!r} must be a non-empty string, got {obj[k]!r}")
+    reward = obj["reward"]
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        raise MalformedEvent(f"reward must be a number, got {reward!r}")
+    r = float(reward)
+    if not math.isfinite(r):
+        raise MalformedEvent(f"reward {reward!r} is not finite")
+    if not 0.0 <= r <= 1.0:
+        raise MalformedEvent(f"reward {r!r} is outside [0, 1]")
+    try:
+        unit = catalog.unit_of(obj["user"])
+    except UnknownUserError as exc:
+        raise MalformedEvent(str(exc)) from None
+    ctx = obj.get("context")
+    if ctx is None:
+        try:
+            x = catalog.feature_matrix[catalog.arm_row(obj["arm"])]
+        except UnknownArmError as exc:
+            raise MalformedEvent(f"{exc} (and no context given)") from None
+    else:
+        if not isinstance(ctx, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in ctx):
+            raise MalformedEvent("context must be a list of numbers or null")
+        if len(ctx) != catalog.d:
+            raise MalformedEvent(f"context has {len(ctx)} values, expected d = {catalog.d}")
+        x = np.asarray(ctx, dtype=np.float64)
+        if not np.isfinite(x).all():
+            raise MalformedEvent("context has NaN or infinite values")
+        norm = float(np.sqrt(x @ x))
+        if norm > 1.0:
+            x = x / norm  # clip to the context bound Lx = 1 assumed by the sensitivity
+    ts = obj.get("ts")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts)):
+        raise MalformedEvent(f"ts must be a finite number of ms or null, got {ts!r}")
+    return unit, x, r
+
+
+def dead_letter_value(raw: bytes, reason: str, topic: str, partition: int, offset: int) -> bytes:
+    """The ``dead-letters`` value: the original bytes plus why and where (DESIGN §7)."""
+    try:
+        original, encoding = raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        original, encoding = base64.b64encode(raw).decode("ascii"), "base64"
+    return json.dumps({"original": original, "original_encoding": encoding, "reason": reason, "topic": topic,
+                       "partition": partition, "offset": offset}).encode()

@@ -1,0 +1,163 @@
+"""Serving: UCB recommendations from the published serving models only.
+
+This module reads nothing but ``{ns}:model:*`` keys (:mod:`pipeline.keys`);
+it does not import :mod:`pipeline.trusted`, and a test proves both (an
+import check and a scan of every key the serving path reads). A request
+costs one small read of the model's version plus, on a cache miss, one
+unit's model (``d + d*d`` floats); scoring is ``O(K d^2)``.
+
+Examples
+--------
+``recommend("3", ["10", "11", "12"], k=2)`` returns::
+
+    {"user": "3", "unit": 3, "rec_id": "…", "model_version": 17,
+     "items": [{"item": "11", "name": "arm 11", "score": …, "mean": …, "bonus": …}, …]}
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+
+from models.streaming import ucb_scores
+
+from .catalog import Catalog, UnknownArmError, UnknownUserError
+from .keys import PublicKeys
+
+__all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "MAX_K"]
+
+#: Largest list a request may ask for.
+MAX_K = 100
+
+
+class BadRequest(ValueError):
+    """A request parameter is invalid; the message says which and why."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(f"`{parameter}`: {message}")
+        self.parameter = parameter
+
+
+class ModelNotReadyError(RuntimeError):
+    """No serving model has been published yet."""
+
+
+@dataclass
+class _UnitModel:
+    version: int
+    theta: np.ndarray
+    M: np.ndarray
+
+
+class Recommender:
+    """Scores candidates for a user from the serving model of the user's unit.
+
+    Parameters
+    ----------
+    client
+        Redis client (only ``{ns}:model:*`` keys are read).
+    namespace
+        Key namespace of the pipeline.
+    catalog
+        Public catalog: user → unit, arm → features and name.
+    """
+
+    def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog) -> None:
+        self.r = client
+        self.keys = PublicKeys(namespace)
+        self.catalog = catalog
+        self._cache: dict[int, _UnitModel] = {}
+        self._meta: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def meta(self) -> dict[str, str]:
+        """The served model's metadata (version, algorithm, alpha, privacy statement, ...)."""
+        raw = self.r.hgetall(self.keys.model_meta)
+        if not raw:
+            raise ModelNotReadyError("no serving model has been published yet")
+        meta = {k.decode(): v.decode() for k, v in raw.items()}
+        self._meta = meta
+        return meta
+
+    def unit_model(self, unit: int, version: int) -> _UnitModel:
+        hit = self._cache.get(unit)
+        if hit is not None and hit.version == version:
+            return hit
+        raw = self.r.hgetall(self.keys.model_unit(unit))
+        if not raw:
+            raise ModelNotReadyError(f"no serving model for unit {unit}")
+        d = self.catalog.d
+        model = _UnitModel(int(raw[b"version"]), np.frombuffer(raw[b"theta"], dtype="<f8").copy(),
+                           np.frombuffer(raw[b"M"], dtype="<f8").reshape(d, d).copy())
+        with self._lock:
+            self._cache[unit] = model
+        return model
+
+    def recommend(self, user: str, candidates: Sequence[str] | None = None, k: int = 10) -> dict[str, Any]:
+        """Top-``k`` of ``candidates`` (default: the catalog's default pool) by UCB score."""
+        if not isinstance(user, str) or not user:
+            raise BadRequest("user", "must be a non-empty user id")
+        try:
+            unit = self.catalog.unit_of(user)
+        except UnknownUserError as exc:
+            raise BadRequest("user", str(exc)) from None
+        pool = list(self.catalog.default_pool if candidates is None else candidates)
+        if not pool:
+            raise BadRequest("candidates", "must name at least one item")
+        if len(set(pool)) != len(pool):
+            raise BadRequest("candidates", "must not repeat items")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise BadRequest("k", f"must be an integer in [1, {MAX_K}], got {k!r}")
+        try:
+            rows = [self.catalog.arm_row(a) for a in pool]
+        except UnknownArmError as exc:
+            raise BadRequest("candidates", str(exc)) from None
+        meta = self.meta()
+        version = int(meta["version"])
+        model = self.unit_model(unit, version)
+        X = self.catalog.feature_matrix[rows]
+        alpha = float(meta["alpha"])
+        mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
+        score = mean + bonus
+        order = np.argsort(-score, kind="stable")[: min(k, len(pool))]
+        return {
+            "user": user,
+            "unit": unit,
+            "rec_id": uuid.uuid4().hex,
+            "model_version": model.version,
+            "items": [{"item": pool[i], "name": self.catalog.arm_name(pool[i]), "score": _num(score[i]),
+                       "mean": _num(mean[i]), "bonus": _num(bonus[i])} for i in order],
+        }
+
+
+def _num(x: float) -> float:
+    v = float(x)
+    return v if math.isfinite(v) else 0.0
+
+
+_default: Recommender | None = None
+
+
+def recommend(user: str, candidates: Sequence[str] | None = None, k: int = 10, *,
+              recommender: Recommender | None = None) -> dict[str, Any]:
+    """Module-level convenience: recommend with ``recommender`` or one built from the environment settings."""
+    global _default
+    rec = recommender
+    if rec is None:
+        if _default is None:
+            from .catalog import load_catalog
+            from .settings import Settings
+
+            s = Settings.from_mapping({})
+            if s.redis_url is None:
+                raise RuntimeError("set REDIS_URL (or pass `recommender=`) to use pipeline.serving.recommend")
+            _default = Recommender(redis.Redis.from_url(s.redis_url), s.namespace, load_catalog(s))
+        rec = _default
+    return rec.recommend(user, candidates, k)

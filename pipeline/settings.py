@@ -1,0 +1,209 @@
+"""Settings of a privrec pipeline, from flags and environment variables.
+
+Every setting has a flag (``--epsilon``) and an environment variable
+(``PRIVREC_EPSILON``); flags win. The Kafka and Redis endpoints also read
+the conventional ``KAFKA_BOOTSTRAP`` and ``REDIS_URL``. Invalid settings fail
+at start with a message naming the setting (:class:`SettingsError`).
+
+The settings that define the model and its privacy (algorithm, mechanism,
+epsilon, delta, tree size, catalog, dimensions, lambda, alpha) are stored in
+Redis when a namespace is first used; a worker started later with different
+values is refused, since mixing them would break the privacy accounting.
+
+Examples
+--------
+>>> s = Settings.from_mapping({"epsilon": "inf", "algorithm": "colin"})
+>>> s.epsilon, s.algorithm, s.private
+(inf, 'colin', False)
+>>> Settings.from_mapping({"epsilon": "-1"})
+Traceback (most recent call last):
+...
+pipeline.settings.SettingsError: setting `epsilon` (PRIVREC_EPSILON): must be positive or inf, got -1.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from models.mechanisms import MECHANISMS
+
+__all__ = ["Settings", "SettingsError", "add_arguments", "MODEL_FIELDS", "DEFAULT_MECHANISM"]
+
+#: The default mechanism: a valid (epsilon, delta) guarantee with exact Gaussian-DP accounting.
+DEFAULT_MECHANISM = "gaussian-exact"
+
+ALGORITHMS = ("linucb", "colin", "goblin")
+MODES = ("global",)
+CATALOGS = ("synthetic", "lastfm")
+
+
+class SettingsError(ValueError):
+    """A setting is invalid; the message names it (flag and environment variable)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"setting `{name}` ({env_name(name)}): {message}")
+        self.setting = name
+
+
+def env_name(name: str) -> str:
+    if name == "kafka":
+        return "KAFKA_BOOTSTRAP"
+    if name == "redis_url":
+        return "REDIS_URL"
+    return "PRIVREC_" + name.upper()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All pipeline settings (see the module docstring for sources and checks).
+
+    Attributes
+    ----------
+    mode
+        Trust model; ``"global"`` (the server adds the noise).
+    algorithm
+        ``"linucb"`` (one model per unit), ``"colin"`` or ``"goblin"``.
+    mechanism
+        Continual-release mechanism (a name in ``models.mechanisms.MECHANISMS``).
+    epsilon, delta
+        Event-level privacy of every released statistic; ``epsilon = inf``
+        switches noise off (the non-private baseline).
+    tick_seconds
+        Release period of the leader timer.
+    tree_levels
+        Levels of each release tree; a tree covers ``2**tree_levels - 1``
+        ticks, then a new epoch starts.
+    catalog
+        ``"synthetic"`` (the paper's synthetic users and arms) or ``"lastfm"``.
+    data_dir
+        LastFM data directory (``None``: the default next to the repo).
+    d, n_users, n_arms, world_seed
+        Synthetic catalog: dimension, users, arms and the (public) seed of its
+        construction. LastFM fixes ``d = 25`` and 100 user clusters.
+    lambda_, alpha
+        Ridge weight and exploration width of the serving models.
+    namespace
+        Prefix of every Redis key.
+    kafka, redis_url
+        External endpoints (``None``: the embedded services of ``privrec up``).
+    partitions
+        Partitions of the ``interactions`` topic.
+    batch_size, batch_seconds
+        Ingest batching: at most ``batch_size`` events or ``batch_seconds``.
+    """
+
+    mode: str = "global"
+    algorithm: str = "linucb"
+    mechanism: str = DEFAULT_MECHANISM
+    epsilon: float = 2.0
+    delta: float = 1e-5
+    tick_seconds: float = 1.0
+    tree_levels: int = 14
+    catalog: str = "synthetic"
+    data_dir: str | None = None
+    d: int = 25
+    n_users: int = 10
+    n_arms: int = 1000
+    world_seed: int = 0
+    lambda_: float = 1.0
+    alpha: float = 0.3
+    namespace: str = "privrec"
+    kafka: str | None = None
+    redis_url: str | None = None
+    partitions: int = 4
+    batch_size: int = 2000
+    batch_seconds: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SettingsError("mode", f"must be one of {MODES} (local and federated modes are not served yet), "
+                                        f"got {self.mode!r}.")
+        if self.algorithm not in ALGORITHMS:
+            raise SettingsError("algorithm", f"must be one of {ALGORITHMS}, got {self.algorithm!r}.")
+        if self.mechanism not in MECHANISMS:
+            raise SettingsError("mechanism", f"must be one of {sorted(MECHANISMS)}, got {self.mechanism!r}.")
+        if math.isnan(self.epsilon) or self.epsilon <= 0:
+            raise SettingsError("epsilon", f"must be positive or inf, got {self.epsilon}.")
+        if not 0 < self.delta < 1:
+            raise SettingsError("delta", f"must be in (0, 1), got {self.delta}.")
+        if not (self.tick_seconds > 0 and math.isfinite(self.tick_seconds)):
+            raise SettingsError("tick_seconds", f"must be a positive number of seconds, got {self.tick_seconds}.")
+        if not 1 <= self.tree_levels <= 40:
+            raise SettingsError("tree_levels", f"must be in [1, 40], got {self.tree_levels}.")
+        if self.catalog not in CATALOGS:
+            raise SettingsError("catalog", f"must be one of {CATALOGS}, got {self.catalog!r}.")
+        for name in ("d", "n_users", "n_arms", "partitions", "batch_size"):
+            if getattr(self, name) < 1:
+                raise SettingsError(name, f"must be a positive integer, got {getattr(self, name)}.")
+        if not (self.lambda_ > 0 and math.isfinite(self.lambda_)):
+            raise SettingsError("lambda_", f"must be positive, got {self.lambda_}.")
+        if not (self.alpha >= 0 and math.isfinite(self.alpha)):
+            raise SettingsError("alpha", f"must be non-negative, got {self.alpha}.")
+        if not self.namespace or any(c in self.namespace for c in "{}: \t\n*?[]"):
+            raise SettingsError("namespace", f"must be a non-empty name without braces, colons, spaces or "
+                                             f"glob characters, got {self.namespace!r}.")
+        if not self.batch_seconds > 0:
+            raise SettingsError("batch_seconds", f"must be positive, got {self.batch_seconds}.")
+
+    @property
+    def private(self) -> bool:
+        """Whether released statistics carry noise."""
+        return not math.isinf(self.epsilon)
+
+    @property
+    def tree_ticks(self) -> int:
+        return (1 << self.tree_levels) - 1
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, environ: Mapping[str, str] | None = None) -> Settings:
+        """Build from explicit values (flags; ``None`` = unset) over environment variables over defaults."""
+        env = os.environ if environ is None else environ
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = values.get(f.name)
+            if raw is None:
+                raw = env.get(env_name(f.name))
+            if raw is None:
+                continue
+            kwargs[f.name] = _convert(f.name, f.type, raw)
+        return cls(**kwargs)
+
+    def model_config(self) -> dict[str, Any]:
+        """The settings that define the model and its privacy (must match across workers)."""
+        d = dataclasses.asdict(self)
+        return {k: d[k] for k in MODEL_FIELDS}
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+MODEL_FIELDS = ("mode", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
+                "n_arms", "world_seed", "lambda_", "alpha", "partitions")
+
+
+def _convert(name: str, typ: Any, raw: Any) -> Any:
+    t = str(typ)
+    try:
+        if "float" in t:
+            return float(raw)
+        if "int" in t:
+            if isinstance(raw, float) and not raw.is_integer():
+                raise ValueError
+            return int(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(name, f"must be a number, got {raw!r}.") from None
+    return str(raw)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one ``--flag`` per setting (default ``None``: fall back to the environment)."""
+    for f in fields(Settings):
+        flag = "--" + f.name.rstrip("_").replace("_", "-")
+        parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.rstrip("_").upper(),
+                            help=f"(env {env_name(f.name)}; default {f.default!r})")

@@ -1,0 +1,249 @@
+"""Trusted state in Redis: exact statistics, processed offsets, mechanism state, the noise secret.
+
+Nothing here may reach serving (DESIGN §2). Keys follow the layout of
+:mod:`pipeline.keys` with kinds ``trusted``, ``noise`` and ``config``:
+
+* ``{ns}:trusted:{ns:p<P>}:stats`` — hash, per unit ``g:<u>`` / ``b:<u>`` /
+  ``n:<u>`` (Gram bytes, ``b`` bytes, count) of the events of partition ``P``;
+* ``{ns}:trusted:{ns:p<P>}:offset`` — next unprocessed offset of partition ``P``;
+* ``{ns}:trusted:{ns:p<P>}:deadletters`` — hash, dead letters counted by reason;
+* ``{ns}:trusted:{ns:rel}:secret`` — the mechanism's noise seed (generated once);
+* ``{ns}:noise:{ns:rel}:state`` — the mechanism state after the last tick;
+* ``{ns}:noise:{ns:rel}:pending`` — the release computed at that tick, kept
+  until it is published;
+* ``{ns}:config:{ns:rel}:settings`` — the model/privacy settings of the namespace.
+
+Each partition's statistics and its offset change together in one Lua
+script that first checks the stored offset (:data:`INGEST_SCRIPT`), so a
+redelivered event is never counted twice and a stale owner of a partition
+cannot overwrite a newer one.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+
+from models.mechanisms import Mechanism, TreeState
+from models.streaming import ReleasedStats, UnitStats
+
+from .keys import PublicKeys
+
+__all__ = ["TrustedKeys", "TrustedStore", "INGEST_SCRIPT", "PUBLISH_SCRIPT", "ConfigMismatchError"]
+
+
+@dataclass(frozen=True)
+class TrustedKeys:
+    ns: str
+
+    def _key(self, kind: str, slot: str, name: str) -> str:
+        return f"{self.ns}:{kind}:{{{self.ns}:{slot}}}:{name}"
+
+    def stats(self, partition: int) -> str:
+        return self._key("trusted", f"p{partition}", "stats")
+
+    def offset(self, partition: int) -> str:
+        return self._key("trusted", f"p{partition}", "offset")
+
+    def deadletters(self, partition: int) -> str:
+        return self._key("trusted", f"p{partition}", "deadletters")
+
+    @property
+    def secret(self) -> str:
+        return self._key("trusted", "rel", "secret")
+
+    @property
+    def noise_state(self) -> str:
+        return self._key("noise", "rel", "state")
+
+    @property
+    def pending(self) -> str:
+        return self._key("noise", "rel", "pending")
+
+    @property
+    def config(self) -> str:
+        return self._key("config", "rel", "settings")
+
+
+# KEYS[1] - offset key of the partition
+# KEYS[2] - stats hash of the partition
+# KEYS[3] - dead-letter counts hash of the partition
+# ARGV[1] - expected stored next offset ("" when none is stored yet)
+# ARGV[2] - new next offset
+# ARGV[3] - number of stats fields n; ARGV[4 .. 3+2n] field/value pairs
+# ARGV[4+2n ..] - dead-letter reason/count pairs
+# return 1 if applied, 0 if the stored offset differs (nothing written)
+INGEST_SCRIPT = """
+local stored = redis.call('GET', KEYS[1])
+if stored == false then stored = '' end
+if stored ~= ARGV[1] then return 0 end
+local n = tonumber(ARGV[3])
+local i = 4
+if n > 0 then
+  local args = {}
+  for j = 1, 2 * n do args[j] = ARGV[i + j - 1] end
+  redis.call('HSET', KEYS[2], unpack(args))
+end
+i = 4 + 2 * n
+while i < #ARGV do
+  redis.call('HINCRBY', KEYS[3], ARGV[i], tonumber(ARGV[i + 1]))
+  i = i + 2
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS[1] - pending release hash (noise kind)
+# KEYS[2] - released hash
+# KEYS[3] - released log stream
+# return the version now published (0 if none)
+PUBLISH_SCRIPT = """
+local pv = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+local rv = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
+if pv > rv then
+  redis.call('COPY', KEYS[1], KEYS[2], 'REPLACE')
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '100000', '*', 'version', tostring(pv),
+             'event', redis.call('HGET', KEYS[1], 'event') or '',
+             'offsets', redis.call('HGET', KEYS[1], 'offsets') or '[]',
+             'count', redis.call('HGET', KEYS[1], 'count') or '0')
+  return pv
+end
+return rv
+"""
+
+
+class ConfigMismatchError(RuntimeError):
+    """The namespace was created with other model/privacy settings."""
+
+
+class TrustedStore:
+    """Reads and writes of the trusted namespace (ingest, release and solve stages)."""
+
+    def __init__(self, client: redis.Redis, ns: str) -> None:
+        self.r = client
+        self.keys = TrustedKeys(ns)
+        self.public = PublicKeys(ns)
+        self._ingest = client.register_script(INGEST_SCRIPT)
+        self._publish = client.register_script(PUBLISH_SCRIPT)
+
+    # ------------------------------------------------------------ config and secret
+
+    def ensure_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Store ``config`` on first use; refuse a different one later."""
+        text = json.dumps(config, sort_keys=True)
+        self.r.set(self.keys.config, text, nx=True)
+        stored = json.loads(self.r.get(self.keys.config) or "{}")
+        if stored != json.loads(text):
+            diff = {k: (stored.get(k), config.get(k)) for k in set(stored) | set(config) if stored.get(k) != config.get(k)}
+            raise ConfigMismatchError(
+                f"namespace {self.keys.ns!r} was created with other settings (stored, requested): {diff}; "
+                f"use another namespace (--namespace) or the stored settings.")
+        return stored
+
+    def noise_seed(self) -> int:
+        """The namespace's secret noise seed, generated on first use."""
+        self.r.set(self.keys.secret, str(secrets.randbits(63)), nx=True)
+        return int(self.r.get(self.keys.secret))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------ ingest
+
+    def load_partition(self, partition: int, n_units: int, d: int) -> tuple[UnitStats, int | None]:
+        """A partition's exact statistics and its next unprocessed offset (``None`` if never written)."""
+        with self.r.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.keys.stats(partition))
+            pipe.get(self.keys.offset(partition))
+            raw, off = pipe.execute()
+        return _decode_stats(raw, n_units, d), (None if off is None else int(off))
+
+    def commit_partition(self, partition: int, stats: UnitStats, units: np.ndarray, expected: int | None,
+                         next_offset: int, deadletters: dict[str, int]) -> bool:
+        """Write the touched units' statistics and the new offset atomically, if the offset is still ``expected``."""
+        args: list[Any] = ["" if expected is None else str(expected), str(next_offset)]
+        fields: list[Any] = []
+        for u in np.unique(units):
+            u = int(u)
+            fields += [f"g:{u}", stats.gram[u].astype("<f8").tobytes(), f"b:{u}", stats.b[u].astype("<f8").tobytes(),
+                       f"n:{u}", str(int(stats.count[u]))]
+        args.append(len(fields) // 2)
+        args += fields
+        for reason, count in deadletters.items():
+            args += [reason[:200], count]
+        keys = [self.keys.offset(partition), self.keys.stats(partition), self.keys.deadletters(partition)]
+        return bool(self._ingest(keys=keys, args=args))
+
+    def deadletter_counts(self, partitions: int) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in range(partitions):
+            for k, v in self.r.hgetall(self.keys.deadletters(p)).items():
+                out[k.decode()] = out.get(k.decode(), 0) + int(v)
+        return out
+
+    def offsets(self, partitions: int) -> list[int | None]:
+        vals = self.r.mget([self.keys.offset(p) for p in range(partitions)])
+        return [None if v is None else int(v) for v in vals]
+
+    # ------------------------------------------------------------ release
+
+    def snapshot(self, partitions: int, n_units: int, d: int) -> tuple[UnitStats, list[int]]:
+        """Exact statistics over all partitions, summed in partition order, and the offsets they cover.
+
+        Each partition's statistics and offset are read in one transaction, so
+        they are consistent (they change together); ``offsets[p]`` is the next
+        offset not included (0 for an untouched partition).
+        """
+        shards, offsets = [], []
+        for p in range(partitions):
+            stats, off = self.load_partition(p, n_units, d)
+            shards.append(stats)
+            offsets.append(0 if off is None else off)
+        return UnitStats.merged(shards), offsets
+
+    def load_noise_state(self, mechanism: Mechanism) -> TreeState | None:
+        raw = self.r.hgetall(self.keys.noise_state)
+        return mechanism.state_from_mapping(raw) if raw else None
+
+    def persist_release(self, state: TreeState | None, release: ReleasedStats, event: str,
+                        offsets: list[int]) -> None:
+        """Persist the new mechanism state and the pending release together, *before* publishing.
+
+        ``offsets`` (per partition, the first offset *not* covered) is public:
+        it says which events the release contains.
+        """
+        mapping: dict[str, Any] = dict(release.to_mapping())
+        mapping["offsets"] = json.dumps(offsets)
+        mapping["version"] = str(release.version)
+        mapping["event"] = event
+        mapping["count"] = str(int(release.count.sum()))
+        with self.r.pipeline(transaction=True) as pipe:
+            if state is not None:
+                pipe.delete(self.keys.noise_state)
+                pipe.hset(self.keys.noise_state, mapping=state.to_mapping())  # type: ignore[arg-type]
+            pipe.delete(self.keys.pending)
+            pipe.hset(self.keys.pending, mapping=mapping)
+            pipe.execute()
+
+    def pending_version(self) -> int:
+        return int(self.r.hget(self.keys.pending, "version") or 0)
+
+    def publish(self) -> int:
+        """Copy the pending release to the released key if it is newer; return the published version."""
+        return int(self._publish(keys=[self.keys.pending, self.public.released, self.public.released_log]))
+
+
+def _decode_stats(raw: dict[bytes, bytes], n_units: int, d: int) -> UnitStats:
+    s = UnitStats.zeros(n_units=n_units, d=d)
+    for k, v in raw.items():
+        kind, u = k.decode().split(":")
+        i = int(u)
+        if kind == "g":
+            s.gram[i] = np.frombuffer(v, dtype="<f8").reshape(d, d)
+        elif kind == "b":
+            s.b[i] = np.frombuffer(v, dtype="<f8")
+        elif kind == "n":
+            s.count[i] = int(v)
+    return s

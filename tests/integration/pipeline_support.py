@@ -1,0 +1,161 @@
+"""Helpers for pipeline integration tests: a fresh broker, workers as real processes, event producers."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+from kafka import KafkaConsumer, KafkaProducer
+
+from models.streaming import UnitStats
+from pipeline import services
+from pipeline.catalog import SyntheticCatalog
+from pipeline.records import parse_interaction
+from pipeline.services import ServiceHandle
+from pipeline.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: Small synthetic world used by the pipeline tests.
+WORLD = {"PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40", "PRIVREC_TICK_SECONDS": "0.3",
+         "PRIVREC_LOGLEVEL": "WARNING"}
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@dataclass
+class Stack:
+    """A broker of its own, the session's redis-server, a namespace, and worker processes."""
+
+    state_dir: Path
+    broker: ServiceHandle
+    redis_url: str
+    namespace: str
+    env: dict[str, str] = field(default_factory=dict)
+    workers: list[ServiceHandle] = field(default_factory=list)
+
+    @property
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis_url)
+
+    def settings(self) -> Settings:
+        return Settings.from_mapping({}, environ=self.env)
+
+    def catalog(self) -> SyntheticCatalog:
+        s = self.settings()
+        return SyntheticCatalog(n_users=s.n_users, d=s.d, n_arms=s.n_arms, seed=s.world_seed)
+
+    def start_worker(self, name: str = "worker-0", timeout: float = 60.0) -> ServiceHandle:
+        env = {**os.environ, **self.env, "PRIVREC_WORKER_ID": name, "PYTHONPATH": str(REPO)}
+        client = self.client
+        status = f"{self.namespace}:ops:{{{self.namespace}:ops}}:workers"
+
+        def assigned() -> bool:
+            raw = client.hget(status, name)
+            return bool(raw) and bool(json.loads(raw)["partitions"])
+
+        client.hdel(status, name)
+        handle = services.start_process(name, [sys.executable, "-m", "pipeline.worker"], self.state_dir,
+                                        env=env, ready=assigned, timeout=timeout)
+        self.workers.append(handle)
+        return handle
+
+    def kill9(self, handle: ServiceHandle) -> None:
+        os.kill(handle.pid, 9)
+        wait_for(lambda: not services.is_running(handle), 10, "the killed worker to exit")
+
+    def producer(self) -> KafkaProducer:
+        return KafkaProducer(bootstrap_servers=self.broker.address, linger_ms=5)
+
+    def released(self) -> dict[bytes, bytes]:
+        return self.client.hgetall(f"{self.namespace}:released:{{{self.namespace}:rel}}:stats")
+
+    def released_count(self) -> int:
+        raw = self.client.hget(f"{self.namespace}:released:{{{self.namespace}:rel}}:stats", "count")
+        return int(raw or 0)
+
+    def model_version(self) -> int:
+        raw = self.client.hget(f"{self.namespace}:model:{{{self.namespace}:model}}:meta", "version")
+        return int(raw or 0)
+
+    def dead_letters(self, expected: int, timeout: float = 20.0) -> list[dict[str, Any]]:
+        consumer = KafkaConsumer("dead-letters", bootstrap_servers=self.broker.address,
+                                 auto_offset_reset="earliest", consumer_timeout_ms=1000)
+        out: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < expected and time.monotonic() < deadline:
+            for msg in consumer:
+                out.append(json.loads(msg.value))
+        consumer.close()
+        return out
+
+
+def synthetic_events(catalog: SyntheticCatalog, n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """Valid interactions; about half carry an explicit context (some longer than 1, to be clipped)."""
+    rng = random.Random(seed)
+    d = catalog.d
+    for i in range(n):
+        ev: dict[str, Any] = {"event_id": f"e{seed}-{i}", "user": str(rng.randrange(catalog.n_units)),
+                              "arm": str(rng.randrange(len(catalog.arm_ids))), "reward": rng.random(),
+                              "ts": 1.7e12 + i, "rec_id": None}
+        if i % 2:
+            ev["context"] = [rng.uniform(-1.0, 1.0) for _ in range(d)]
+        if i % 7 == 0:
+            ev["reward"] = float(rng.randrange(2))
+        yield ev
+
+
+def produce(stack: Stack, events: list[dict[str, Any]], *, rate: float | None = None) -> list[tuple[int, int, bytes]]:
+    """Produce keyed by user; return ``(partition, offset, value)`` of each, in send order."""
+    prod = stack.producer()
+    futures = []
+    t0 = time.monotonic()
+    for i, ev in enumerate(events):
+        value = json.dumps(ev).encode()
+        futures.append((prod.send("interactions", key=ev["user"].encode(), value=value), value))
+        if rate is not None:
+            ahead = (i + 1) / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+    prod.flush()
+    out = []
+    for fut, value in futures:
+        md = fut.get(timeout=30)
+        out.append((md.partition, md.offset, value))
+    prod.close()
+    return out
+
+
+def offline_stats(catalog: SyntheticCatalog, produced: list[tuple[int, int, bytes]], partitions: int,
+                  upto: list[int] | None = None) -> UnitStats:
+    """The offline ``models`` computation: per partition in offset order, shards summed in partition order."""
+    shards = []
+    for p in range(partitions):
+        s = UnitStats.zeros(n_units=catalog.n_units, d=catalog.d)
+        for part, off, value in sorted(x for x in produced if x[0] == p):
+            if upto is not None and off >= upto[p]:
+                continue
+            try:
+                u, x, r = parse_interaction(value, catalog)
+            except ValueError:
+                continue
+            s.add(np.array([u]), x[None, :], np.array([r]))
+        shards.append(s)
+    return UnitStats.merged(shards)
