@@ -50,6 +50,7 @@ class PreparedBatch:
     counted: int
     duplicates: int
     dead: list[DeadLetterItem] = field(default_factory=list)
+    users: dict[str, int] = field(default_factory=dict)
 
     @property
     def reasons(self) -> dict[str, int]:
@@ -93,29 +94,32 @@ class IngestProcessor:
         units: list[int] = []
         rows: list[np.ndarray] = []
         rewards: list[float] = []
+        users: Counter[str] = Counter()
         dead: list[DeadLetterItem] = []
         for offset, value in fresh:
             try:
-                u, x, r = parse_interaction(value, self.catalog)
+                u, x, r, user = parse_interaction(value, self.catalog)
             except MalformedEvent as exc:
                 dead.append(DeadLetterItem(offset, value, str(exc)))
                 continue
             units.append(u)
             rows.append(x)
             rewards.append(r)
+            users[user] += 1
         new = stats.copy()
         u_arr = np.asarray(units, dtype=np.int64)
         if units:
             new.add(u_arr, np.vstack(rows), np.asarray(rewards))
         next_offset = (fresh[-1][0] + 1) if fresh else (stored if stored is not None else 0)
-        return PreparedBatch(partition, stored, next_offset, new, u_arr, len(units), len(msgs) - len(fresh), dead)
+        return PreparedBatch(partition, stored, next_offset, new, u_arr, len(units), len(msgs) - len(fresh), dead,
+                             dict(users))
 
     def commit(self, batch: PreparedBatch) -> bool:
         """Write the batch atomically; on a lost compare, reload the partition and return ``False``."""
         if batch.expected_offset is not None and batch.next_offset == batch.expected_offset:
             return True  # nothing new
         ok = self.store.commit_partition(batch.partition, batch.stats, batch.units, batch.expected_offset,
-                                         batch.next_offset, batch.reasons)
+                                         batch.next_offset, batch.reasons, batch.users)
         if ok:
             self._shards[batch.partition] = (batch.stats, batch.next_offset)
         else:

@@ -5,7 +5,7 @@
     {"event_id": str, "user": str, "arm": str, "context": [float, ...] | null,
      "reward": float, "ts": float (ms since epoch), "rec_id": str | null}
 
-:func:`parse_interaction` turns the raw bytes into ``(unit, context, reward)``
+:func:`parse_interaction` turns the raw bytes into a :class:`Parsed` ``(unit, context, reward, user)``
 or raises :class:`MalformedEvent` with the reason that goes to
 ``dead-letters``. Rules: a JSON object; ``event_id``, ``user``, ``arm`` are
 non-empty strings; ``reward`` is a finite number in ``[0, 1]`` (the privacy
@@ -18,7 +18,7 @@ Examples
 --------
 >>> from pipeline.catalog import SyntheticCatalog
 >>> cat = SyntheticCatalog(n_users=2, d=2, n_arms=3)
->>> unit, x, r = parse_interaction(b'{"event_id": "e1", "user": "1", "arm": "2", "reward": 1}', cat)
+>>> unit, x, r, user = parse_interaction(b'{"event_id": "e1", "user": "1", "arm": "2", "reward": 1}', cat)
 >>> unit, r, x.shape
 (1, 1.0, (2,))
 >>> parse_interaction(b'{"event_id": "e2", "user": "1", "arm": "2", "reward": 1.5}', cat)
@@ -32,7 +32,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import faust
 import numpy as np
@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 
 from .catalog import Catalog, UnknownArmError, UnknownUserError
 
-__all__ = ["Interaction", "Recommendation", "DeadLetter", "MalformedEvent", "parse_interaction",
+__all__ = ["Interaction", "Recommendation", "DeadLetter", "MalformedEvent", "Parsed", "parse_interaction",
            "dead_letter_value", "TOPICS"]
 
 #: Topic names (DESIGN §7).
@@ -88,8 +88,17 @@ class MalformedEvent(ValueError):
 _REQUIRED = ("event_id", "user", "arm", "reward")
 
 
-def parse_interaction(raw: bytes, catalog: Catalog) -> tuple[int, NDArray[np.float64], float]:
-    """Validate one ``interactions`` value; return ``(unit, context, reward)``."""
+class Parsed(NamedTuple):
+    """A valid interaction: its model unit, context (norm <= 1), reward in [0, 1], and user id."""
+
+    unit: int
+    context: NDArray[np.float64]
+    reward: float
+    user: str
+
+
+def parse_interaction(raw: bytes, catalog: Catalog) -> Parsed:
+    """Validate one ``interactions`` value (see the module docstring for the rules)."""
     try:
         obj: Any = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -134,7 +143,7 @@ def parse_interaction(raw: bytes, catalog: Catalog) -> tuple[int, NDArray[np.flo
     ts = obj.get("ts")
     if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts)):
         raise MalformedEvent(f"ts must be a finite number of ms or null, got {ts!r}")
-    return unit, x, r
+    return Parsed(unit, x, r, obj["user"])
 
 
 def dead_letter_value(raw: bytes, reason: str, topic: str, partition: int, offset: int) -> bytes:

@@ -7,6 +7,7 @@ Nothing here may reach serving (DESIGN §2). Keys follow the layout of
   ``n:<u>`` (Gram bytes, ``b`` bytes, count) of the events of partition ``P``;
 * ``{ns}:trusted:{ns:p<P>}:offset`` — next unprocessed offset of partition ``P``;
 * ``{ns}:trusted:{ns:p<P>}:deadletters`` — hash, dead letters counted by reason;
+* ``{ns}:ledger:{ns:p<P>}:users`` — hash, interactions counted per user (for user-level budgets);
 * ``{ns}:trusted:{ns:rel}:secret`` — the mechanism's noise seed (generated once);
 * ``{ns}:noise:{ns:rel}:state`` — the mechanism state after the last tick;
 * ``{ns}:noise:{ns:rel}:pending`` — the release computed at that tick, kept
@@ -53,6 +54,10 @@ class TrustedKeys:
     def deadletters(self, partition: int) -> str:
         return self._key("trusted", f"p{partition}", "deadletters")
 
+    def user_counts(self, partition: int) -> str:
+        """Ledger: interactions counted per user (public: who arrived is not protected)."""
+        return self._key("ledger", f"p{partition}", "users")
+
     @property
     def secret(self) -> str:
         return self._key("trusted", "rel", "secret")
@@ -73,10 +78,12 @@ class TrustedKeys:
 # KEYS[1] - offset key of the partition
 # KEYS[2] - stats hash of the partition
 # KEYS[3] - dead-letter counts hash of the partition
+# KEYS[4] - per-user interaction counts of the partition (ledger)
 # ARGV[1] - expected stored next offset ("" when none is stored yet)
 # ARGV[2] - new next offset
 # ARGV[3] - number of stats fields n; ARGV[4 .. 3+2n] field/value pairs
-# ARGV[4+2n ..] - dead-letter reason/count pairs
+# ARGV[4+2n] - number of dead-letter reasons m, then m reason/count pairs
+# then user/count pairs (to the end)
 # return 1 if applied, 0 if the stored offset differs (nothing written)
 INGEST_SCRIPT = """
 local stored = redis.call('GET', KEYS[1])
@@ -90,8 +97,14 @@ if n > 0 then
   redis.call('HSET', KEYS[2], unpack(args))
 end
 i = 4 + 2 * n
-while i < #ARGV do
+local m = tonumber(ARGV[i])
+i = i + 1
+for j = 1, m do
   redis.call('HINCRBY', KEYS[3], ARGV[i], tonumber(ARGV[i + 1]))
+  i = i + 2
+end
+while i < #ARGV do
+  redis.call('HINCRBY', KEYS[4], ARGV[i], tonumber(ARGV[i + 1]))
   i = i + 2
 end
 redis.call('SET', KEYS[1], ARGV[2])
@@ -161,7 +174,8 @@ class TrustedStore:
         return _decode_stats(raw, n_units, d), (None if off is None else int(off))
 
     def commit_partition(self, partition: int, stats: UnitStats, units: np.ndarray, expected: int | None,
-                         next_offset: int, deadletters: dict[str, int]) -> bool:
+                         next_offset: int, deadletters: dict[str, int],
+                         users: dict[str, int] | None = None) -> bool:
         """Write the touched units' statistics and the new offset atomically, if the offset is still ``expected``."""
         args: list[Any] = ["" if expected is None else str(expected), str(next_offset)]
         fields: list[Any] = []
@@ -171,9 +185,13 @@ class TrustedStore:
                        f"n:{u}", str(int(stats.count[u]))]
         args.append(len(fields) // 2)
         args += fields
+        args.append(len(deadletters))
         for reason, count in deadletters.items():
             args += [reason[:200], count]
-        keys = [self.keys.offset(partition), self.keys.stats(partition), self.keys.deadletters(partition)]
+        for user, count in (users or {}).items():
+            args += [user, count]
+        keys = [self.keys.offset(partition), self.keys.stats(partition), self.keys.deadletters(partition),
+                self.keys.user_counts(partition)]
         return bool(self._ingest(keys=keys, args=args))
 
     def deadletter_counts(self, partitions: int) -> dict[str, int]:

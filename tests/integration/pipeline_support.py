@@ -153,7 +153,7 @@ def offline_stats(catalog: SyntheticCatalog, produced: list[tuple[int, int, byte
             if upto is not None and off >= upto[p]:
                 continue
             try:
-                u, x, r = parse_interaction(value, catalog)
+                u, x, r, _ = parse_interaction(value, catalog)
             except ValueError:
                 continue
             s.add(np.array([u]), x[None, :], np.array([r]))
