@@ -55,6 +55,9 @@ __all__ = [
     "LaplaceAccountant",
     "UnsupportedEventError",
     "describe",
+    "group_guarantee",
+    "event_to_dict",
+    "event_from_dict",
     "rho_from_epsilon",
     "epsilon_from_rho",
     "gdp_delta",
@@ -356,3 +359,67 @@ def describe(event: DpEvent, delta: float) -> Guarantee:
     if isinstance(event, NoNoiseEvent):
         return Guarantee(math.inf, 1.0, False, "no noise")
     raise UnsupportedEventError("describe", event)
+
+
+def group_guarantee(event: DpEvent, k: int, delta: float) -> Guarantee:
+    """The guarantee for *all* ``k`` interactions of one contributor (group privacy).
+
+    One user's ``k`` interactions can share tree nodes. At each of the ``h``
+    levels their counts ``n_j`` per node satisfy ``sum n_j**2 <= k**2``, so
+    the user's combined sensitivity is at most ``k`` times one interaction's:
+    Gaussian ``mu_k <= k mu``; Laplace ``epsilon_k <= k epsilon``.
+
+    Examples
+    --------
+    >>> ev = GaussianTreeEvent(noise_multiplier=10.0, max_nodes_per_leaf=4)
+    >>> round(group_guarantee(ev, 1, 1e-5).epsilon, 3) == round(describe(ev, 1e-5).epsilon, 3)
+    True
+    >>> group_guarantee(ev, 0, 1e-5).epsilon
+    0.0
+    """
+    if k < 0:
+        raise ValueError(f"`k` must be non-negative, got {k}.")
+    if k == 0:
+        return Guarantee(0.0, 0.0, True, "no interactions")
+    if isinstance(event, GaussianTreeEvent):
+        if event.noise_multiplier == 0:
+            return Guarantee(math.inf, delta, False, "no noise")
+        mu = k * math.sqrt(event.max_nodes_per_leaf) / event.noise_multiplier
+        return Guarantee(gdp_epsilon(mu, delta), delta, True, f"group of {k}: GDP mu={mu:.6g}")
+    if isinstance(event, LaplaceTreeEvent):
+        g = describe(event, delta)
+        return Guarantee(k * g.epsilon, 0.0, g.valid, f"group of {k}: {g.note}")
+    if isinstance(event, NoNoiseEvent):
+        return Guarantee(math.inf, 1.0, False, "no noise")
+    raise UnsupportedEventError("group_guarantee", event)
+
+
+_EVENT_TYPES: dict[str, type] = {"none": NoNoiseEvent, "laplace_tree": LaplaceTreeEvent,
+                                 "gaussian_tree": GaussianTreeEvent}
+
+
+def event_to_dict(event: DpEvent) -> dict[str, object]:
+    """A JSON-able description of an event (``kind`` plus its fields).
+
+    >>> event_from_dict(event_to_dict(GaussianTreeEvent(2.0, 5))) == GaussianTreeEvent(2.0, 5)
+    True
+    """
+    fields = {f: getattr(event, f) for f in getattr(event, "__dataclass_fields__", {}) if f != "kind"}
+    return {"kind": event.kind, **fields}
+
+
+def event_from_dict(data: dict[str, object]) -> DpEvent:
+    """Inverse of :func:`event_to_dict`."""
+    kind = data.get("kind")
+    cls = _EVENT_TYPES.get(str(kind))
+    if cls is None:
+        raise ValueError(f"unknown event kind {kind!r}; known: {sorted(_EVENT_TYPES)}.")
+    out: DpEvent = cls(**{k: v for k, v in data.items() if k != "kind"})
+    return out
+
+
+def register_event_type(kind: str, cls: type) -> None:
+    """Make :func:`event_from_dict` know a new event type (append-only)."""
+    if kind in _EVENT_TYPES and _EVENT_TYPES[kind] is not cls:
+        raise ValueError(f"event kind {kind!r} is already registered.")
+    _EVENT_TYPES[kind] = cls

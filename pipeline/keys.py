@@ -53,6 +53,18 @@ class PublicKeys:
         """Hash: ``theta``, ``M`` and ``version`` of one unit's serving model."""
         return self._key("model", "model", f"u{unit}")
 
+    def ledger_users(self, partition: int) -> str:
+        """Hash: interactions counted per user in one partition (public arrival counts; the budget view)."""
+        return self._key("ledger", f"p{partition}", "users")
+
+    def ledger_deadletters(self, partition: int) -> str:
+        """Hash: malformed events of one partition counted by reason (operations data, no rewards)."""
+        return self._key("ledger", f"p{partition}", "deadletters")
+
+    def recommendation(self, rec_id: str) -> str:
+        """String (JSON, with a TTL): a shown list, kept so that feedback can name it by ``rec_id``."""
+        return self._key("recs", "recs", rec_id)
+
     def patterns(self) -> list[str]:
         """Glob patterns of every key serving is allowed to read."""
         return [f"{self.ns}:{kind}:*" for kind in PUBLIC_KINDS]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,22 +70,30 @@ class Recommender:
         Public catalog: user → unit, arm → features and name.
     """
 
-    def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog) -> None:
+    def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, meta_ttl: float = 0.0) -> None:
         self.r = client
         self.keys = PublicKeys(namespace)
         self.catalog = catalog
+        self.meta_ttl = float(meta_ttl)
         self._cache: dict[int, _UnitModel] = {}
         self._meta: dict[str, str] = {}
+        self._meta_at = -math.inf
         self._lock = threading.Lock()
 
     def meta(self) -> dict[str, str]:
-        """The served model's metadata (version, algorithm, alpha, privacy statement, ...)."""
+        """The served model's metadata (version, algorithm, alpha, privacy statement, ...).
+
+        Re-read at most every ``meta_ttl`` seconds (0: on every call).
+        """
+        now = time.monotonic()
+        if self._meta and now - self._meta_at < self.meta_ttl:
+            return self._meta
         raw = self.r.hgetall(self.keys.model_meta)
         if not raw:
             raise ModelNotReadyError("no serving model has been published yet")
-        meta = {k.decode(): v.decode() for k, v in raw.items()}
-        self._meta = meta
-        return meta
+        self._meta = {k.decode(): v.decode() for k, v in raw.items()}
+        self._meta_at = now
+        return self._meta
 
     def unit_model(self, unit: int, version: int) -> _UnitModel:
         hit = self._cache.get(unit)

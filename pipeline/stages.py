@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from models.accounting import describe
+from models.accounting import describe, event_to_dict
 from models.graphs import adjacency_from_w, goblin_projection, sensitivities
 from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from models.streaming import ReleasedStats, Releaser, solve
@@ -104,14 +104,10 @@ class ReleaseStage:
             state = self.store.load_noise_state(self.mechanism) or self.mechanism.init_state()
         version = self.store.pending_version() + 1
         released, state = self.releaser.release(stats, state, version)
-        event = json.dumps({"kind": released.event.kind, **_event_fields(released.event)})
+        event = json.dumps(event_to_dict(released.event))
         self.store.persist_release(state, released, event, offsets)
         self.store.publish()
         return version
-
-
-def _event_fields(event: object) -> dict[str, Any]:
-    return {k: getattr(event, k) for k in getattr(event, "__slots__", ()) if k != "kind"}
 
 
 @dataclass
@@ -144,6 +140,7 @@ class SolveStage:
             "n_units": str(theta.shape[0]), "events": str(int(released.count.sum())),
             "solved_at_ms": str(int(time.time() * 1000)), "solve_ms": f"{solve_ms:.1f}",
             "privacy": json.dumps(self.statement),
+            "event": (raw.get(b"event") or b'{"kind": "none"}').decode(),  # what every release spends
         }
         with self.client.pipeline(transaction=True) as pipe:
             for u in range(theta.shape[0]):

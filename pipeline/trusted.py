@@ -6,7 +6,7 @@ Nothing here may reach serving (DESIGN §2). Keys follow the layout of
 * ``{ns}:trusted:{ns:p<P>}:stats`` — hash, per unit ``g:<u>`` / ``b:<u>`` /
   ``n:<u>`` (Gram bytes, ``b`` bytes, count) of the events of partition ``P``;
 * ``{ns}:trusted:{ns:p<P>}:offset`` — next unprocessed offset of partition ``P``;
-* ``{ns}:trusted:{ns:p<P>}:deadletters`` — hash, dead letters counted by reason;
+* ``{ns}:ledger:{ns:p<P>}:deadletters`` — hash, dead letters counted by reason;
 * ``{ns}:ledger:{ns:p<P>}:users`` — hash, interactions counted per user (for user-level budgets);
 * ``{ns}:trusted:{ns:rel}:secret`` — the mechanism's noise seed (generated once);
 * ``{ns}:noise:{ns:rel}:state`` — the mechanism state after the last tick;
@@ -52,11 +52,11 @@ class TrustedKeys:
         return self._key("trusted", f"p{partition}", "offset")
 
     def deadletters(self, partition: int) -> str:
-        return self._key("trusted", f"p{partition}", "deadletters")
+        return PublicKeys(self.ns).ledger_deadletters(partition)
 
     def user_counts(self, partition: int) -> str:
         """Ledger: interactions counted per user (public: who arrived is not protected)."""
-        return self._key("ledger", f"p{partition}", "users")
+        return PublicKeys(self.ns).ledger_users(partition)
 
     @property
     def secret(self) -> str:

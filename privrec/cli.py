@@ -1,8 +1,8 @@
 """The ``privrec`` command.
 
 Every subcommand lives in its own module under :mod:`privrec.commands` and
-exposes ``register(subparsers)``; this file only wires them together, so
-features can add commands without touching each other.
+exposes ``register(subparsers)``; this file discovers and wires them, so
+features add commands without touching each other.
 """
 
 from __future__ import annotations
@@ -10,17 +10,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import pkgutil
 import sys
 from collections.abc import Sequence
 
 # d≈25 linear algebra is faster single-threaded here (set before numpy loads).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-# Modules that contribute subcommands, in the order they appear in --help.
-COMMAND_MODULES = (
-    "privrec.commands.experiment",
-    "privrec.commands.bench",
-)
+
+def command_modules() -> list[str]:
+    """Every module of :mod:`privrec.commands`, in name order."""
+    import privrec.commands as pkg
+
+    return [f"{pkg.__name__}.{m.name}" for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Streaming contextual-bandit recommender with differential privacy.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    for name in command_modules():
         importlib.import_module(name).register(sub)
     return parser
 

@@ -12,6 +12,20 @@ from typing import Any
 def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="run a benchmark; print numbers and write JSON")
     bsub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    _register_core(bsub)
+    # every other module of privrec.bench with a `register(bsub)` adds its own benchmark
+    import importlib
+    import pkgutil
+
+    import privrec.bench as pkg
+
+    for m in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        mod = importlib.import_module(f"{pkg.__name__}.{m.name}")
+        if hasattr(mod, "register"):
+            mod.register(bsub)
+
+
+def _register_core(bsub: Any) -> None:
     c = bsub.add_parser("core", help="in-process speed of one decide+update (d=25, 10 users)",
                         description="Time select+update of LinUCB, CoLin, GOB.Lin and their DP variants "
                                     "in-process; writes core.json to --out.")

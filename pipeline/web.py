@@ -1,0 +1,312 @@
+"""The HTTP API and the web page: ``python -m pipeline.web`` (settings from the environment).
+
+Routes (DESIGN §7):
+
+* ``GET /recommend?user=U&k=K[&candidates=a,b,c]`` →
+  ``{"user", "rec_id", "model_version", "items": [{"item", "name", "score", "mean", "bonus"}]}``;
+  without candidates the catalog's default pool is ranked. The shown list is
+  logged to the ``recommendations`` topic and kept (24 h) so feedback can name it.
+* ``POST /feedback`` with ``{"rec_id", "item", "reward"}`` → produces the
+  interaction to ``interactions`` (acknowledged by the broker) → ``202``.
+  One feedback per shown list.
+* ``GET /budget[?user=U]`` — the privacy guarantee of the released statistics,
+  releases so far, and for a user the guarantee covering all their interactions.
+* ``GET /metrics`` (Prometheus), ``GET /healthz``, ``GET /users``, and the page at ``/``.
+
+Errors are JSON ``{"error": {"parameter": ..., "message": ...}}`` with 400
+(bad parameter), 404 (unknown user or rec_id), 409 (feedback repeated) or
+503 (no model yet). Recommendation scoring reads only ``{ns}:model:*`` keys
+(:mod:`pipeline.serving`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from aiohttp import web
+from aiokafka import AIOKafkaProducer
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from models.accounting import event_from_dict, group_guarantee
+
+from .catalog import Catalog, UnknownUserError, load_catalog
+from .keys import PublicKeys
+from .records import TOPICS
+from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
+from .settings import Settings
+
+__all__ = ["create_web_app", "main"]
+
+log = logging.getLogger("privrec.web")
+STATIC = Path(__file__).parent / "static"
+REC_TTL_SECONDS = 24 * 3600
+
+
+def _error(status: int, parameter: str | None, message: str) -> web.Response:
+    return web.json_response({"error": {"parameter": parameter, "message": message}}, status=status)
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("privrec_http_requests_total", "HTTP requests", ["endpoint", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("privrec_http_request_seconds", "HTTP request latency", ["endpoint"],
+                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0),
+                                 registry=self.registry)
+        self.feedback = Counter("privrec_feedback_total", "Feedback accepted", ["reward"], registry=self.registry)
+        self.model_version = Gauge("privrec_model_version", "Version of the served model", registry=self.registry)
+        self.released_events = Gauge("privrec_released_events", "Interactions in the latest release",
+                                     registry=self.registry)
+        self.dead_letters = Gauge("privrec_dead_letters", "Malformed events sent to dead-letters",
+                                  registry=self.registry)
+
+
+def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis | None = None) -> web.Application:
+    """The aiohttp application (the Kafka producer starts with the app)."""
+    if settings.redis_url is None:
+        raise ValueError("setting `redis_url` (REDIS_URL) is required to serve")
+    sync = client or redis.Redis.from_url(settings.redis_url)
+    app = web.Application(middlewares=[_observe])
+    app["settings"] = settings
+    app["catalog"] = catalog
+    app["keys"] = PublicKeys(settings.namespace)
+    app["recommender"] = Recommender(sync, settings.namespace, catalog, meta_ttl=0.2)
+    app["sync"] = sync
+    app["metrics"] = _Metrics()
+    app.router.add_get("/recommend", recommend)
+    app.router.add_post("/feedback", feedback)
+    app.router.add_get("/budget", budget)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/users", users)
+    app.router.add_get("/", index)
+    if STATIC.is_dir():
+        app.router.add_static("/static/", STATIC)
+    app.cleanup_ctx.append(_clients)
+    return app
+
+
+async def _clients(app: web.Application) -> Any:
+    s: Settings = app["settings"]
+    app["redis"] = aioredis.Redis.from_url(s.redis_url)  # type: ignore[arg-type]
+    producer = None
+    if s.kafka:
+        producer = AIOKafkaProducer(bootstrap_servers=s.kafka, linger_ms=2)
+        await producer.start()
+    app["producer"] = producer
+    yield
+    if producer is not None:
+        await producer.stop()
+    await app["redis"].aclose()
+
+
+@web.middleware
+async def _observe(request: web.Request, handler: Any) -> web.StreamResponse:
+    t0 = time.perf_counter()
+    endpoint = request.path if request.path in ("/recommend", "/feedback", "/budget", "/healthz") else "other"
+    try:
+        resp = await handler(request)
+    except web.HTTPException as exc:
+        resp = _error(exc.status, None, exc.reason or "error")
+    except Exception as exc:  # a bug must not take the server down; report it as JSON
+        log.exception("unhandled error on %s", request.path)
+        resp = _error(500, None, f"internal error: {type(exc).__name__}")
+    m: _Metrics = request.app["metrics"]
+    m.requests.labels(endpoint, str(resp.status)).inc()
+    m.latency.labels(endpoint).observe(time.perf_counter() - t0)
+    return resp
+
+
+async def recommend(request: web.Request) -> web.Response:
+    q = request.query
+    unknown = sorted(set(q) - {"user", "k", "candidates"})
+    if unknown:
+        return _error(400, unknown[0], f"unknown parameter(s) {unknown}; use user, k, candidates")
+    user = q.get("user")
+    if not user:
+        return _error(400, "user", "is required, e.g. /recommend?user=2&k=10")
+    k_raw = q.get("k", "10")
+    try:
+        k = int(k_raw)
+    except ValueError:
+        return _error(400, "k", f"must be an integer in [1, {MAX_K}], got {k_raw!r}")
+    candidates = None
+    if "candidates" in q:
+        parts = q["candidates"].split(",")
+        if any(not p.strip() for p in parts):
+            return _error(400, "candidates", "must be a comma-separated list of item ids without empty entries")
+        candidates = [p.strip() for p in parts]
+    rec: Recommender = request.app["recommender"]
+    try:
+        out = rec.recommend(user, candidates, k)
+    except BadRequest as exc:
+        status = 404 if exc.parameter == "user" and "unknown user" in str(exc) else 400
+        return _error(status, exc.parameter, str(exc))
+    except ModelNotReadyError as exc:
+        return _error(503, None, f"{exc}; try again in a moment")
+    items = [it["item"] for it in out["items"]]
+    record = {"rec_id": out["rec_id"], "user": user, "items": items, "model_version": out["model_version"],
+              "ts": time.time() * 1000}
+    await request.app["redis"].set(request.app["keys"].recommendation(out["rec_id"]), json.dumps(record),
+                                   ex=REC_TTL_SECONDS)
+    producer: AIOKafkaProducer | None = request.app["producer"]
+    if producer is not None:
+        await producer.send(TOPICS["recommendations"], key=user.encode(), value=json.dumps(record).encode())
+    request.app["metrics"].model_version.set(out["model_version"])
+    return web.json_response(out)
+
+
+async def feedback(request: web.Request) -> web.Response:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _error(400, None, "body must be a JSON object {\"rec_id\", \"item\", \"reward\"}")
+    if not isinstance(body, dict):
+        return _error(400, None, "body must be a JSON object {\"rec_id\", \"item\", \"reward\"}")
+    for f in ("rec_id", "item", "reward"):
+        if f not in body:
+            return _error(400, f, "is required")
+    rec_id, item, reward = body["rec_id"], body["item"], body["reward"]
+    if not isinstance(rec_id, str) or not rec_id:
+        return _error(400, "rec_id", "must be the rec_id string of a /recommend response")
+    if not isinstance(item, str) or not item:
+        return _error(400, "item", "must be an item id string")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        return _error(400, "reward", f"must be a finite number in [0, 1], got {reward!r}")
+    if not 0.0 <= float(reward) <= 1.0:
+        return _error(400, "reward", f"must be in [0, 1], got {reward!r}")
+    keys: PublicKeys = request.app["keys"]
+    raw = await request.app["redis"].get(keys.recommendation(rec_id))
+    if raw is None:
+        return _error(404, "rec_id", f"unknown rec_id {rec_id!r} (never shown, expired, or already answered)")
+    shown = json.loads(raw)
+    if item not in shown["items"]:
+        return _error(400, "item", f"item {item!r} was not in the list {rec_id!r} showed")
+    # one feedback per shown list: consume the record atomically
+    if await request.app["redis"].getdel(keys.recommendation(rec_id)) is None:
+        return _error(409, "rec_id", f"feedback for {rec_id!r} was already recorded")
+    event = {"event_id": f"{rec_id}:{item}", "user": shown["user"], "arm": item, "context": None,
+             "reward": float(reward), "ts": time.time() * 1000, "rec_id": rec_id}
+    producer: AIOKafkaProducer | None = request.app["producer"]
+    if producer is None:
+        return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
+    await producer.send_and_wait(TOPICS["interactions"], key=shown["user"].encode(), value=json.dumps(event).encode())
+    request.app["metrics"].feedback.labels("1" if reward >= 0.5 else "0").inc()
+    return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
+
+
+async def budget(request: web.Request) -> web.Response:
+    s: Settings = request.app["settings"]
+    keys: PublicKeys = request.app["keys"]
+    r = request.app["redis"]
+    meta = {k.decode(): v.decode() for k, v in (await r.hgetall(keys.model_meta)).items()}
+    if not meta:
+        return _error(503, None, "no release has been published yet")
+    statement = json.loads(meta.get("privacy", "{}"))
+    event = event_from_dict(json.loads(meta.get("event", '{"kind": "none"}')))
+    history = []
+    for _, fields in await r.xrevrange(keys.released_log, count=200):
+        history.append({"version": int(fields[b"version"]), "count": int(fields.get(b"count", b"0")),
+                        "at_ms": None})
+    history.reverse()
+    capacity = (1 << s.tree_levels) - 1
+    version = int(meta["version"])
+    out: dict[str, Any] = {
+        "privacy": statement,
+        "releases": version,
+        "events_released": int(meta.get("events", 0)),
+        "tree": {"levels": s.tree_levels, "ticks_per_epoch": capacity, "epoch": (version - 1) // capacity,
+                 "tick_in_epoch": (version - 1) % capacity + 1},
+        "history": history,
+    }
+    user = request.query.get("user")
+    if user is not None:
+        catalog: Catalog = request.app["catalog"]
+        try:
+            catalog.unit_of(user)
+        except UnknownUserError as exc:
+            return _error(404, "user", str(exc))
+        counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(s.partitions)))
+        k = sum(int(c) for c in counts if c is not None)
+        g = group_guarantee(event, k, s.delta)
+        out["user"] = {"user": user, "interactions": k, "epsilon": g.epsilon if math.isfinite(g.epsilon) else None,
+                       "delta": g.delta, "valid": g.valid, "note": g.note,
+                       "bound": "group privacy over all of this user's interactions so far (k times one "
+                                "interaction's sensitivity)"}
+    return web.json_response(out)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    m: _Metrics = request.app["metrics"]
+    keys: PublicKeys = request.app["keys"]
+    r = request.app["redis"]
+    v = await r.hget(keys.model_meta, "version")
+    if v is not None:
+        m.model_version.set(int(v))
+    c = await r.hget(keys.released, "count")
+    if c is not None:
+        m.released_events.set(int(c))
+    s: Settings = request.app["settings"]
+    dead = 0
+    for p in range(s.partitions):
+        for val in await r.hvals(keys.ledger_deadletters(p)):
+            dead += int(val)
+    m.dead_letters.set(dead)
+    return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    keys: PublicKeys = request.app["keys"]
+    v = await request.app["redis"].hget(keys.model_meta, "version")
+    if v is None:
+        return web.json_response({"status": "starting", "model_version": None}, status=503)
+    return web.json_response({"status": "ok", "model_version": int(v)})
+
+
+async def users(request: web.Request) -> web.Response:
+    catalog: Catalog = request.app["catalog"]
+    limit_raw = request.query.get("limit", "200")
+    try:
+        limit = int(limit_raw)
+        if limit < 1:
+            raise ValueError
+    except ValueError:
+        return _error(400, "limit", f"must be a positive integer, got {limit_raw!r}")
+    ids = list(getattr(catalog, "users", []))
+    return web.json_response({"users": ids[:limit], "total": len(ids), "catalog": catalog.name,
+                              "default_pool": list(catalog.default_pool)})
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    page = STATIC / "index.html"
+    if not page.is_file():
+        return web.Response(text="privrec: the web page is not built", content_type="text/plain")
+    return web.FileResponse(page)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.web", description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PRIVREC_HTTP_PORT", "8080")))
+    parser.add_argument("--host", default=os.environ.get("PRIVREC_HTTP_HOST", "127.0.0.1"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("PRIVREC_LOGLEVEL", "INFO"))
+    settings = Settings.from_mapping({})
+    app = create_web_app(settings, load_catalog(settings))
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()
