@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.linalg import cho_factor
+from scipy.linalg.lapack import dpotri
 
 from ._codec import decode_arrays, encode_arrays
 from .accounting import DpEvent, NoNoiseEvent
@@ -246,8 +248,11 @@ def solve(released: ReleasedStats, *, lambda_: float) -> tuple[FloatArray, Float
     P = (V[:, None, :] * V[None, :, :]).reshape(n * n, n)
     A = (P @ G.reshape(n, d * d)).reshape(n, n, d, d).transpose(0, 2, 1, 3).reshape(n * d, n * d)
     A[np.diag_indices_from(A)] += lambda_
-    Ainv = np.linalg.inv(A)
-    Ainv = 0.5 * (Ainv + Ainv.T)
+    # A is symmetric positive definite (lambda > 0): Cholesky, then the inverse from the factor
+    # (dpotri) — about 2x faster than a general inverse at dN = 2500.
+    factor, _ = cho_factor(A, lower=True, overwrite_a=True, check_finite=False)
+    lower = dpotri(factor, lower=1)[0]
+    Ainv = np.tril(lower) + np.tril(lower, -1).T
     # Qt[u] = (V[:,u]^T ⊗ I) A^{-1}: (N, d, dN)
     Qt = (V.T @ Ainv.reshape(n, d * n * d)).reshape(n, d, n * d)
     theta = Qt @ released.b_tilde

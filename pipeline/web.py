@@ -226,6 +226,9 @@ async def budget(request: web.Request) -> web.Response:
     version = int(meta["version"])
     out: dict[str, Any] = {
         "privacy": statement,
+        "model": {"version": int(meta["version"]), "algorithm": meta.get("algorithm"),
+                  "alpha": float(meta.get("alpha", "nan")), "d": int(meta.get("d", 0)),
+                  "units": int(meta.get("n_units", 0)), "catalog": s.catalog},
         "releases": version,
         "events_released": int(meta.get("events", 0)),
         "tree": {"levels": s.tree_levels, "ticks_per_epoch": capacity, "epoch": (version - 1) // capacity,
