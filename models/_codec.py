@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 
 __all__ = ["encode_arrays", "decode_arrays", "SchemaError"]
 
-_DTYPES = {"<f8": np.dtype("<f8"), "<i8": np.dtype("<i8"), "|u1": np.dtype("|u1")}
+_DTYPES: dict[str, np.dtype[np.generic]] = {"<f8": np.dtype("<f8"), "<i8": np.dtype("<i8"), "|u1": np.dtype("|u1")}
 
 
 class SchemaError(ValueError):
@@ -77,7 +77,7 @@ def decode_arrays(
         raw = m.get(f"a:{name}")
         if raw is None:
             raise SchemaError(f"state mapping lacks array {name!r}.")
-        dt = _DTYPES[info["dtype"]]
+        dt: np.dtype[np.generic] = _DTYPES[info["dtype"]]
         arr = np.frombuffer(raw, dtype=dt).reshape(info["shape"]).copy()
         arrays[name] = arr
     return arrays, dict(meta["scalars"])

@@ -261,7 +261,7 @@ class ZCDPAccountant:
             raise UnsupportedEventError("ZCDPAccountant", event)
         if isinstance(event, NoNoiseEvent):
             self.rho = math.inf
-        else:
+        elif isinstance(event, GaussianTreeEvent):
             nm = event.noise_multiplier
             self.rho += math.inf if nm == 0 else count * event.max_nodes_per_leaf / (2 * nm * nm)
         self.ledger.append(event)
@@ -290,9 +290,9 @@ class GDPAccountant:
             raise ValueError(f"`count` must be positive, got {count}.")
         if not self.supports(event):
             raise UnsupportedEventError("GDPAccountant", event)
-        if isinstance(event, NoNoiseEvent) or event.noise_multiplier == 0:
+        if isinstance(event, NoNoiseEvent) or (isinstance(event, GaussianTreeEvent) and event.noise_multiplier == 0):
             self.mu_squared = math.inf
-        else:
+        elif isinstance(event, GaussianTreeEvent):
             self.mu_squared += count * event.max_nodes_per_leaf / event.noise_multiplier**2
         self.ledger.append(event)
         return self
@@ -329,9 +329,9 @@ class LaplaceAccountant:
             raise ValueError(f"`count` must be positive, got {count}.")
         if not self.supports(event):
             raise UnsupportedEventError("LaplaceAccountant", event)
-        if isinstance(event, NoNoiseEvent) or event.noise_multiplier == 0:
+        if isinstance(event, NoNoiseEvent) or (isinstance(event, LaplaceTreeEvent) and event.noise_multiplier == 0):
             self.epsilon_sum = math.inf
-        else:
+        elif isinstance(event, LaplaceTreeEvent):
             self.epsilon_sum += count * event.max_nodes_per_leaf / event.noise_multiplier
             if event.sensitivity_norm != "l1":
                 self.valid = False

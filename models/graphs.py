@@ -63,7 +63,8 @@ def validate_w(W: FloatArray, name: str = "W") -> FloatArray:
 def column_normalize(W: FloatArray) -> FloatArray:
     """Scale each column to sum to 1 (the paper's stochastic ``W``)."""
     W = validate_w(W)
-    return W / W.sum(axis=0, keepdims=True)
+    out: FloatArray = W / W.sum(axis=0, keepdims=True)
+    return out
 
 
 def similarity_w(theta: FloatArray, quantile: float = 0.5) -> FloatArray:

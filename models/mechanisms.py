@@ -338,7 +338,8 @@ class BinaryTreeMechanism:
 
     def noise(self, state: TreeState) -> FloatArray:
         """``eta`` of the last release: ``carry`` plus the live nodes' noise."""
-        return state.carry + state.nodes.sum(axis=0)
+        out: FloatArray = state.carry + state.nodes.sum(axis=0)
+        return out
 
     def step(self, state: TreeState, increment: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
         """Add one tick's increment; return ``(prefix + eta, new_state, event)``."""
