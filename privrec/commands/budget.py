@@ -1,0 +1,56 @@
+"""``privrec budget``: the privacy guarantee of a running stack, and what one user has spent."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("budget", help="show the privacy guarantee of the released statistics (and of one user)",
+                       description="Ask the running stack's /budget: the event-level guarantee of every release, "
+                                   "releases so far, and with --user the group-privacy guarantee covering all of "
+                                   "that user's interactions.")
+    p.add_argument("--user", default=None, help="a user id")
+    p.add_argument("--http", default=None, help="API base URL (default: $PRIVREC_HTTP_URL or the running stack)")
+    p.add_argument("--state-dir", type=Path, default=None, help="state directory of `privrec up`")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(func=_budget)
+
+
+def _budget(args: argparse.Namespace) -> int:
+    from privrec.commands.replay import resolve_http
+
+    base = resolve_http(args.http, args.state_dir)
+    url = f"{base}/budget" + (f"?{urllib.parse.urlencode({'user': args.user})}" if args.user else "")
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            doc = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        body = json.loads(exc.read() or b"{}")
+        raise ValueError(body.get("error", {}).get("message", f"HTTP {exc.code}")) from None
+    except urllib.error.URLError as exc:
+        raise ValueError(f"cannot reach {base}: {exc.reason}") from None
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    p = doc["privacy"]
+    if not p.get("private"):
+        print(f"no privacy: {p.get('guarantee')}")
+    else:
+        print(f"every release: ({p['epsilon']:.4g}, {p['delta']:.2g})-DP per interaction "
+              f"[{p['mechanism']}: {p['mechanism_about']}]" + ("" if p.get("valid") else " — NOT a valid DP proof"))
+        print(f"neighbours: {p['neighbours']}")
+    print(f"releases: {doc['releases']}  events released: {doc['events_released']}  "
+          f"tree: epoch {doc['tree']['epoch']}, tick {doc['tree']['tick_in_epoch']} of {doc['tree']['ticks_per_epoch']}")
+    if "user" in doc:
+        u = doc["user"]
+        eps = "∞" if u["epsilon"] is None else f"{u['epsilon']:.4g}"
+        print(f"user {u['user']}: {u['interactions']} interactions → ({eps}, {u['delta']:.2g})-DP over all of them "
+              f"({u['bound']})")
+    return 0
