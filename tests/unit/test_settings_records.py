@@ -1,0 +1,111 @@
+"""Pipeline settings and the strict event parser (pure code, no services)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pipeline.catalog import SyntheticCatalog
+from pipeline.records import MalformedEvent, dead_letter_value, parse_interaction
+from pipeline.settings import Settings, SettingsError
+
+
+def test_flags_override_environment_over_defaults() -> None:
+    env = {"PRIVREC_EPSILON": "5", "PRIVREC_ALGORITHM": "goblin", "KAFKA_BOOTSTRAP": "h:1", "REDIS_URL": "redis://x"}
+    s = Settings.from_mapping({"epsilon": "0.5", "algorithm": None}, environ=env)
+    assert s.epsilon == 0.5 and s.algorithm == "goblin" and s.kafka == "h:1" and s.redis_url == "redis://x"
+    assert Settings.from_mapping({}, environ={}).mechanism == "gaussian-exact"
+    assert not Settings.from_mapping({"epsilon": "inf"}, environ={}).private
+
+
+@pytest.mark.parametrize(
+    ("values", "setting"),
+    [
+        ({"mode": "local"}, "mode"),
+        ({"algorithm": "ucb"}, "algorithm"),
+        ({"mechanism": "magic"}, "mechanism"),
+        ({"epsilon": "0"}, "epsilon"),
+        ({"epsilon": "nan"}, "epsilon"),
+        ({"epsilon": "two"}, "epsilon"),
+        ({"delta": "1"}, "delta"),
+        ({"tick_seconds": "0"}, "tick_seconds"),
+        ({"tree_levels": "0"}, "tree_levels"),
+        ({"catalog": "movielens"}, "catalog"),
+        ({"d": "0"}, "d"),
+        ({"partitions": "2.5"}, "partitions"),
+        ({"lambda_": "-1"}, "lambda_"),
+        ({"alpha": "-0.1"}, "alpha"),
+        ({"namespace": "a:b"}, "namespace"),
+    ],
+)
+def test_invalid_settings_name_the_setting(values: dict[str, str], setting: str) -> None:
+    with pytest.raises(SettingsError) as exc:
+        Settings.from_mapping(values, environ={})
+    assert exc.value.setting == setting
+    assert f"`{setting}`" in str(exc.value)
+
+
+def test_invalid_environment_variable_is_named_too() -> None:
+    with pytest.raises(SettingsError, match=r"PRIVREC_TICK_SECONDS"):
+        Settings.from_mapping({}, environ={"PRIVREC_TICK_SECONDS": "-3"})
+
+
+@pytest.fixture(scope="module")
+def cat() -> SyntheticCatalog:
+    return SyntheticCatalog(n_users=3, d=4, n_arms=10, seed=0)
+
+
+def _ev(**kw: object) -> bytes:
+    base: dict[str, object] = {"event_id": "e", "user": "1", "arm": "3", "reward": 0.5}
+    base.update(kw)
+    return json.dumps(base).encode()
+
+
+def test_valid_events_parse_with_catalog_or_explicit_context(cat: SyntheticCatalog) -> None:
+    p = parse_interaction(_ev(), cat)
+    assert p.unit == 1 and p.reward == 0.5 and p.user == "1"
+    np.testing.assert_array_equal(p.context, cat.feature_matrix[3])
+    q = parse_interaction(_ev(context=[3.0, 4.0, 0.0, 0.0], arm="new-item"), cat)
+    np.testing.assert_allclose(q.context, [0.6, 0.8, 0.0, 0.0])  # clipped to norm 1
+    r = parse_interaction(_ev(context=[0.1, 0.0, 0.0, 0.0]), cat)
+    np.testing.assert_array_equal(r.context, [0.1, 0.0, 0.0, 0.0])  # inside the bound: unchanged
+    assert parse_interaction(_ev(reward=1), cat).reward == 1.0 and parse_interaction(_ev(reward=0), cat).reward == 0.0
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"{oops", "not JSON"),
+        (b"\xff\xfe", "not JSON"),
+        (b"17", "not a JSON object"),
+        (json.dumps({"user": "1", "arm": "3", "reward": 1}).encode(), "missing field(s): event_id"),
+        (_ev(user=""), "field 'user' must be a non-empty string"),
+        (_ev(user=7), "field 'user' must be a non-empty string"),
+        (_ev(reward=True), "reward must be a number"),
+        (_ev(reward="1"), "reward must be a number"),
+        (b'{"event_id": "e", "user": "1", "arm": "3", "reward": Infinity}', "is not finite"),
+        (_ev(reward=-0.1), "outside [0, 1]"),
+        (_ev(reward=2), "outside [0, 1]"),
+        (_ev(user="99"), "unknown user '99'"),
+        (_ev(arm="zzz"), "unknown arm 'zzz'"),
+        (_ev(context=[1, 2]), "context has 2 values, expected d = 4"),
+        (_ev(context=[1, "a", 0, 0]), "context must be a list of numbers"),
+        (_ev(context=[1, True, 0, 0]), "context must be a list of numbers"),
+        (b'{"event_id": "e", "user": "1", "arm": "3", "reward": 1, "context": [NaN, 0, 0, 0]}', "NaN or infinite"),
+        (_ev(ts="yesterday"), "ts must be a finite number"),
+    ],
+)
+def test_malformed_events_are_refused_with_a_reason(raw: bytes, reason: str, cat: SyntheticCatalog) -> None:
+    with pytest.raises(MalformedEvent) as exc:
+        parse_interaction(raw, cat)
+    assert reason in str(exc.value)
+
+
+def test_dead_letter_value_keeps_the_original_bytes() -> None:
+    d = json.loads(dead_letter_value(b"\xff\x00", "not JSON", "interactions", 2, 40))
+    assert d["original_encoding"] == "base64" and d["partition"] == 2 and d["offset"] == 40
+    t = json.loads(dead_letter_value(b'{"a": 1}', "missing", "interactions", 0, 1))
+    assert t["original"] == '{"a": 1}' and t["original_encoding"] == "utf-8" and not math.isnan(t["offset"])
