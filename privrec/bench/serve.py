@@ -1,0 +1,476 @@
+"""``privrec bench serve``: ``/recommend`` latency and throughput over loopback.
+
+What it measures: the HTTP server (``python -m pipeline.web``) answering
+``GET /recommend?user=U&k=10&candidates=<25 ids>`` for a synthetic catalog
+with ``d = 25`` whose serving model was published by a real worker from a few
+thousand real events (so the model is not the empty prior). Every request is a
+full one: parse, score K = 25 candidates, store the shown list in Redis, log it
+to the ``recommendations`` topic, answer JSON.
+
+How: a fresh local stack (Tansu broker, redis-server, one worker, the web
+server; :func:`local_stack`), then ``wrk`` — a C load generator, in its own
+process, one thread — with ``C`` keep-alive connections for ``--duration``
+seconds per concurrency level, after a warm-up. ``wrk`` rather than a Python
+client because on 2 cores an asyncio client saturates at ~3k req/s and takes the
+server's CPU (measured here). ``wrk`` comes from Debian (``apt-get install wrk``,
+done here when missing, not in bootstrap). Each request's path is drawn from
+2,000 pre-generated (user, 25 random candidates) pairs by a Lua script.
+
+Reported per concurrency: p50/p90/p99 latency (wrk's per-request histogram),
+requests/s, non-2xx count, and the server's CPU time per request (from
+``/proc``, robust to other jobs on the machine, unlike wall time); plus the
+settings and machine info (load average before and after: the machine is
+shared). Target (issue 4): p99 ≤ 5 ms and ≥ 2,000 req/s.
+
+Examples
+--------
+>>> parse_wrk(_WRK_SAMPLE)["p99_ms"], parse_wrk(_WRK_SAMPLE)["requests_per_s"]
+(4.12, 2345.67)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["LocalStack", "local_stack", "seed_events", "parse_wrk", "bench_serve", "register"]
+
+#: Candidates per request (the papers' pool size) and the list length asked for.
+K_CANDIDATES = 25
+TOP_K = 10
+
+#: Settings of the benchmark's world: d = 25, the synthetic catalog (DESIGN §6 sizes).
+WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "25", "PRIVREC_N_USERS": "10", "PRIVREC_N_ARMS": "1000",
+         "PRIVREC_ALGORITHM": "colin", "PRIVREC_EPSILON": "2", "PRIVREC_TICK_SECONDS": "0.5",
+         "PRIVREC_LOGLEVEL": "WARNING"}
+
+# ---------------------------------------------------------------------------------------
+# A local stack: broker, redis, worker, web server
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class LocalStack:
+    """A running broker, redis, worker(s) and web server, all on loopback.
+
+    Attributes
+    ----------
+    state_dir
+        PID files and logs of every process.
+    namespace
+        Redis key namespace of this stack.
+    env
+        Environment the worker and the web server were started with.
+    broker
+        The Tansu broker (``broker.address`` is the bootstrap ``host:port``).
+    redis_url
+        URL of the redis-server.
+    web
+        The HTTP server; :attr:`base_url` is where it answers.
+    handles
+        Every process started by this stack, in start order.
+    """
+
+    state_dir: Path
+    namespace: str
+    env: dict[str, str]
+    broker: Any
+    redis_url: str
+    web: Any = None
+    handles: list[Any] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.web.address}"
+
+    def get_json(self, path: str, timeout: float = 10.0) -> tuple[int, Any]:
+        """``GET`` a path of the web server: ``(status, decoded JSON body)``."""
+        try:
+            with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+_stack_ids = itertools.count()
+
+
+@contextlib.contextmanager
+def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str] | None = None,
+                redis_url: str | None = None, namespace: str | None = None,
+                worker_timeout: float = 90.0) -> Iterator[LocalStack]:
+    """Start a fresh broker, redis-server (unless ``redis_url``), one worker and the web server.
+
+    Parameters
+    ----------
+    state_dir
+        Directory for PID files, logs and redis data (created).
+    settings
+        ``PRIVREC_*`` environment values for the worker and the web server (over the
+        caller's environment).
+    redis_url
+        Use this redis-server instead of starting one.
+    namespace
+        Redis key namespace (default: a fresh one).
+    worker_timeout
+        Seconds to wait until the worker has partitions.
+
+    Yields
+    ------
+    LocalStack
+        Ready: the worker owns partitions and ``/healthz`` answers 200 (a model is
+        published). Everything is stopped by PID on exit, also after an error.
+    """
+    from pipeline import services
+
+    state = Path(state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    ns = namespace or f"s{os.getpid()}x{next(_stack_ids)}"
+    started: list[Any] = []
+    try:
+        broker = services.start_broker(state)
+        started.append(broker)
+        if redis_url is None:
+            rh = services.start_redis(state)
+            started.append(rh)
+            redis_url = rh.url
+        services.create_topics(broker.address, {"interactions": int((settings or {}).get("PRIVREC_PARTITIONS", 4)),
+                                                "dead-letters": 1, "recommendations": 1})
+        env = {**os.environ, **(settings or {}), "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_url,
+               "PRIVREC_NAMESPACE": ns, "PRIVREC_STATE_DIR": str(state), "PRIVREC_WORKER_ID": "worker-0"}
+        env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        stack = LocalStack(state, ns, env, broker, redis_url, handles=started)
+
+        import redis
+
+        client = redis.Redis.from_url(redis_url)
+        status_key = f"{ns}:ops:{{{ns}:ops}}:workers"
+
+        def worker_ready() -> bool:
+            raw = client.hget(status_key, "worker-0")
+            return bool(raw) and bool(json.loads(raw)["partitions"])
+
+        started.append(services.start_process("worker-0", [sys.executable, "-m", "pipeline.worker"], state,
+                                              env=env, ready=worker_ready, timeout=worker_timeout))
+        for attempt in range(3):
+            port = services.free_port()
+            try:
+                web = services.start_process(
+                    "web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], state, env=env,
+                    address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}",
+                    ready=lambda p=port: _http_ok(f"http://127.0.0.1:{p}/healthz"), timeout=60)
+                break
+            except services.PortInUseError:
+                if attempt == 2:
+                    raise
+        started.append(web)
+        stack.web = web
+        client.close()
+        yield stack
+    finally:
+        for h in reversed(started):
+            services.stop(h, grace_seconds=5)
+
+
+def seed_events(stack: LocalStack, n: int, *, seed: int = 0, timeout: float = 120.0) -> int:
+    """Produce ``n`` interactions (catalog contexts, rewards from the synthetic world) and wait
+    until a published model covers them; return the model version."""
+    from kafka import KafkaProducer
+
+    from pipeline.catalog import load_catalog
+    from pipeline.settings import Settings
+
+    s = Settings.from_mapping({}, environ=stack.env)
+    catalog = load_catalog(s)
+    rng = random.Random(seed)
+    arms = list(catalog.arm_ids)  # type: ignore[attr-defined]
+    users = list(catalog.users)  # type: ignore[attr-defined]
+    theta = getattr(getattr(catalog, "env", None), "theta", None)
+    prod = KafkaProducer(bootstrap_servers=stack.broker.address, linger_ms=5)
+    for i in range(n):
+        user, arm = rng.choice(users), rng.choice(arms)
+        if theta is not None:  # reward ~ Bernoulli(clip(x . theta_u)), as the synthetic world has it
+            p = float(catalog.feature_matrix[catalog.arm_row(arm)] @ theta[catalog.unit_of(user)])
+            reward = 1.0 if rng.random() < min(1.0, max(0.0, p)) else 0.0
+        else:
+            reward = float(rng.random() < 0.3)
+        ev = {"event_id": f"bench-{seed}-{i}", "user": user, "arm": arm, "reward": reward,
+              "ts": time.time() * 1000, "rec_id": None}
+        prod.send("interactions", key=user.encode(), value=json.dumps(ev).encode())
+    prod.flush()
+    prod.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, body = stack.get_json("/budget")
+        if status == 200 and body["events_released"] >= n:
+            return int(body["releases"])
+        time.sleep(0.2)
+    raise TimeoutError(f"the {n} seeded events were not all in a published model after {timeout:.0f} s "
+                       f"(worker log: {stack.state_dir / 'worker-0.log'})")
+
+
+# ---------------------------------------------------------------------------------------
+# The load generator: wrk
+# ---------------------------------------------------------------------------------------
+
+_WRK_SAMPLE = """\
+Running 10s test @ http://127.0.0.1:1
+  1 threads and 8 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     3.10ms    1.00ms  20.00ms   90.00%
+  Latency Distribution
+     50%    2.50ms
+     75%    3.00ms
+     90%    3.50ms
+     99%    4.12ms
+  23457 requests in 10.00s, 30.00MB read
+Requests/sec:   2345.67
+"""
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def _ms(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text.strip())
+    if m is None:
+        raise ValueError(f"cannot read a wrk duration from {text!r}")
+    return round(float(m.group(1)) * _UNITS[m.group(2)], 4)
+
+
+def parse_wrk(output: str) -> dict[str, Any]:
+    """Latency percentiles (ms), requests/s, request and error counts from ``wrk --latency`` output."""
+    out: dict[str, Any] = {}
+    for pct in ("50", "75", "90", "99"):
+        m = re.search(rf"^\s+{pct}%\s+(\S+)\s*$", output, re.MULTILINE)
+        if m is None:
+            raise ValueError(f"wrk output has no {pct}% latency line:\n{output}")
+        out[f"p{pct}_ms"] = _ms(m.group(1))
+    m = re.search(r"^Requests/sec:\s+([\d.]+)", output, re.MULTILINE)
+    if m is None:
+        raise ValueError(f"wrk output has no Requests/sec line:\n{output}")
+    out["requests_per_s"] = float(m.group(1))
+    m = re.search(r"(\d+) requests in ([\d.]+\w+)", output)
+    out["requests"] = int(m.group(1)) if m else None
+    m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    out["non_2xx"] = int(m.group(1)) if m else 0
+    m = re.search(r"Socket errors:(.*)", output)
+    out["socket_errors"] = m.group(1).strip() if m else None
+    return out
+
+
+def ensure_wrk() -> str:
+    """Path of ``wrk``; installs Debian's package when missing (needs root and the package mirror)."""
+    path = shutil.which("wrk")
+    if path:
+        return path
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise RuntimeError("`wrk` is not installed and cannot be installed here; install it "
+                           "(Debian/Ubuntu: apt-get install wrk) and run again")
+    print("bench serve: installing wrk (apt-get install wrk)", file=sys.stderr)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "wrk"]
+    if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
+        subprocess.run(cmd, env=env, capture_output=True, check=True)
+    path = shutil.which("wrk")
+    if path is None:
+        raise RuntimeError("apt-get install wrk finished but `wrk` is not on PATH")
+    return path
+
+
+def _lua_script(paths: Sequence[str]) -> str:
+    body = ",\n".join(json.dumps(p) for p in paths)  # JSON strings are valid Lua strings here (ASCII)
+    return ("-- generated by privrec bench serve: cycle through fixed request paths\n"
+            f"local paths = {{\n{body}\n}}\n"
+            "local i = 0\n"
+            "request = function()\n"
+            "  i = i % #paths + 1\n"
+            "  return wrk.format(\"GET\", paths[i])\n"
+            "end\n")
+
+
+def request_paths(users: Sequence[str], arms: Sequence[str], n: int = 2000, *, seed: int = 0) -> list[str]:
+    """``n`` request paths: a random user and ``K_CANDIDATES`` distinct random candidates each.
+
+    >>> request_paths(["7"], [str(a) for a in range(30)], 1)[0].startswith("/recommend?user=7&k=10&candidates=")
+    True
+    """
+    rng = random.Random(seed)
+    return [f"/recommend?user={rng.choice(users)}&k={TOP_K}&candidates=" + ",".join(rng.sample(list(arms),
+                                                                                                 K_CANDIDATES))
+            for _ in range(n)]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_wrk(wrk: str, url: str, script: Path, *, connections: int, duration: float, server_pid: int | None = None,
+            threads: int = 1) -> dict[str, Any]:
+    """One wrk run; adds the server's CPU seconds per request when ``server_pid`` is given."""
+    cpu0 = _cpu_seconds(server_pid) if server_pid else None
+    proc = subprocess.run([wrk, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency",
+                           "-s", str(script), url], capture_output=True, text=True, timeout=duration + 60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"wrk failed ({proc.returncode}): {proc.stderr or proc.stdout}")
+    res = parse_wrk(proc.stdout)
+    if server_pid and cpu0 is not None and res.get("requests"):
+        res["server_cpu_us_per_request"] = round((_cpu_seconds(server_pid) - cpu0) / res["requests"] * 1e6, 1)
+    res["concurrency"] = connections
+    res["duration_s"] = duration
+    return res
+
+
+# ---------------------------------------------------------------------------------------
+# The benchmark
+# ---------------------------------------------------------------------------------------
+
+TARGET = {"p99_ms": 5.0, "requests_per_s": 2000.0}
+
+
+def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 8, 32), duration: float = 10.0,
+                warmup: float = 3.0, events: int = 5000, settings: Mapping[str, str] | None = None,
+                state_dir: Path | None = None) -> dict[str, Any]:
+    """Start a stack, seed the model, run wrk at each concurrency; return the JSON document."""
+    from privrec.experiments.runner import machine_info
+
+    wrk = ensure_wrk()
+    world = {**WORLD, **(settings or {})}
+    t_start = time.time()
+    load_before = os.getloadavg()
+    with contextlib.ExitStack() as es:
+        sd = state_dir or Path(es.enter_context(tempfile.TemporaryDirectory(prefix="privrec-bench-serve-")))
+        stack = es.enter_context(local_stack(sd, settings=world))
+        version = seed_events(stack, events)
+        status, users = stack.get_json("/users")
+        if status != 200:
+            raise RuntimeError(f"/users answered {status}: {users}")
+        from pipeline.catalog import load_catalog
+        from pipeline.settings import Settings
+
+        catalog = load_catalog(Settings.from_mapping({}, environ=stack.env))
+        paths = request_paths(users["users"], list(catalog.arm_ids))  # type: ignore[attr-defined]
+        status, probe = stack.get_json(paths[0])
+        if status != 200 or len(probe["items"]) != TOP_K:
+            raise RuntimeError(f"probe request {paths[0]} answered {status}: {probe}")
+        out.mkdir(parents=True, exist_ok=True)
+        script = out / "serve-requests.lua"
+        script.write_text(_lua_script(paths))
+        run_wrk(wrk, stack.base_url, script, connections=max(concurrency), duration=warmup)
+        runs = [run_wrk(wrk, stack.base_url, script, connections=c, duration=duration, server_pid=stack.web.pid)
+                for c in concurrency]
+    load_after = os.getloadavg()
+    best = _verdict(runs)
+    return {
+        "benchmark": "serve",
+        "what": "GET /recommend over loopback: K=25 candidates, top 10, d=25; wrk (1 thread) in its own process",
+        "target": TARGET,
+        **best,
+        "runs": runs,
+        "settings": {"k_candidates": K_CANDIDATES, "top_k": TOP_K, "d": int(world["PRIVREC_D"]),
+                     "n_users": int(world["PRIVREC_N_USERS"]), "n_arms": int(world["PRIVREC_N_ARMS"]),
+                     "algorithm": world["PRIVREC_ALGORITHM"], "epsilon": world["PRIVREC_EPSILON"],
+                     "seeded_events": events, "model_version": version, "distinct_requests": len(paths),
+                     "concurrency": list(concurrency), "duration_s": duration, "warmup_s": warmup,
+                     "load_generator": _wrk_version(wrk), "server": "python -m pipeline.web (one process)"},
+        "machine": {**machine_info(), "loadavg_before": [round(x, 2) for x in load_before],
+                    "loadavg_after": [round(x, 2) for x in load_after],
+                    "note": "2 shared cores: wrk, the server, redis, the broker and the worker share them, and "
+                            "other jobs may run; see loadavg"},
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t_start)),
+        "wall_s": round(time.time() - t_start, 1),
+    }
+
+
+def _verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The headline: the run with the most requests/s among those meeting the p99 target (else the
+    lowest p99), and whether the target is met."""
+    ok = [r for r in runs if r["p99_ms"] <= TARGET["p99_ms"] and r["non_2xx"] == 0]
+    head = max(ok, key=lambda r: r["requests_per_s"]) if ok else min(runs, key=lambda r: r["p99_ms"])
+    met = bool(ok) and head["requests_per_s"] >= TARGET["requests_per_s"]
+    return {"p50_ms": head["p50_ms"], "p99_ms": head["p99_ms"], "requests_per_s": head["requests_per_s"],
+            "concurrency": head["concurrency"], "duration_s": head["duration_s"], "target_met": met}
+
+
+def _wrk_version(wrk: str) -> str:
+    proc = subprocess.run([wrk, "--version"], capture_output=True, text=True)
+    text = (proc.stdout or proc.stderr).strip().splitlines()
+    return text[0] if text else "wrk"
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------
+
+
+def _int_list(value: str) -> list[int]:
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {value!r}") from None
+    if not out or any(v < 1 for v in out):
+        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {value!r}")
+    return out
+
+
+def register(bsub: Any) -> None:
+    p = bsub.add_parser(
+        "serve", help="/recommend latency p50/p99 and requests/s over loopback (K=25, d=25)",
+        description="Start a local stack (broker, redis, worker, web server) on free loopback ports, seed "
+                    "the model with --events interactions, then load GET /recommend (25 candidates, top 10, "
+                    "d=25) with wrk at each --concurrency; print p50/p99 and requests/s and write "
+                    "serve.json to --out. Installs Debian's wrk when missing. Target: p99 <= 5 ms and "
+                    ">= 2,000 req/s.")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--concurrency", type=_int_list, default=[1, 8, 32], metavar="C[,C...]",
+                   help="open connections of each run (default 1,8,32)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per run (default 10)")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up load (default 3)")
+    p.add_argument("--events", type=int, default=5000, help="interactions that seed the model (default 5000)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.duration < 1:
+        raise ValueError(f"`--duration` must be at least 1 s, got {args.duration}.")
+    if args.events < 1:
+        raise ValueError(f"`--events` must be positive, got {args.events}.")
+    doc = bench_serve(args.out, concurrency=args.concurrency, duration=args.duration, warmup=args.warmup,
+                      events=args.events)
+    (args.out / "serve.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"{'C':>4} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'req/s':>9} {'cpu µs/req':>11} {'non-2xx':>8}")
+    for r in doc["runs"]:
+        print(f"{r['concurrency']:>4} {r['p50_ms']:>8.2f} {r['p90_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+              f"{r['requests_per_s']:>9.0f} {r.get('server_cpu_us_per_request', float('nan')):>11.0f} "
+              f"{r['non_2xx']:>8}")
+    verdict = "met" if doc["target_met"] else "MISSED"
+    print(f"headline (C={doc['concurrency']}): p50 {doc['p50_ms']:.2f} ms, p99 {doc['p99_ms']:.2f} ms, "
+          f"{doc['requests_per_s']:.0f} req/s; target p99 <= 5 ms and >= 2,000 req/s: {verdict}; "
+          f"loadavg {doc['machine']['loadavg_before']} -> {doc['machine']['loadavg_after']}")
+    print(f"wrote {args.out}/serve.json", file=sys.stderr)
+    return 0

@@ -1,0 +1,356 @@
+"""The HTTP API against real services: a fresh broker, the session's redis-server, a worker
+and ``python -m pipeline.web``, all as processes; requests over loopback.
+
+Every error of ``/recommend`` and ``/feedback`` answers a 4xx JSON
+``{"error": {"parameter", "message"}}`` naming the parameter; the success path is
+followed into Kafka (the shown list in ``recommendations``, the interaction in
+``interactions``) and into the next release and the budget view.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer
+
+from pipeline import services
+from privrec.bench.serve import LocalStack, local_stack
+
+from pipeline_support import wait_for
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40",
+            "PRIVREC_ALGORITHM": "colin", "PRIVREC_EPSILON": "2", "PRIVREC_TICK_SECONDS": "0.3",
+            "PRIVREC_LOGLEVEL": "WARNING"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: services.ServiceHandle) -> Iterator[LocalStack]:
+    with local_stack(tmp_path_factory.mktemp("http"), settings=SETTINGS, redis_url=redis_server.url,
+                     namespace="http") as st:
+        yield st
+
+
+class Reply:
+    def __init__(self, status: int, headers: Any, body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def error(self) -> dict[str, Any]:
+        assert self.headers["Content-Type"].startswith("application/json"), self.headers["Content-Type"]
+        err = self.json["error"]
+        assert isinstance(err["message"], str) and err["message"], err
+        return dict(err)
+
+
+def call(stack: LocalStack, method: str, path: str, body: Any = None, *, raw: bytes | None = None) -> Reply:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(stack.base_url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"} if data is not None else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return Reply(resp.status, resp.headers, resp.read())
+    except urllib.error.HTTPError as exc:
+        return Reply(exc.code, exc.headers, exc.read())
+
+
+def recommend(stack: LocalStack, user: str = "1", **params: str) -> dict[str, Any]:
+    query = "&".join(f"{k}={v}" for k, v in {"user": user, **params}.items())
+    r = call(stack, "GET", f"/recommend?{query}")
+    assert r.status == 200, r.body
+    return dict(r.json)
+
+
+def budget(stack: LocalStack, user: str | None = None) -> dict[str, Any]:
+    r = call(stack, "GET", "/budget" + (f"?user={user}" if user is not None else ""))
+    assert r.status == 200, r.body
+    return dict(r.json)
+
+
+# --------------------------------------------------------------------------------------- /recommend
+
+
+@pytest.mark.parametrize("query, status, parameter, says", [
+    ("", 400, "user", "required"),
+    ("user=", 400, "user", "required"),
+    ("k=3", 400, "user", "required"),
+    ("user=nobody", 404, "user", "unknown user 'nobody'"),
+    ("user=1&k=0", 400, "k", "[1, 100]"),
+    ("user=1&k=101", 400, "k", "[1, 100]"),
+    ("user=1&k=-2", 400, "k", "[1, 100]"),
+    ("user=1&k=abc", 400, "k", "integer"),
+    ("user=1&k=2.5", 400, "k", "integer"),
+    ("user=1&k=", 400, "k", "integer"),
+    ("user=1&candidates=", 400, "candidates", "empty"),
+    ("user=1&candidates=1,,2", 400, "candidates", "empty"),
+    ("user=1&candidates=1,2,", 400, "candidates", "empty"),
+    ("user=1&candidates=3,4,3", 400, "candidates", "repeat"),
+    ("user=1&candidates=1,no-such-arm", 400, "candidates", "unknown arm 'no-such-arm'"),
+    ("user=1&color=red", 400, "color", "unknown parameter"),
+    ("user=1&k=3&K=3", 400, "K", "unknown parameter"),
+])
+def test_recommend_errors_name_the_parameter(stack: LocalStack, query: str, status: int, parameter: str,
+                                             says: str) -> None:
+    r = call(stack, "GET", f"/recommend?{query}")
+    assert r.status == status, r.body
+    err = r.error
+    assert err["parameter"] == parameter
+    assert says in err["message"], err["message"]
+
+
+def test_recommend_ranks_the_candidates(stack: LocalStack) -> None:
+    got = recommend(stack, "2", k="3", candidates="5,1,9,30,12")
+    assert set(got) == {"user", "unit", "rec_id", "model_version", "items"}
+    assert got["user"] == "2" and got["unit"] == 2 and got["model_version"] >= 1
+    items = got["items"]
+    assert len(items) == 3 and {it["item"] for it in items} <= {"5", "1", "9", "30", "12"}
+    for it in items:
+        assert it["name"] == f"arm {it['item']}"
+        assert it["score"] == pytest.approx(it["mean"] + it["bonus"], abs=1e-12)
+        assert it["bonus"] >= 0
+    scores = [it["score"] for it in items]
+    assert scores == sorted(scores, reverse=True)
+    # k larger than the pool: the whole pool, ranked
+    assert len(recommend(stack, "2", k="10", candidates="5,1")["items"]) == 2
+    # no candidates: the default pool
+    default_pool = call(stack, "GET", "/users").json["default_pool"]
+    assert {it["item"] for it in recommend(stack, "2", k="100")["items"]} == set(default_pool)
+    # every list gets its own rec_id
+    assert recommend(stack, "2")["rec_id"] != recommend(stack, "2")["rec_id"]
+
+
+# --------------------------------------------------------------------------------------- /feedback
+
+
+@pytest.fixture
+def shown(stack: LocalStack) -> dict[str, Any]:
+    """A fresh shown list of user 4 (three items)."""
+    return recommend(stack, "4", k="3")
+
+
+@pytest.mark.parametrize("body, status, parameter, says", [
+    ({"item": "1", "reward": 1}, 400, "rec_id", "required"),
+    ({"rec_id": "R", "reward": 1}, 400, "item", "required"),
+    ({"rec_id": "R", "item": "I"}, 400, "reward", "required"),
+    ({"rec_id": 17, "item": "I", "reward": 1}, 400, "rec_id", "string"),
+    ({"rec_id": "", "item": "I", "reward": 1}, 400, "rec_id", "string"),
+    ({"rec_id": "R", "item": 5, "reward": 1}, 400, "item", "string"),
+    ({"rec_id": "R", "item": "I", "reward": 1.5}, 400, "reward", "[0, 1]"),
+    ({"rec_id": "R", "item": "I", "reward": -0.1}, 400, "reward", "[0, 1]"),
+    ({"rec_id": "R", "item": "I", "reward": "1"}, 400, "reward", "number"),
+    ({"rec_id": "R", "item": "I", "reward": True}, 400, "reward", "number"),
+    ({"rec_id": "R", "item": "I", "reward": None}, 400, "reward", "number"),
+    ({"rec_id": "R", "item": "I", "reward": 10 ** 400}, 400, "reward", "number"),
+    ({"rec_id": "no-such-list", "item": "I", "reward": 1}, 404, "rec_id", "unknown rec_id 'no-such-list'"),
+])
+def test_feedback_errors_name_the_parameter(stack: LocalStack, shown: dict[str, Any], body: dict[str, Any],
+                                            status: int, parameter: str, says: str) -> None:
+    body = {k: (shown["rec_id"] if v == "R" else shown["items"][0]["item"] if v == "I" else v)
+            for k, v in body.items()}
+    r = call(stack, "POST", "/feedback", body)
+    assert r.status == status, r.body
+    err = r.error
+    assert err["parameter"] == parameter
+    assert says in err["message"], err["message"]
+    # a rejected feedback does not use up the list
+    ok = call(stack, "POST", "/feedback", {"rec_id": shown["rec_id"], "item": shown["items"][0]["item"], "reward": 0})
+    assert ok.status == 202, ok.body
+
+
+@pytest.mark.parametrize("raw", [b'{"rec_id": "R", "item": "I", "reward": NaN}',
+                                 b'{"rec_id": "R", "item": "I", "reward": Infinity}',
+                                 b'{"rec_id": "R", "item": "I", "reward": -Infinity}'])
+def test_feedback_rejects_non_finite_rewards(stack: LocalStack, shown: dict[str, Any], raw: bytes) -> None:
+    raw = raw.replace(b'"R"', json.dumps(shown["rec_id"]).encode())
+    raw = raw.replace(b'"I"', json.dumps(shown["items"][0]["item"]).encode())
+    r = call(stack, "POST", "/feedback", raw=raw)
+    assert r.status == 400 and r.error["parameter"] == "reward" and "finite" in r.error["message"]
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"", b"\xff\xfe", b"[1, 2]", b'"text"', b"null"])
+def test_feedback_body_must_be_a_json_object(stack: LocalStack, raw: bytes) -> None:
+    r = call(stack, "POST", "/feedback", raw=raw)
+    assert r.status == 400
+    assert r.error["parameter"] == "body" and "JSON object" in r.error["message"]
+
+
+def test_feedback_item_must_be_in_the_shown_list(stack: LocalStack, shown: dict[str, Any]) -> None:
+    outside = next(str(a) for a in range(40) if str(a) not in {it["item"] for it in shown["items"]})
+    r = call(stack, "POST", "/feedback", {"rec_id": shown["rec_id"], "item": outside, "reward": 1})
+    assert r.status == 400 and r.error["parameter"] == "item" and "not in the list" in r.error["message"]
+
+
+def test_repeated_feedback_is_409(stack: LocalStack, shown: dict[str, Any]) -> None:
+    first, second = shown["items"][0]["item"], shown["items"][1]["item"]
+    assert call(stack, "POST", "/feedback", {"rec_id": shown["rec_id"], "item": first, "reward": 1}).status == 202
+    again = call(stack, "POST", "/feedback", {"rec_id": shown["rec_id"], "item": first, "reward": 1})
+    assert again.status == 409 and again.error["parameter"] == "rec_id" and "already" in again.error["message"]
+    other = call(stack, "POST", "/feedback", {"rec_id": shown["rec_id"], "item": second, "reward": 0})
+    assert other.status == 409 and other.error["parameter"] == "rec_id"
+
+
+def test_unknown_routes_and_methods_answer_json(stack: LocalStack) -> None:
+    r = call(stack, "GET", "/no-such-page")
+    assert r.status == 404 and r.error["parameter"] is None
+    r = call(stack, "GET", "/feedback")
+    assert r.status == 405 and r.error
+
+
+# --------------------------------------------------------------------------------------- success path
+
+
+def _consume(stack: LocalStack, topic: str, match: str, timeout: float = 20.0) -> dict[str, Any]:
+    consumer = KafkaConsumer(topic, bootstrap_servers=stack.broker.address, auto_offset_reset="earliest",
+                             consumer_timeout_ms=500)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            for msg in consumer:
+                value = json.loads(msg.value)
+                if value.get("rec_id") == match:
+                    return {"key": msg.key, "value": value}
+    finally:
+        consumer.close()
+    raise AssertionError(f"no message with rec_id {match!r} in {topic!r} after {timeout:.0f} s")
+
+
+def metrics(stack: LocalStack) -> dict[str, float]:
+    r = call(stack, "GET", "/metrics")
+    assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+    values = {}
+    for line in r.body.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def settled(stack: LocalStack) -> dict[str, Any]:
+    """The budget once every feedback this server accepted is in a release (earlier tests gave some)."""
+    def caught_up() -> dict[str, Any] | None:
+        m = metrics(stack)
+        accepted = sum(v for k, v in m.items() if k.startswith("privrec_feedback_total{"))
+        b = budget(stack)
+        return b if b["events_released"] == accepted else None
+
+    return dict(wait_for(caught_up, 20, "every accepted feedback in a release"))
+
+
+def test_recommend_feedback_release_budget(stack: LocalStack) -> None:
+    user = "5"
+    settled(stack)
+    before = budget(stack, user)
+    got = recommend(stack, user, k="4", candidates="7,8,9,10,11,12")
+    item = got["items"][2]["item"]
+
+    logged = _consume(stack, "recommendations", got["rec_id"])  # the shown list, as shown
+    assert logged["key"] == user.encode()
+    assert logged["value"]["user"] == user and logged["value"]["model_version"] == got["model_version"]
+    assert logged["value"]["items"] == [it["item"] for it in got["items"]]
+
+    r = call(stack, "POST", "/feedback", {"rec_id": got["rec_id"], "item": item, "reward": 0.75})
+    assert r.status == 202, r.body
+    assert r.json == {"accepted": True, "event_id": f"{got['rec_id']}:{item}"}
+
+    event = _consume(stack, "interactions", got["rec_id"])
+    assert event["key"] == user.encode()
+    assert {k: event["value"][k] for k in ("event_id", "user", "arm", "reward", "rec_id", "context")} == {
+        "event_id": f"{got['rec_id']}:{item}", "user": user, "arm": item, "reward": 0.75, "rec_id": got["rec_id"],
+        "context": None}
+
+    # counted in a later release, and in the user's budget
+    after = wait_for(lambda: (b := budget(stack, user))["events_released"] > before["events_released"] and b,
+                     20, "a release that covers the feedback")
+    assert after["events_released"] == before["events_released"] + 1
+    assert after["releases"] > before["releases"]
+    assert after["user"]["interactions"] == before["user"]["interactions"] + 1
+    assert after["history"][-1]["version"] == after["releases"]
+    assert after["history"][-1]["count"] == after["events_released"]
+    health = call(stack, "GET", "/healthz").json
+    assert health["status"] == "ok" and health["model_version"] >= after["releases"] - 1
+
+
+def test_budget_follows_the_users_interactions(stack: LocalStack) -> None:
+    user = "3"  # no other test gives feedback for users 2 and 3
+    b0 = budget(stack, user)
+    assert b0["user"]["interactions"] == 0 and b0["user"]["epsilon"] == 0.0
+    eps, counts = [0.0], [0]
+    for reward in (1, 0, 1):
+        got = recommend(stack, user, k="2")
+        assert call(stack, "POST", "/feedback", {"rec_id": got["rec_id"], "item": got["items"][0]["item"],
+                                                  "reward": reward}).status == 202
+        b = wait_for(lambda: (x := budget(stack, user))["user"]["interactions"] > counts[-1] and x, 20,
+                     "the interaction in the ledger")
+        counts.append(b["user"]["interactions"])
+        eps.append(b["user"]["epsilon"])
+    assert counts == [0, 1, 2, 3]
+    p = b["privacy"]
+    assert p["private"] and p["epsilon"] == 2.0 and p["delta"] == 1e-5 and p["mechanism"] == "gaussian-exact"
+    assert eps[1] == pytest.approx(p["epsilon"], rel=1e-6)  # one interaction: the event-level guarantee
+    assert eps[1] < eps[2] < eps[3]  # group privacy grows with each interaction
+    assert b["user"]["valid"] and 0 < b["user"]["delta"] < 1
+    assert budget(stack, "2")["user"]["interactions"] == 0  # another user's interactions do not count
+
+
+def test_budget_errors(stack: LocalStack) -> None:
+    r = call(stack, "GET", "/budget?user=nobody")
+    assert r.status == 404 and r.error["parameter"] == "user"
+    assert "user" not in budget(stack)
+
+
+def test_metrics_expose_the_counters(stack: LocalStack) -> None:
+    got = recommend(stack, "1", k="2")
+    assert call(stack, "POST", "/feedback", {"rec_id": got["rec_id"], "item": got["items"][0]["item"],
+                                              "reward": 1}).status == 202
+    call(stack, "GET", "/recommend?user=nobody")
+    values = metrics(stack)
+    assert values['privrec_http_requests_total{endpoint="/recommend",status="200"}'] >= 1
+    assert values['privrec_http_requests_total{endpoint="/recommend",status="404"}'] >= 1
+    assert values['privrec_feedback_total{reward="1"}'] >= 1
+    assert values["privrec_model_version"] >= 1
+    assert values["privrec_released_events"] >= 0 and "privrec_dead_letters" in values
+    assert values['privrec_http_request_seconds_count{endpoint="/recommend"}'] >= 2
+
+
+def test_users_and_healthz(stack: LocalStack) -> None:
+    users = call(stack, "GET", "/users").json
+    assert users["users"] == [str(u) for u in range(6)] and users["total"] == 6 and users["catalog"] == "synthetic"
+    assert len(users["default_pool"]) == 25
+    assert call(stack, "GET", "/users?limit=2").json["users"] == ["0", "1"]
+    r = call(stack, "GET", "/users?limit=zero")
+    assert r.status == 400 and r.error["parameter"] == "limit"
+    h = call(stack, "GET", "/healthz")
+    assert h.status == 200 and h.json["status"] == "ok" and h.json["model_version"] >= 1
+
+
+def test_no_model_yet_is_503(stack: LocalStack, tmp_path: Path) -> None:
+    """A web server on a namespace no worker has published to: 503 with a JSON error, not a crash."""
+    env = {**stack.env, "PRIVREC_NAMESPACE": "http-empty"}
+    port = services.free_port()
+    web = services.start_process("web-empty", [sys.executable, "-m", "pipeline.web", "--port", str(port)], tmp_path,
+                                 env=env, address=f"127.0.0.1:{port}")
+    try:
+        empty = LocalStack(tmp_path, "http-empty", env, stack.broker, stack.redis_url, web)
+        r = call(empty, "GET", "/recommend?user=1")
+        assert r.status == 503 and "no serving model" in r.error["message"]
+        assert call(empty, "GET", "/healthz").status == 503
+        assert call(empty, "GET", "/budget").status == 503
+        page = call(empty, "GET", "/")
+        assert page.status == 200 and b"<title>privrec" in page.body
+    finally:
+        services.stop(web)
