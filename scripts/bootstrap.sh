@@ -71,4 +71,9 @@ fi
 
 # --- 3. system packages ----------------------------------------------------------------
 command -v redis-server >/dev/null 2>&1 || apt_install redis-server
-# (later: chromium, for the browser tests)
+# Debian's Chromium + ChromeDriver for the browser tests (tests/browser, marker `browser`): Playwright
+# drives /usr/bin/chromium; `playwright install` is never run (it downloads a browser, offline here).
+missing=()
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"

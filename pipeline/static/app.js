@@ -1,0 +1,418 @@
+// privrec web page: choose a user, see the top-k with the UCB score split into
+// estimate + exploration bonus, give feedback, watch the model learn, see the
+// privacy budget. Plain JS, no build step, no network beyond this server.
+//
+// The loop after a click: POST /feedback -> poll /healthz (cheap: one Redis read)
+// until the served model version passes the version the list was ranked with ->
+// fetch one new /recommend and /budget. /recommend is not polled itself:
+// every /recommend is a shown list, logged to the `recommendations` topic.
+"use strict";
+
+(() => {
+  const POLL_MS = 200;            // /healthz poll while learning
+  const LEARN_TIMEOUT_MS = 15000; // then show the list anyway, and say so
+  const IDLE_POLL_MS = 4000;      // background refresh of the version badge and the budget
+
+  const $ = (id) => document.getElementById(id);
+  const el = (tag, attrs = {}, ...children) => {
+    const n = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) {
+      if (k === "class") n.className = v;
+      else if (k === "text") n.textContent = v;
+      else if (k.startsWith("data-") || k.startsWith("aria-") || k === "role" || k === "type" || k === "title")
+        n.setAttribute(k, v);
+      else n[k] = v;
+    }
+    for (const c of children) if (c != null) n.append(c);
+    return n;
+  };
+
+  const state = {
+    user: null,
+    k: 8,
+    rec: null,            // last /recommend response shown
+    ranks: new Map(),     // item -> rank in the list shown before the current one
+    version: null,        // latest served model version known to the page
+    learning: null,       // {since, fromVersion, item, reward} while waiting for the model
+    budget: null,
+  };
+
+  // ---------- API ----------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, parameter, message, path) {
+      super(message);
+      this.status = status;
+      this.parameter = parameter;
+      this.path = path;
+    }
+  }
+
+  async function api(path, options = {}) {
+    let resp;
+    try {
+      resp = await fetch(path, { headers: { "Accept": "application/json" }, ...options });
+    } catch (e) {
+      throw new ApiError(0, null, `could not reach the server (${e.message})`, path);
+    }
+    let body = null;
+    const text = await resp.text();
+    try { body = text ? JSON.parse(text) : null; } catch { body = null; }
+    if (!resp.ok) {
+      const err = body && body.error;
+      const message = err && err.message ? err.message : (text || resp.statusText);
+      throw new ApiError(resp.status, err ? err.parameter : null, message, path);
+    }
+    return body;
+  }
+
+  // ---------- errors -------------------------------------------------------------------
+
+  function showError(e) {
+    const box = $("error");
+    if (e instanceof ApiError) {
+      const where = e.path.split("?")[0];
+      $("error-title").textContent = e.status ? `${where} answered ${e.status}` : `${where} failed`;
+      const param = e.parameter ? ` (parameter “${e.parameter}”)` : "";
+      $("error-message").textContent = `${e.message}${param}`;
+    } else {
+      $("error-title").textContent = "Error";
+      $("error-message").textContent = String(e && e.message ? e.message : e);
+    }
+    box.hidden = false;
+  }
+  function clearError() { $("error").hidden = true; }
+
+  // ---------- formatting ---------------------------------------------------------------
+
+  const fmt = (x, digits = 2) => (x == null || !isFinite(x) ? "–" : Number(x).toFixed(digits));
+  const fmtEps = (x) => (x == null ? "∞" : x >= 100 ? x.toFixed(0) : x >= 10 ? x.toFixed(1) : x.toFixed(2));
+  const SUP = "⁰¹²³⁴⁵⁶⁷⁸⁹";
+  const fmtDelta = (x) => {
+    if (x == null || !isFinite(x)) return "–";
+    if (x === 0) return "0";
+    const [m, e] = x.toExponential(1).replace(".0e", "e").split("e");
+    const exp = (e.startsWith("-") ? "⁻" : "") + e.replace(/^[-+]/, "").split("").map((c) => SUP[c]).join("");
+    return (m === "1" ? "" : `${m}·`) + `10${exp}`;
+  };
+
+  // ---------- model state badge --------------------------------------------------------
+
+  function setModelState(kind, text) {
+    const s = $("model-state");
+    s.dataset.state = kind;
+    s.textContent = text;
+  }
+  function setVersion(v) {
+    if (v == null) return;
+    state.version = v;
+    $("model-version").textContent = `v${v}`;
+  }
+
+  // ---------- recommendations ----------------------------------------------------------
+
+  async function loadRecommendations() {
+    const q = new URLSearchParams({ user: state.user, k: String(state.k) });
+    const rec = await api(`/recommend?${q}`);
+    if (state.rec && state.rec.user === rec.user) {
+      state.ranks = new Map(state.rec.items.map((it, i) => [it.item, i]));
+    } else {
+      state.ranks = new Map();
+    }
+    state.rec = rec;
+    setVersion(rec.model_version);
+    renderItems();
+    return rec;
+  }
+
+  function renderItems() {
+    const list = $("items");
+    list.replaceChildren();
+    const rec = state.rec;
+    $("items-empty").hidden = !!(rec && rec.items.length);
+    if (!rec) return;
+    const items = rec.items;
+    // one scale for all bars: from min(0, means) to max(0, scores)
+    const lo = Math.min(0, ...items.map((it) => Math.min(it.mean, it.score)));
+    const hi = Math.max(0, ...items.map((it) => Math.max(it.mean, it.score)));
+    const span = hi - lo || 1;
+    const pos = (x) => ((x - lo) / span) * 100;
+    const zero = pos(0);
+
+    items.forEach((it, i) => {
+      const before = state.ranks.size ? state.ranks.get(it.item) : undefined;
+      let moved = null;
+      if (state.ranks.size) {
+        if (before === undefined) moved = el("span", { class: "move new", text: "new", title: "new in the list" });
+        else if (before > i) moved = el("span", { class: "move up", text: `▲${before - i}`, title: `up ${before - i}` });
+        else if (before < i) moved = el("span", { class: "move down", text: `▼${i - before}`, title: `down ${i - before}` });
+      }
+
+      // stacked bar: estimate from 0 to mean, bonus from mean to score
+      const meanL = Math.min(zero, pos(it.mean)), meanW = Math.abs(pos(it.mean) - zero);
+      const bonusL = Math.min(pos(it.mean), pos(it.score)), bonusW = Math.abs(pos(it.score) - pos(it.mean));
+      const bar = el("div", {
+        class: "bar", role: "img",
+        "aria-label": `score ${fmt(it.score)}: estimate ${fmt(it.mean)} plus exploration bonus ${fmt(it.bonus)}`,
+      },
+        el("span", { class: "seg mean" + (it.mean < 0 ? " negative" : "") }),
+        el("span", { class: "seg bonus" }),
+        el("span", { class: "axis" }));
+      bar.children[0].style.left = `${meanL}%`;
+      bar.children[0].style.width = `${meanW}%`;
+      bar.children[1].style.left = `${bonusL}%`;
+      bar.children[1].style.width = `${Math.max(bonusW, 0.6)}%`;
+      bar.children[2].style.left = `${zero}%`;
+
+      const listen = el("button", { type: "button", class: "listen", text: "▶ listen",
+        "aria-label": `Listen to ${it.name}`, "data-item": it.item });
+      const skip = el("button", { type: "button", class: "skip", text: "skip",
+        "aria-label": `Skip ${it.name}`, "data-item": it.item });
+      listen.addEventListener("click", () => sendFeedback(it, 1, listen));
+      skip.addEventListener("click", () => sendFeedback(it, 0, skip));
+
+      const li = el("li", { class: "item", "data-item": it.item },
+        el("span", { class: "rank", text: String(i + 1) }),
+        el("div", { class: "what" },
+          el("div", { class: "name" }, el("span", { text: it.name }), moved),
+          el("div", { class: "id", text: `item ${it.item}` })),
+        el("div", { class: "scorebox" },
+          bar,
+          el("div", { class: "numbers" },
+            el("span", { class: "score", text: fmt(it.score) }),
+            el("span", { class: "split", text: ` = ${fmt(it.mean)} + ${fmt(it.bonus)}` }))),
+        el("div", { class: "actions" }, listen, skip));
+      list.append(li);
+    });
+  }
+
+  function lockList(chosenItem, reward) {
+    for (const b of $("items").querySelectorAll("button")) b.disabled = true;
+    const li = $("items").querySelector(`li[data-item="${CSS.escape(chosenItem)}"]`);
+    if (li) li.classList.add(reward >= 0.5 ? "chosen-listen" : "chosen-skip");
+  }
+
+  async function sendFeedback(it, reward, button) {
+    if (state.learning || !state.rec) return;
+    clearError();
+    const rec = state.rec;
+    const verb = reward >= 0.5 ? "listened to" : "skipped";
+    state.learning = { since: performance.now(), fromVersion: rec.model_version, item: it.item, reward };
+    lockList(it.item, reward);
+    setModelState("learning", "learning…");
+    $("feedback-status").textContent = `You ${verb} “${it.name}”. Sending…`;
+    try {
+      await api("/feedback", {
+        method: "POST",
+        headers: { "Content-Type": "application/json", "Accept": "application/json" },
+        body: JSON.stringify({ rec_id: rec.rec_id, item: it.item, reward }),
+      });
+    } catch (e) {
+      state.learning = null;
+      setModelState("error", "feedback not recorded");
+      $("feedback-status").textContent = `Your feedback on “${it.name}” was not recorded.`;
+      showError(e);
+      // the shown list may be spent (409) or gone (404): show a fresh one
+      try { await loadRecommendations(); } catch (e2) { showError(e2); }
+      return;
+    }
+    $("feedback-status").textContent =
+      `You ${verb} “${it.name}”. Waiting for the model to learn it (served: v${rec.model_version})…`;
+    await waitForModel(rec.model_version, it, verb);
+  }
+
+  async function waitForModel(fromVersion, it, verb) {
+    const t0 = state.learning.since;
+    let version = fromVersion;
+    while (performance.now() - t0 < LEARN_TIMEOUT_MS) {
+      await sleep(POLL_MS);
+      try {
+        const h = await api("/healthz");
+        version = h.model_version;
+        if (version != null && version > fromVersion) break;
+      } catch (e) {
+        if (!(e instanceof ApiError) || e.status !== 503) { showError(e); }
+      }
+    }
+    const seconds = (performance.now() - t0) / 1000;
+    try {
+      await Promise.all([loadRecommendations(), loadBudget()]);
+    } catch (e) { showError(e); }
+    state.learning = null;
+    if (state.rec && state.rec.model_version > fromVersion) {
+      setModelState("fresh", `learned in ${seconds.toFixed(1)} s`);
+      $("feedback-status").textContent =
+        `You ${verb} “${it.name}”: model v${fromVersion} → v${state.rec.model_version}. The list below is re-ranked.`;
+    } else {
+      setModelState("stale", "still learning");
+      $("feedback-status").textContent =
+        `You ${verb} “${it.name}”, but after ${seconds.toFixed(0)} s the served model is still v${fromVersion}; ` +
+        "it will appear in a later release. Showing a fresh list.";
+    }
+  }
+
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+  // ---------- budget -------------------------------------------------------------------
+
+  async function loadBudget() {
+    const b = await api(`/budget?user=${encodeURIComponent(state.user)}`);
+    state.budget = b;
+    renderBudget(b);
+    return b;
+  }
+
+  function renderBudget(b) {
+    const p = b.privacy || {};
+    const u = b.user || {};
+    const k = u.interactions ?? 0;
+    $("user-interactions").textContent = String(k);
+    if (!p.private) {
+      $("user-epsilon").textContent = "ε = ∞";
+      $("user-delta").textContent = "–";
+      $("user-budget-note").textContent = "Privacy is switched off on this server (ε = ∞): the statistics behind " +
+        "these recommendations are published without noise, so your feedback is not protected.";
+      $("guarantee-plain").textContent = p.guarantee || "none";
+      $("event-guarantee").textContent = "none (ε = ∞)";
+      $("mechanism").textContent = "none";
+      $("neighbours").textContent = "nothing";
+      $("accounting").textContent = "–";
+    } else {
+      $("user-epsilon").textContent = `ε = ${fmtEps(u.epsilon)}`;
+      $("user-delta").textContent = fmtDelta(u.delta);
+      const validity = u.valid === false ? ` (${u.note})` : "";
+      $("user-budget-note").textContent = k === 0
+        ? "You have given no feedback yet, so nothing published depends on you: your privacy loss is zero."
+        : `Covers all ${k} of your listens and skips together${validity}. It grows with each one you give ` +
+          `(group privacy: ${k} × one interaction).`;
+      $("guarantee-plain").textContent =
+        `Your listens and skips stay inside the server; only noisy statistics are published, and the ` +
+        `recommendations are computed from those. For any one answer you give, every published result is ` +
+        `almost as likely whether you listened or skipped: at most ${Math.exp(p.epsilon).toFixed(1)}× more ` +
+        `likely (e^ε, ε = ${fmtEps(p.epsilon)}), except with probability ${fmtDelta(p.delta)}. ` +
+        `The ε above adds this up over all your answers.`;
+      $("event-guarantee").textContent = `(ε, δ) = (${fmtEps(p.epsilon)}, ${fmtDelta(p.delta)})`;
+      $("mechanism").textContent = `${p.mechanism}: ${p.mechanism_about}`;
+      $("neighbours").textContent = p.neighbours;
+      $("accounting").textContent = p.note + (p.valid === false ? " (not a valid (ε, δ) bound)" : "");
+    }
+    const t = b.tree || {};
+    $("releases").textContent = `${b.releases}, covering ${b.events_released} interactions`;
+    $("tree").textContent = `epoch ${t.epoch}, tick ${t.tick_in_epoch} of ${t.ticks_per_epoch} (${t.levels} levels)`;
+    if (b.model) {
+      $("about-model").textContent = `${b.model.algorithm} · d = ${b.model.d} · α = ${b.model.alpha} · ` +
+        `${b.model.units} units · catalog ${b.model.catalog}`;
+    }
+    renderSpark(b.history || []);
+    if (state.version == null || b.releases > state.version) {
+      // the page's list may be older than the latest release: the badge says so
+      $("model-version").title = `latest release v${b.releases}`;
+    }
+  }
+
+  function renderSpark(history) {
+    const svg = $("sparkline");
+    svg.replaceChildren();
+    const NS = "http://www.w3.org/2000/svg";
+    if (history.length < 2) {
+      $("spark-caption").textContent = "Interactions covered by each release (appears after two releases)";
+      return;
+    }
+    const xs = history.map((h) => h.version), ys = history.map((h) => h.count);
+    const x0 = xs[0], x1 = xs[xs.length - 1], y1 = Math.max(1, ...ys);
+    const W = 300, H = 48, pad = 3;
+    const px = (x) => ((x - x0) / (x1 - x0 || 1)) * (W - 2 * pad) + pad;
+    const py = (y) => H - pad - (y / y1) * (H - 2 * pad);
+    const pts = history.map((h) => `${px(h.version).toFixed(1)},${py(h.count).toFixed(1)}`);
+    const area = document.createElementNS(NS, "polygon");
+    area.setAttribute("points", `${px(x0)},${H - pad} ${pts.join(" ")} ${px(x1)},${H - pad}`);
+    area.setAttribute("class", "spark-area");
+    const line = document.createElementNS(NS, "polyline");
+    line.setAttribute("points", pts.join(" "));
+    line.setAttribute("class", "spark-line");
+    svg.append(area, line);
+    $("spark-caption").textContent = `Interactions covered, release v${x0}–v${x1} (now ${ys[ys.length - 1]}); ` +
+      "every release adds fresh noise — released noise is never redrawn.";
+  }
+
+  // ---------- wiring -------------------------------------------------------------------
+
+  async function selectUser(user) {
+    state.user = user;
+    state.rec = null;
+    state.ranks = new Map();
+    const url = new URL(window.location.href);
+    url.searchParams.set("user", user);
+    history.replaceState(null, "", url);
+    clearError();
+    setModelState("idle", "loading…");
+    try {
+      await Promise.all([loadRecommendations(), loadBudget()]);
+      setModelState("fresh", "up to date");
+      $("feedback-status").textContent =
+        "Pick “listen” or “skip” on one item: the model learns from it and the list updates.";
+    } catch (e) {
+      renderItems();
+      showError(e);
+      if (e instanceof ApiError && e.status === 503 && state.user === user) {
+        // no model published yet (the worker is starting): try again shortly
+        setModelState("idle", "waiting for the first model…");
+        setTimeout(() => { if (state.user === user && !state.rec) selectUser(user); }, 1000);
+      } else {
+        setModelState("error", "error");
+      }
+    }
+  }
+
+  async function idlePoll() {
+    if (!state.learning && state.user && !document.hidden) {
+      try {
+        const h = await api("/healthz");
+        if (h.model_version != null && state.rec && h.model_version > state.rec.model_version) {
+          setModelState("stale", `newer model v${h.model_version}: refresh`);
+        }
+        if (state.budget && h.model_version !== state.budget.releases) await loadBudget();
+      } catch (e) {
+        if (!(e instanceof ApiError && e.status === 503)) showError(e);
+      }
+    }
+    setTimeout(idlePoll, IDLE_POLL_MS);
+  }
+
+  async function init() {
+    $("error-dismiss").addEventListener("click", clearError);
+    $("controls").addEventListener("submit", (ev) => { ev.preventDefault(); if (!state.learning) selectUser(state.user); });
+    $("user").addEventListener("change", (ev) => selectUser(ev.target.value));
+    $("k").addEventListener("change", (ev) => { state.k = Number(ev.target.value); if (state.user) selectUser(state.user); });
+    state.k = Number($("k").value);
+
+    let users;
+    try {
+      users = await api("/users");
+    } catch (e) {
+      setModelState("error", "error");
+      showError(e);
+      return;
+    }
+    const select = $("user");
+    for (const u of users.users) select.append(el("option", { value: u, text: `user ${u}` }));
+    const wanted = new URLSearchParams(window.location.search).get("user");
+    let first = users.users[0];
+    if (wanted != null) {
+      if (!users.users.includes(wanted)) {
+        // not in the first page of /users: ask the API anyway; its error says what is wrong
+        select.prepend(el("option", { value: wanted, text: `user ${wanted}` }));
+      }
+      first = wanted;
+    }
+    if (first == null) {
+      showError(new Error("the catalog has no users"));
+      return;
+    }
+    select.value = first;
+    await selectUser(first);
+    setTimeout(idlePoll, IDLE_POLL_MS);
+  }
+
+  document.addEventListener("DOMContentLoaded", init);
+})();
