@@ -81,6 +81,7 @@ __all__ = [
     "read_stack",
     "status",
     "up",
+    "wait_workers",
     "worker_status_key",
 ]
 
@@ -295,7 +296,7 @@ def _http_probe(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]] | 
         return None
 
 
-def _wait_workers(client: redis.Redis, namespace: str, workers: list[ServiceHandle], partitions: int,
+def wait_workers(client: redis.Redis, namespace: str, workers: list[ServiceHandle], partitions: int,
                   timeout: float) -> dict[str, list[int]]:
     """Wait until every worker has registered and their partitions cover the topic exactly once."""
     key = worker_status_key(namespace)
@@ -486,7 +487,7 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
                                                env={**env, "PRIVREC_WORKER_ID": name}, timeout=timeout)
                     started.append(h)
                     wk.append(h)
-                assigned = _wait_workers(client, settings.namespace, wk, settings.partitions, timeout)
+                assigned = wait_workers(client, settings.namespace, wk, settings.partitions, timeout)
                 for h in wk:
                     note(f"{h.name:<8} pid {h.pid}  partitions {assigned[h.name]} {took()}")
             finally:

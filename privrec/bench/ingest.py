@@ -1,0 +1,693 @@
+"""``privrec bench ingest``: end-to-end events/s of one worker against the raw Kafka consume rate.
+
+What it measures, on a stack of its own (Tansu broker, redis-server and one faust worker
+started in a temporary state directory with :mod:`pipeline.services`, stopped after):
+
+* **pre-produced** (isolates the worker): N events are produced into ``interactions``
+  *before* the worker starts. Raw rates are measured on those very events first:
+  aiokafka ``getmany`` of all N from the same topic with the worker's batch size
+  (``raw_consume``), the same plus ``json.loads`` of each value (``consume_json``) and plus
+  the pipeline's full parser :func:`pipeline.records.parse_interaction`
+  (``consume_parse``). Then the worker starts and the bench polls Redis every 10 ms: the
+  worker's committed ingest offsets (its durable counters, written atomically with the
+  statistics) and the released / solved event counts. ``ingest`` rate = events committed
+  between the first poll that sees a commit and the last event committed, over that time;
+  ``end_to_end`` = the same events until a *solved* model version covers all N.
+* **concurrent** (the issue's definition, produce → released model): the worker is
+  started and ready on an empty topic; then N events are produced as fast as aiokafka
+  goes, from this process, while the worker ingests. ``end_to_end`` = N / (time from the
+  first produced event until a solved model covers all N); ``ingest`` = N / (time until
+  all N are committed). The producer competes with the worker for the 2 cores, so this
+  is lower than the pre-produced rate.
+
+Each phase also records the CPU seconds that the worker, broker, redis-server and this
+process used (from ``/proc``; robust to other jobs on a shared machine, unlike wall time)
+and the load average. ``--profile`` adds a third run of the pre-produced phase with a
+profiler on the worker (py-spy sampling the ingest window when ``py-spy`` is installed,
+else cProfile; not used for the rates) and says where the worker's time goes.
+
+Events are 25-dimensional synthetic interactions with an explicit ``context`` (rounded to
+4 decimals, norm <= 1, ~320 bytes of JSON, like deploy/NOTES-broker.md), LinUCB, keyed by
+user, on 4 partitions.
+
+Examples
+--------
+>>> ev = synthetic_values(3, n_users=10, d=25, seed=0)
+>>> len(ev), ev[0][0], 250 < len(ev[0][1]) < 400
+(3, b'8', True)
+>>> rate(10_000, 0.5)
+20000.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import json
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["bench_ingest", "register", "synthetic_values", "rate", "spy_summary", "py_spy_binary",
+           "TARGET_EVENTS_PER_S"]
+
+#: Issue 3's target for one worker (LinUCB, d = 25).
+TARGET_EVENTS_PER_S = 20_000
+_POLL_SECONDS = 0.01
+_TOPIC = "interactions"
+
+
+def rate(events: int, seconds: float | None) -> float | None:
+    """Events per second, ``None`` when the time is unknown or zero."""
+    if seconds is None or seconds <= 0:
+        return None
+    return round(events / seconds, 1)
+
+
+def synthetic_values(n: int, *, n_users: int, d: int, n_arms: int = 1000, seed: int = 0) -> list[tuple[bytes, bytes]]:
+    """``n`` ``(key, value)`` pairs of valid ``interactions`` events with an explicit context."""
+    rng = np.random.default_rng(seed)
+    users = rng.integers(0, n_users, size=n)
+    arms = rng.integers(0, n_arms, size=n)
+    rewards = rng.integers(0, 2, size=n)
+    ctx = rng.uniform(-1.0, 1.0, size=(n, d)) / np.sqrt(d)  # norm <= 1: no clipping needed
+    ctx = np.round(ctx, 4).tolist()
+    out = []
+    ts0 = 1.7e12
+    for i in range(n):
+        u = str(int(users[i]))
+        value = json.dumps({"event_id": f"b{seed}-{i}", "user": u, "arm": str(int(arms[i])), "context": ctx[i],
+                            "reward": float(rewards[i]), "ts": ts0 + i, "rec_id": None})
+        out.append((u.encode(), value.encode()))
+    return out
+
+
+# --- Kafka clients (aiokafka, the worker's client) --------------------------------------
+
+
+async def _produce(address: str, values: list[tuple[bytes, bytes]], started: threading.Event | None = None) -> float:
+    """Produce all ``values`` (keyed); return the seconds from the first send to the last ack."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=address, linger_ms=5, max_batch_size=256 * 1024)
+    await producer.start()
+    try:
+        t0 = time.perf_counter()
+        if started is not None:
+            started.set()
+        futures = [await producer.send(_TOPIC, key=k, value=v) for k, v in values]
+        await asyncio.gather(*futures)
+        return time.perf_counter() - t0
+    finally:
+        await producer.stop()
+
+
+async def _consume(address: str, n: int, settings: Any, work: str) -> float:
+    """Seconds to ``getmany`` all ``n`` records of the topic from the beginning, doing ``work`` per value.
+
+    ``work``: ``"none"``, ``"json"`` (``json.loads``) or ``"parse"`` (the pipeline's parser).
+    Partitions and batch size are the worker's (``settings``).
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    partitions, max_records = settings.partitions, settings.batch_size
+    parse: Any = None
+    if work == "parse":
+        from pipeline.catalog import load_catalog
+        from pipeline.records import parse_interaction
+
+        catalog = load_catalog(settings)
+
+        def parse(v: bytes) -> Any:
+            return parse_interaction(v, catalog)
+    elif work == "json":
+        parse = json.loads
+    consumer = AIOKafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, group_id=None,
+                                max_poll_records=max_records, fetch_max_wait_ms=100)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(_TOPIC, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        seen = 0
+        t0 = time.perf_counter()
+        while seen < n:
+            batches = await consumer.getmany(timeout_ms=50, max_records=max_records)
+            for records in batches.values():
+                seen += len(records)
+                if parse is not None:
+                    for r in records:
+                        parse(r.value)
+        return time.perf_counter() - t0
+    finally:
+        await consumer.stop()
+
+
+# --- observing the worker ---------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` (``/proc/PID/stat`` fields 14 and 15)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class _Poller:
+    """Polls every 10 ms: committed offsets (ingested), released and solved counts, worker CPU.
+
+    A sample is ``(perf_counter, ingested, released, solved, worker_cpu_seconds)``; the
+    offsets are the worker's durable counters (written with the statistics, atomically).
+    """
+
+    redis_url: str
+    namespace: str
+    partitions: int
+    pid: int | None = None
+    samples: list[tuple[float, int, int, int, float]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        import redis
+
+        from pipeline.keys import PublicKeys
+        from pipeline.trusted import TrustedKeys
+
+        self.client = redis.Redis.from_url(self.redis_url)
+        tk, pk = TrustedKeys(self.namespace), PublicKeys(self.namespace)
+        self.offset_keys = [tk.offset(p) for p in range(self.partitions)]
+        self.released_key, self.meta_key = pk.released, pk.model_meta
+        self.thread = threading.Thread(target=self._run, name="bench-poller", daemon=True)
+
+    def sample(self) -> tuple[float, int, int, int, float]:
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.mget(self.offset_keys)
+            pipe.hget(self.released_key, "count")
+            pipe.hget(self.meta_key, "events")
+            offsets, released, solved = pipe.execute()
+        cpu = (_cpu_seconds(self.pid) or 0.0) if self.pid is not None else 0.0
+        return (time.perf_counter(), sum(int(o) for o in offsets if o is not None), int(released or 0),
+                int(solved or 0), cpu)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self.sample())
+            time.sleep(_POLL_SECONDS)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join()
+
+    def wait(self, predicate: Any, timeout: float, what: str) -> None:
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            if self.samples and predicate(self.samples[-1]):
+                return
+            time.sleep(_POLL_SECONDS)
+        raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}; last sample "
+                           f"(t, ingested, released, solved) = {self.samples[-1] if self.samples else None}")
+
+    def first(self, column: int, threshold: int) -> tuple[float, int, float] | None:
+        """``(time, value, worker cpu)`` of the first sample whose ``column`` reaches ``threshold``."""
+        for s in self.samples:
+            if s[column] >= threshold:
+                return s[0], s[column], s[4]
+        return None
+
+    def timeline(self, t0: float, every: float = 0.25) -> list[list[float]]:
+        """Samples about every ``every`` seconds: ``[seconds since t0, ingested, released, solved]``."""
+        out: list[list[float]] = []
+        for s in self.samples:
+            if s[0] >= t0 and (not out or s[0] - t0 - out[-1][0] >= every):
+                out.append([round(s[0] - t0, 3), s[1], s[2], s[3]])
+        return out
+
+
+# --- the run ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Env:
+    """The bench's own services and settings."""
+
+    state: Path
+    settings: Any
+    redis_url: str
+    handles: dict[str, Any] = field(default_factory=dict)
+
+
+def _start_worker(env: _Env, kafka: str, namespace: str, *, profile_path: Path | None = None) -> Any:
+    from pipeline import services
+    from privrec.ops import child_env
+
+    settings = env.settings.replace(kafka=kafka, redis_url=env.redis_url, namespace=namespace)
+    name = f"worker-{namespace}"  # also its id in the workers' status hash
+    child = child_env(settings, env.state, loglevel="WARNING") | {"PRIVREC_WORKER_ID": name}
+    argv = [sys.executable, "-m", "pipeline.worker"]
+    if profile_path is not None:
+        argv = [sys.executable, "-m", "cProfile", "-o", str(profile_path), "-m", "pipeline.worker"]
+    handle = services.start_process(name, argv, env.state, env=child)
+    env.handles[handle.name] = handle
+    return handle
+
+
+def _cpu_snapshot(env: _Env) -> dict[str, float | None]:
+    out = {name: _cpu_seconds(h.pid) for name, h in env.handles.items()}
+    out["bench"] = time.process_time()
+    return out
+
+
+def _cpu_delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, float]:
+    return {k: round(after[k] - v, 2) for k, v in before.items()  # type: ignore[operator]
+            if v is not None and after.get(k) is not None}
+
+
+def _stop(env: _Env, name: str) -> None:
+    from pipeline import services
+
+    handle = env.handles.pop(name, None)
+    if handle is not None:
+        services.stop(handle, grace_seconds=20)
+
+
+def _phase_preproduced(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *, raw: bool,
+                       profile_path: Path | None = None, spy_path: Path | None = None,
+                       timeout: float = 600) -> dict[str, Any]:
+    from pipeline import services
+
+    n = len(values)
+    s = env.settings
+    broker = services.start_broker(env.state, name=f"kafka-{tag}")
+    env.handles[broker.name] = broker
+    try:
+        services.create_topics(broker.address, {_TOPIC: s.partitions, "dead-letters": 1, "recommendations": 1})
+        produce_s = asyncio.run(_produce(broker.address, values))
+        out: dict[str, Any] = {"what": "events produced before the worker starts; rates over the worker's own "
+                                       "processing (first commit seen -> all committed / model covers all)",
+                               "events": n, "produce_events_per_s": rate(n, produce_s)}
+        if raw:
+            for work, key in (("none", "raw_consume"), ("json", "consume_json"), ("parse", "consume_parse")):
+                secs = asyncio.run(_consume(broker.address, n, s, work))
+                out[f"{key}_events_per_s"] = rate(n, secs)
+        ns = f"bench{tag}"
+        t_spawn = time.perf_counter()
+        cpu0 = _cpu_snapshot(env)
+        worker = _start_worker(env, broker.address, ns, profile_path=profile_path)
+        cpu0[worker.name] = 0.0
+        poller = _Poller(env.redis_url, ns, s.partitions, pid=worker.pid)
+        poller.start()
+        spy = None
+        try:
+            if spy_path is not None:  # sample the ingest only: from the first commit to the last
+                poller.wait(lambda x: x[1] >= 1, timeout, "the first commit")
+                spy = _start_py_spy(worker.pid, spy_path)
+            poller.wait(lambda x: x[1] >= n, timeout, f"all {n} events ingested")
+            if spy is not None:
+                _stop_py_spy(spy)
+                spy = None
+            poller.wait(lambda x: x[3] >= n, timeout, f"a solved model covering all {n} events")
+            cpu1 = _cpu_snapshot(env)
+        finally:
+            if spy is not None:
+                _stop_py_spy(spy)
+            poller.stop()
+        first = poller.first(1, 1)
+        assert first is not None
+        t_first, c_first, cpu_first = first
+        t_ingested, _, cpu_ingested = poller.first(1, n)  # type: ignore[misc]
+        t_released = poller.first(2, n)[0]  # type: ignore[index]
+        t_solved = poller.first(3, n)[0]  # type: ignore[index]
+        counted = n - c_first
+        out.update({
+            "spawn_to_first_commit_s": round(t_first - t_spawn, 3),
+            "events_in_first_commit_seen": c_first,
+            "ingest_events_per_s": rate(counted, t_ingested - t_first),
+            "released_events_per_s": rate(counted, t_released - t_first),
+            "end_to_end_events_per_s": rate(counted, t_solved - t_first),
+            "ingest_s": round(t_ingested - t_first, 3),
+            "ingested_to_released_s": round(t_released - t_ingested, 3),
+            "released_to_solved_s": round(t_solved - t_released, 3),
+            "cpu_seconds": _cpu_delta(cpu0, cpu1),
+            "timeline": poller.timeline(t_first),
+        })
+        # worker CPU between the first commit seen and the last: ingest work only, no start-up
+        out["worker_cpu_us_per_event"] = round((cpu_ingested - cpu_first) / counted * 1e6, 1)
+        out["worker_cpu_share_while_ingesting"] = round((cpu_ingested - cpu_first) / (t_ingested - t_first), 3)
+        _stop(env, f"worker-{ns}")
+        return out
+    finally:
+        _stop(env, f"worker-bench{tag}")
+        _stop(env, broker.name)
+
+
+def _phase_concurrent(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *, timeout: float = 600) -> dict[str, Any]:
+    import redis
+
+    from pipeline import services
+    from privrec.ops import wait_workers
+
+    n = len(values)
+    s = env.settings
+    broker = services.start_broker(env.state, name=f"kafka-{tag}")
+    env.handles[broker.name] = broker
+    ns = f"bench{tag}"
+    try:
+        services.create_topics(broker.address, {_TOPIC: s.partitions, "dead-letters": 1, "recommendations": 1})
+        worker = _start_worker(env, broker.address, ns)
+        client = redis.Redis.from_url(env.redis_url)
+        wait_workers(client, ns, [worker], s.partitions, timeout=120)
+        client.close()
+        time.sleep(1.0)  # let the first (empty) release tick pass
+        poller = _Poller(env.redis_url, ns, s.partitions, pid=worker.pid)
+        poller.start()
+        try:
+            cpu0 = _cpu_snapshot(env)
+            started = threading.Event()
+            t_before = time.perf_counter()
+            produce_s = asyncio.run(_produce(broker.address, values, started))
+            t_produced = time.perf_counter()
+            poller.wait(lambda x: x[3] >= n, timeout, f"a solved model covering all {n} events")
+            cpu1 = _cpu_snapshot(env)
+        finally:
+            poller.stop()
+        t0 = t_produced - produce_s  # the first send
+        t_ingested = poller.first(1, n)[0]  # type: ignore[index]
+        t_released = poller.first(2, n)[0]  # type: ignore[index]
+        t_solved = poller.first(3, n)[0]  # type: ignore[index]
+        out: dict[str, Any] = {
+            "what": "worker ready on an empty topic, then N events produced from the bench process while it "
+                    "ingests; rates from the first produced event",
+            "events": n,
+            "producer_start_s": round(t0 - t_before, 3),
+            "produce_events_per_s": rate(n, produce_s),
+            "ingest_events_per_s": rate(n, t_ingested - t0),
+            "released_events_per_s": rate(n, t_released - t0),
+            "end_to_end_events_per_s": rate(n, t_solved - t0),
+            "produce_s": round(produce_s, 3),
+            "ingest_s": round(t_ingested - t0, 3),
+            "ingested_to_released_s": round(t_released - t_ingested, 3),
+            "released_to_solved_s": round(t_solved - t_released, 3),
+            "cpu_seconds": _cpu_delta(cpu0, cpu1),
+            "timeline": poller.timeline(t0),
+        }
+        return out
+    finally:
+        _stop(env, f"worker-{ns}")
+        _stop(env, broker.name)
+
+
+def _cprofile_summary(path: Path, top: int = 30) -> dict[str, Any]:
+    """Top functions of a cProfile dump by own and cumulative time."""
+    stats = pstats.Stats(str(path))
+    rows = []
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(file).name}:{line}({func})", "calls": nc, "tottime_s": round(tt, 3),
+                     "cumtime_s": round(ct, 3)})
+    return {"tool": "cProfile (main thread only)", "total_s": round(stats.total_tt, 3),  # type: ignore[attr-defined]
+            "by_tottime": sorted(rows, key=lambda r: -r["tottime_s"])[:top],
+            "by_cumtime": sorted(rows, key=lambda r: -r["cumtime_s"])[:top]}
+
+
+#: py-spy sampling rate (Hz) of ``--profile``.
+SPY_RATE = 250
+
+#: Leaf frames of a thread that waits (py-spy's own idle detection does not see them here).
+SPY_IDLE = ("EpollSelector.select (selectors.py", "_worker (concurrent/futures/thread.py", "wait (threading.py",
+            "select (selectors.py")
+
+#: Where the worker's ingest time goes: the first category whose marker is in a sample's
+#: stack wins, so the more specific markers come first.
+SPY_CATEGORIES = (
+    ("json.loads (stdlib json)", ("json/decoder.py", "json/__init__.py")),
+    ("parse_interaction: checks, numpy conversion, norm", ("parse_interaction",)),
+    ("UnitStats.add (np.add.at rank-1 updates)", ("UnitStats.add",)),
+    ("Redis commit (Lua script, sync client)", ("commit_partition",)),
+    ("IngestProcessor.prepare: rest (sort, lists, vstack, stats copy)", ("IngestProcessor.prepare",)),
+    ("Kafka fetch and record decoding (aiokafka)", ("aiokafka/",)),
+    ("release/solve tick (leader timer, executor thread)", ("_tick (pipeline/timers.py",)),
+    ("status report, offsets commit, loop (agents.py)", ("pipeline/agents.py",)),
+)
+
+
+def py_spy_binary() -> str | None:
+    """``py-spy`` next to our interpreter or on ``PATH`` (``pip install py-spy``), else ``None``."""
+    local = Path(sys.executable).parent / "py-spy"
+    return str(local) if local.exists() else shutil.which("py-spy")
+
+
+def _start_py_spy(pid: int, path: Path) -> Any:
+    import subprocess
+
+    binary = py_spy_binary()
+    assert binary is not None
+    # raw (collapsed) stacks, every thread, on-CPU samples only (no --idle)
+    return subprocess.Popen([binary, "record", "--pid", str(pid), "--rate", str(SPY_RATE), "--format", "raw",
+                             "--threads", "--output", str(path)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _stop_py_spy(proc: Any) -> None:
+    import signal
+
+    proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+    try:
+        proc.wait(timeout=30)
+    except Exception:
+        proc.kill()
+        proc.wait()
+
+
+def spy_summary(path: Path, *, rate_hz: int = SPY_RATE, top: int = 25) -> dict[str, Any]:
+    """Summarize a py-spy raw file: sampled seconds per thread, per category and per leaf frame.
+
+    Samples are wall-clock stacks; those whose leaf frame waits (:data:`SPY_IDLE`) are
+    dropped. A busy thread that the OS has descheduled (other jobs on the machine) still
+    counts, so the shares within the main thread are the meaningful numbers.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> p = Path(tempfile.mkdtemp()) / "s.raw"
+    >>> _ = p.write_text("thread (1): MainThread;run (a.py:1);loads (json/__init__.py:346) 30\\n"
+    ...                  "thread (1): MainThread;run (a.py:1);UnitStats.add (models/streaming.py:103) 10\\n")
+    >>> s = spy_summary(p, rate_hz=100)
+    >>> s["threads"], s["main_thread_categories"][0]
+    ({'MainThread': 0.4}, {'category': 'json.loads (stdlib json)', 'seconds': 0.3, 'share': 0.75})
+    """
+    from collections import Counter
+
+    threads: Counter[str] = Counter()
+    cats: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        if frames[-1].startswith(SPY_IDLE):
+            continue
+        thread = frames[0].split(": ", 1)[-1]
+        threads[thread] += n
+        if thread != "MainThread":
+            continue
+        leaves[frames[-1]] += n
+        for name, markers in SPY_CATEGORIES:
+            if any(m in stack for m in markers):
+                cats[name] += n
+                break
+        else:
+            cats["other (faust, mode, asyncio loop)"] += n
+    main = threads.get("MainThread", 0) or 1
+    return {
+        "tool": f"py-spy record --rate {rate_hz} --threads, ingest window only, waiting frames dropped",
+        "threads": {t: round(c / rate_hz, 2) for t, c in threads.most_common()},
+        "main_thread_categories": [{"category": c, "seconds": round(k / rate_hz, 2), "share": round(k / main, 3)}
+                                   for c, k in cats.most_common()],
+        "main_thread_top_frames": [{"frame": f, "seconds": round(k / rate_hz, 2), "share": round(k / main, 3)}
+                                   for f, k in leaves.most_common(top)],
+    }
+
+
+@contextlib.contextmanager
+def _services(keep: bool) -> Iterator[tuple[Path, Any]]:
+    from pipeline import services
+
+    state = Path(tempfile.mkdtemp(prefix="privrec-bench-ingest-"))
+    try:
+        rds = services.start_redis(state, appendonly=True)
+        yield state, rds
+    finally:
+        services.stop_all(state, grace_seconds=20)
+        if not keep:
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch_size: int | None = None,
+                 tick_seconds: float | None = None, concurrent: bool = True, profile_dir: Path | None = None,
+                 keep: bool = False, say: Any = None) -> dict[str, Any]:
+    """Run the benchmark (see the module docstring) and return the JSON document.
+
+    Parameters
+    ----------
+    events
+        N, events per phase.
+    n_users
+        Users of the synthetic catalog (one LinUCB unit each).
+    d
+        Context dimension.
+    batch_size, tick_seconds
+        Override the pipeline settings of the same name (``None``: the defaults).
+    concurrent
+        Also run the concurrent produce+ingest phase.
+    profile_dir
+        If given, also run the pre-produced phase with the worker under cProfile and write
+        ``worker.prof`` there (its rates are not comparable: cProfile slows Python down).
+    keep
+        Keep the temporary state directory (logs) instead of deleting it.
+    say
+        Called with progress lines.
+    """
+    from pipeline.settings import Settings
+    from privrec.experiments.runner import machine_info
+
+    note = say or (lambda _l: None)
+    changes: dict[str, Any] = {"algorithm": "linucb", "catalog": "synthetic", "d": d, "n_users": n_users}
+    if batch_size is not None:
+        changes["batch_size"] = batch_size
+    if tick_seconds is not None:
+        changes["tick_seconds"] = tick_seconds
+    settings = Settings.from_mapping({}, environ={}).replace(**changes)
+    note(f"generating {events} events (d = {d}, {n_users} users)")
+    values = synthetic_values(events, n_users=n_users, d=d, n_arms=settings.n_arms)
+    doc: dict[str, Any] = {"target_events_per_s": TARGET_EVENTS_PER_S}
+    load_before = os.getloadavg()
+    with _services(keep) as (state, rds):
+        env = _Env(state, settings, rds.url, {rds.name: rds})
+        note("pre-produced phase: produce, raw consume x3, then the worker")
+        doc["preproduced"] = _phase_preproduced(env, values, "a", raw=True)
+        if concurrent:
+            note("concurrent phase: worker ready, then produce while it ingests")
+            doc["concurrent"] = _phase_concurrent(env, values, "b")
+        if profile_dir is not None:
+            profile_dir.mkdir(parents=True, exist_ok=True)
+            if py_spy_binary() is not None:
+                raw_path = profile_dir.resolve() / "worker.py-spy.raw"
+                note(f"profiled phase: py-spy on the worker during ingest -> {raw_path}")
+                prof_doc = _phase_preproduced(env, values, "p", raw=False, spy_path=raw_path)
+                summary = spy_summary(raw_path) if raw_path.exists() else None
+            else:
+                prof = profile_dir.resolve() / "worker.prof"
+                note(f"profiled phase: py-spy not found (pip install py-spy); the worker under cProfile -> {prof}")
+                prof_doc = _phase_preproduced(env, values, "p", raw=False, profile_path=prof)
+                summary = _cprofile_summary(prof) if prof.exists() else None
+            doc["profiled"] = {"note": "a separate pre-produced run with a profiler attached: its rates are "
+                                       "not the benchmark's",
+                               "ingest_events_per_s": prof_doc["ingest_events_per_s"],
+                               "worker_cpu_us_per_event": prof_doc["worker_cpu_us_per_event"],
+                               "profile": summary}
+        if keep:
+            doc["state_dir"] = str(state)
+    pre = doc["preproduced"]
+    raw = pre["raw_consume_events_per_s"]
+    doc["summary"] = {
+        "end_to_end_events_per_s": pre["end_to_end_events_per_s"],
+        "ingest_events_per_s": pre["ingest_events_per_s"],
+        "raw_consume_events_per_s": raw,
+        "ratio_end_to_end_to_raw": round(pre["end_to_end_events_per_s"] / raw, 4) if raw else None,
+        "ratio_ingest_to_raw": round(pre["ingest_events_per_s"] / raw, 4) if raw else None,
+        "concurrent_end_to_end_events_per_s": doc.get("concurrent", {}).get("end_to_end_events_per_s"),
+        "meets_target": bool(pre["end_to_end_events_per_s"] and pre["end_to_end_events_per_s"] >= TARGET_EVENTS_PER_S),
+        "which": "preproduced (events in the topic before the worker starts); see `concurrent` for produce+ingest",
+    }
+    doc["settings"] = {**settings.model_config(), "batch_size": settings.batch_size,
+                       "batch_seconds": settings.batch_seconds, "tick_seconds": settings.tick_seconds,
+                       "events": events, "event_bytes_mean": round(sum(len(v) for _, v in values) / len(values), 1),
+                       "context": "explicit, 25 floats rounded to 4 decimals, norm <= 1",
+                       "client": "aiokafka (worker and raw consume), getmany max_records = batch_size",
+                       "workers": 1}
+    doc["machine"] = machine_info() | {"loadavg_before": [round(x, 2) for x in load_before],
+                                       "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
+    return doc
+
+
+def _print(doc: dict[str, Any]) -> None:
+    pre, sm = doc["preproduced"], doc["summary"]
+    print(f"pre-produced ({pre['events']} events in the topic before the worker starts):")
+    print(f"  end-to-end (first commit -> solved model covers all): {sm['end_to_end_events_per_s']:>10,.0f} ev/s")
+    print(f"  ingest only (worker's committed offsets):             {sm['ingest_events_per_s']:>10,.0f} ev/s")
+    print(f"  raw consume, aiokafka getmany (same events, topic):   {sm['raw_consume_events_per_s']:>10,.0f} ev/s")
+    print(f"  raw consume + json.loads:                             {pre['consume_json_events_per_s']:>10,.0f} ev/s")
+    print(f"  raw consume + parse_interaction:                      {pre['consume_parse_events_per_s']:>10,.0f} ev/s")
+    print(f"  ratio end-to-end / raw: {sm['ratio_end_to_end_to_raw']:.3f}   ingest / raw: {sm['ratio_ingest_to_raw']:.3f}")
+    print(f"  worker CPU per event: {pre.get('worker_cpu_us_per_event')} µs; cpu seconds {pre['cpu_seconds']}")
+    if "concurrent" in doc:
+        c = doc["concurrent"]
+        print(f"concurrent (produce {c['events']} events while the worker ingests):")
+        print(f"  end-to-end (first produced -> solved model covers all): {c['end_to_end_events_per_s']:>10,.0f} ev/s")
+        print(f"  ingest (first produced -> all committed):              {c['ingest_events_per_s']:>10,.0f} ev/s")
+        print(f"  produce (aiokafka, same process as nothing else):      {c['produce_events_per_s']:>10,.0f} ev/s")
+    prof = doc.get("profiled", {}).get("profile")
+    if prof and "main_thread_categories" in prof:
+        print(f"where the worker's time goes while ingesting ({prof['tool']}):")
+        print(f"  busy samples per thread (s): {prof['threads']}")
+        for row in prof["main_thread_categories"]:
+            print(f"  {row['share']:6.1%}  {row['seconds']:6.2f} s  {row['category']}")
+    elif prof:
+        print("profile (worker main thread, cProfile), top by own time:")
+        for row in prof["by_tottime"][:12]:
+            print(f"  {row['tottime_s']:8.2f} s  {row['calls']:>9}  {row['function']}")
+    verdict = "meets" if sm["meets_target"] else "is BELOW"
+    print(f"target {doc['target_events_per_s']:,} ev/s on one worker: end-to-end {verdict} it")
+
+
+def register(bsub: Any) -> None:
+    p = bsub.add_parser("ingest", help="end-to-end events/s of one worker vs the raw Kafka consume rate",
+                        description=__doc__.split("\n\n")[0] + " Writes ingest.json to --out.")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--events", type=int, default=200_000, help="events per phase (default 200000)")
+    p.add_argument("--users", type=int, default=10, help="users of the synthetic catalog (default 10)")
+    p.add_argument("--d", type=int, default=25, help="context dimension (default 25)")
+    p.add_argument("--batch-size", type=int, default=None, help="worker batch size (default: the setting's)")
+    p.add_argument("--tick-seconds", type=float, default=None, help="release tick (default: the setting's)")
+    p.add_argument("--no-concurrent", action="store_true", help="skip the concurrent produce+ingest phase")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile the worker in a separate pre-produced run: py-spy if installed "
+                        "(pip install py-spy; writes worker.py-spy.raw), else cProfile (worker.prof)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary state directory (logs)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.events < 1000:
+        raise ValueError(f"`--events` must be at least 1000, got {args.events}.")
+    if args.users < 1 or args.d < 1:
+        raise ValueError(f"`--users` and `--d` must be positive, got {args.users} and {args.d}.")
+    doc = bench_ingest(events=args.events, n_users=args.users, d=args.d, batch_size=args.batch_size,
+                       tick_seconds=args.tick_seconds, concurrent=not args.no_concurrent,
+                       profile_dir=args.out if args.profile else None, keep=args.keep,
+                       say=lambda line: print(f"bench ingest: {line}", file=sys.stderr, flush=True))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ingest.json").write_text(json.dumps(doc, indent=2) + "\n")
+    _print(doc)
+    print(f"wrote {args.out}/ingest.json", file=sys.stderr)
+    return 0
