@@ -10,7 +10,8 @@ to the ``recommendations`` topic, answer JSON.
 How: a fresh local stack (Tansu broker, redis-server, one worker, the web
 server; :func:`local_stack`), then ``wrk`` — a C load generator, in its own
 process, one thread — with ``C`` keep-alive connections for ``--duration``
-seconds per concurrency level, after a warm-up. ``wrk`` rather than a Python
+seconds per run, ``--repeats`` runs per concurrency level, interleaved, after a
+warm-up; the headline numbers are medians over the repeats. ``wrk`` rather than a Python
 client because on 2 cores an asyncio client saturates at ~3k req/s and takes the
 server's CPU (measured here). ``wrk`` comes from Debian (``apt-get install wrk``,
 done here when missing, not in bootstrap). Each request's path is drawn from
@@ -353,10 +354,12 @@ def run_wrk(wrk: str, url: str, script: Path, *, connections: int, duration: flo
 TARGET = {"p99_ms": 5.0, "requests_per_s": 2000.0}
 
 
-def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 8, 32), duration: float = 10.0,
-                warmup: float = 3.0, events: int = 5000, settings: Mapping[str, str] | None = None,
+def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 4, 8, 32), duration: float = 5.0,
+                repeats: int = 3, warmup: float = 3.0, events: int = 5000, settings: Mapping[str, str] | None = None,
                 state_dir: Path | None = None) -> dict[str, Any]:
-    """Start a stack, seed the model, run wrk at each concurrency; return the JSON document."""
+    """Start a stack, seed the model, run wrk ``repeats`` times at each concurrency (interleaved, so
+    that a burst of other jobs on the machine does not hit one level only); return the JSON document
+    with the raw runs and, per concurrency, the median of each number over the repeats."""
     from privrec.experiments.runner import machine_info
 
     wrk = ensure_wrk()
@@ -382,21 +385,25 @@ def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 8, 32), duration:
         script = out / "serve-requests.lua"
         script.write_text(_lua_script(paths))
         run_wrk(wrk, stack.base_url, script, connections=max(concurrency), duration=warmup)
-        runs = [run_wrk(wrk, stack.base_url, script, connections=c, duration=duration, server_pid=stack.web.pid)
-                for c in concurrency]
+        runs = [dict(run_wrk(wrk, stack.base_url, script, connections=c, duration=duration,
+                             server_pid=stack.web.pid), repeat=rep)
+                for rep in range(repeats) for c in concurrency]
     load_after = os.getloadavg()
-    best = _verdict(runs)
+    summary = [_median_run([r for r in runs if r["concurrency"] == c]) for c in concurrency]
+    best = _verdict(summary)
     return {
         "benchmark": "serve",
         "what": "GET /recommend over loopback: K=25 candidates, top 10, d=25; wrk (1 thread) in its own process",
         "target": TARGET,
         **best,
+        "by_concurrency": summary,
         "runs": runs,
         "settings": {"k_candidates": K_CANDIDATES, "top_k": TOP_K, "d": int(world["PRIVREC_D"]),
                      "n_users": int(world["PRIVREC_N_USERS"]), "n_arms": int(world["PRIVREC_N_ARMS"]),
-                     "algorithm": world["PRIVREC_ALGORITHM"], "epsilon": world["PRIVREC_EPSILON"],
+                     "algorithm": world["PRIVREC_ALGORITHM"], "epsilon": float(world["PRIVREC_EPSILON"]),
                      "seeded_events": events, "model_version": version, "distinct_requests": len(paths),
-                     "concurrency": list(concurrency), "duration_s": duration, "warmup_s": warmup,
+                     "concurrency": list(concurrency), "duration_s": duration, "repeats": repeats,
+                     "warmup_s": warmup,
                      "load_generator": _wrk_version(wrk), "server": "python -m pipeline.web (one process)"},
         "machine": {**machine_info(), "loadavg_before": [round(x, 2) for x in load_before],
                     "loadavg_after": [round(x, 2) for x in load_after],
@@ -407,9 +414,29 @@ def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 8, 32), duration:
     }
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-number median over repeated runs at one concurrency (non-2xx: the sum).
+
+    >>> _median_run([{"concurrency": 4, "duration_s": 5, "p50_ms": 1.0, "p99_ms": 9.0, "non_2xx": 0},
+    ...              {"concurrency": 4, "duration_s": 5, "p50_ms": 2.0, "p99_ms": 3.0, "non_2xx": 1},
+    ...              {"concurrency": 4, "duration_s": 5, "p50_ms": 3.0, "p99_ms": 4.0, "non_2xx": 0}])
+    {'concurrency': 4, 'duration_s': 5, 'repeats': 3, 'p50_ms': 2.0, 'p99_ms': 4.0, 'non_2xx': 1}
+    """
+    import statistics
+
+    out: dict[str, Any] = {"concurrency": runs[0]["concurrency"], "duration_s": runs[0]["duration_s"],
+                           "repeats": len(runs)}
+    for key in ("p50_ms", "p75_ms", "p90_ms", "p99_ms", "requests_per_s", "server_cpu_us_per_request"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if values:
+            out[key] = round(statistics.median(values), 4)
+    out["non_2xx"] = sum(r["non_2xx"] for r in runs)
+    return out
+
+
 def _verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The headline: the run with the most requests/s among those meeting the p99 target (else the
-    lowest p99), and whether the target is met."""
+    """The headline: the (median) run with the most requests/s among those meeting the p99 target
+    (else the lowest p99), and whether the target is met."""
     ok = [r for r in runs if r["p99_ms"] <= TARGET["p99_ms"] and r["non_2xx"] == 0]
     head = max(ok, key=lambda r: r["requests_per_s"]) if ok else min(runs, key=lambda r: r["p99_ms"])
     met = bool(ok) and head["requests_per_s"] >= TARGET["requests_per_s"]
@@ -447,9 +474,11 @@ def register(bsub: Any) -> None:
                     "serve.json to --out. Installs Debian's wrk when missing. Target: p99 <= 5 ms and "
                     ">= 2,000 req/s.")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--concurrency", type=_int_list, default=[1, 8, 32], metavar="C[,C...]",
-                   help="open connections of each run (default 1,8,32)")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per run (default 10)")
+    p.add_argument("--concurrency", type=_int_list, default=[1, 4, 8, 32], metavar="C[,C...]",
+                   help="open connections of each run (default 1,4,8,32)")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per run (default 5)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs per concurrency, interleaved; medians are reported (default 3)")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up load (default 3)")
     p.add_argument("--events", type=int, default=5000, help="interactions that seed the model (default 5000)")
     p.set_defaults(func=_run)
@@ -460,11 +489,14 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"`--duration` must be at least 1 s, got {args.duration}.")
     if args.events < 1:
         raise ValueError(f"`--events` must be positive, got {args.events}.")
-    doc = bench_serve(args.out, concurrency=args.concurrency, duration=args.duration, warmup=args.warmup,
-                      events=args.events)
+    if args.repeats < 1:
+        raise ValueError(f"`--repeats` must be positive, got {args.repeats}.")
+    doc = bench_serve(args.out, concurrency=args.concurrency, duration=args.duration, repeats=args.repeats,
+                      warmup=args.warmup, events=args.events)
     (args.out / "serve.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"medians of {args.repeats} runs of {args.duration:g} s at each concurrency C:")
     print(f"{'C':>4} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'req/s':>9} {'cpu µs/req':>11} {'non-2xx':>8}")
-    for r in doc["runs"]:
+    for r in doc["by_concurrency"]:
         print(f"{r['concurrency']:>4} {r['p50_ms']:>8.2f} {r['p90_ms']:>8.2f} {r['p99_ms']:>8.2f} "
               f"{r['requests_per_s']:>9.0f} {r.get('server_cpu_us_per_request', float('nan')):>11.0f} "
               f"{r['non_2xx']:>8}")
