@@ -276,7 +276,8 @@ def _reset_offsets(client: redis.Redis, settings: Settings) -> tuple[int, list[i
     counted = 0
     if any(o is not None for o in old):
         for p in range(settings.partitions):
-            counted += sum(int(v) for k, v in client.hgetall(keys.stats(p)).items() if k.startswith(b"n:"))
+            fields: dict[bytes, bytes] = client.hgetall(keys.stats(p))  # type: ignore[assignment]  # bytes client
+            counted += sum(int(v) for k, v in fields.items() if k.startswith(b"n:"))
         client.delete(*offset_keys)
     return counted, old
 
@@ -324,6 +325,18 @@ def wait_workers(client: redis.Redis, namespace: str, workers: list[ServiceHandl
                            f"waiting for {missing or 'a rebalance to settle'}); {h.log_path}:\n"
                            f"{services.tail(h.log_path)}")
         time.sleep(_POLL_SECONDS)
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be bound right now (checked before starting anything)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host or "0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 def _start_web(state_dir: Path, env: dict[str, str], host: str, port: int, timeout: float) -> ServiceHandle:
@@ -391,6 +404,9 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
                        f"setting `partitions`), got {workers}.")
     if not 0 <= http_port < 65536:
         raise OpsError(f"`--http-port` must be a port number (0 = a free one), got {http_port}.")
+    if http_port and not _port_free(http_host, http_port):
+        raise OpsError(f"`--http-port` {http_port} is already in use on {http_host}; pick another port, "
+                       f"or 0 for a free one.")
     if state.exists() and not state.is_dir():
         raise OpsError(f"state directory {state} exists and is not a directory")
     from pipeline.catalog import load_catalog

@@ -131,7 +131,7 @@ async def _consume(address: str, n: int, settings: Any, work: str) -> float:
         catalog = load_catalog(settings)
 
         def parse(v: bytes) -> Any:
-            return parse_interaction(v, catalog)
+            return parse_interaction(v, catalog)  # type: ignore[arg-type]  # adapters satisfy Catalog
     elif work == "json":
         parse = json.loads
     consumer = AIOKafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, group_id=None,
@@ -230,7 +230,7 @@ class _Poller:
         """``(time, value, worker cpu)`` of the first sample whose ``column`` reaches ``threshold``."""
         for s in self.samples:
             if s[column] >= threshold:
-                return s[0], s[column], s[4]
+                return s[0], int(s[column]), s[4]
         return None
 
     def timeline(self, t0: float, every: float = 0.25) -> list[list[float]]:

@@ -62,7 +62,7 @@ def register(sub: Any) -> None:
     u.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each step (default 120)")
     u.add_argument("--json", action="store_true", help="print the status as JSON instead of text")
     settings_group = u.add_argument_group("pipeline settings (flags win over the environment)")
-    add_arguments(settings_group)  # type: ignore[arg-type]
+    add_arguments(settings_group)  # an argument group takes add_argument like a parser
     u.set_defaults(func=_up)
 
     s = sub.add_parser("status", help="show what runs where (--json for machines)",

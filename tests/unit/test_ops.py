@@ -86,3 +86,15 @@ def test_cli_has_up_status_down_with_settings_flags() -> None:
     assert parser.parse_args(["down", "--grace", "3"]).grace == 3.0
     with pytest.raises(SystemExit):
         parser.parse_args(["up", "--http-port", "70000"])
+
+
+def test_a_taken_http_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(ops.OpsError, match=f"`--http-port` {port} is already in use"):
+            ops.up(Settings(), tmp_path / "s", http_port=port)
+    assert not (tmp_path / "s").exists()
