@@ -175,7 +175,7 @@
         el("span", { class: "rank", text: String(i + 1) }),
         el("div", { class: "what" },
           el("div", { class: "name" }, el("span", { text: it.name }), moved),
-          el("div", { class: "id", text: `item ${it.item}` })),
+          it.name.includes(it.item) ? null : el("div", { class: "id", text: `item ${it.item}` })),
         el("div", { class: "scorebox" },
           bar,
           el("div", { class: "numbers" },
@@ -267,12 +267,16 @@
     const u = b.user || {};
     const k = u.interactions ?? 0;
     $("user-interactions").textContent = String(k);
+    $("tagline").textContent = p.private
+      ? "Recommendations that learn from every listen — and publish only differentially private statistics."
+      : "Recommendations that learn from every listen. Privacy is switched off on this server (ε = ∞).";
     if (!p.private) {
       $("user-epsilon").textContent = "ε = ∞";
       $("user-delta").textContent = "–";
       $("user-budget-note").textContent = "Privacy is switched off on this server (ε = ∞): the statistics behind " +
         "these recommendations are published without noise, so your feedback is not protected.";
-      $("guarantee-plain").textContent = p.guarantee || "none";
+      $("guarantee-plain").textContent = "Nothing is protected: anyone who sees the published statistics can " +
+        "work out how each listen or skip moved them.";
       $("event-guarantee").textContent = "none (ε = ∞)";
       $("mechanism").textContent = "none";
       $("neighbours").textContent = "nothing";
@@ -303,14 +307,14 @@
       $("about-model").textContent = `${b.model.algorithm} · d = ${b.model.d} · α = ${b.model.alpha} · ` +
         `${b.model.units} units · catalog ${b.model.catalog}`;
     }
-    renderSpark(b.history || []);
+    renderSpark(b.history || [], !!p.private);
     if (state.version == null || b.releases > state.version) {
       // the page's list may be older than the latest release: the badge says so
       $("model-version").title = `latest release v${b.releases}`;
     }
   }
 
-  function renderSpark(history) {
+  function renderSpark(history, noisy) {
     const svg = $("sparkline");
     svg.replaceChildren();
     const NS = "http://www.w3.org/2000/svg";
@@ -331,8 +335,8 @@
     line.setAttribute("points", pts.join(" "));
     line.setAttribute("class", "spark-line");
     svg.append(area, line);
-    $("spark-caption").textContent = `Interactions covered, release v${x0}–v${x1} (now ${ys[ys.length - 1]}); ` +
-      "every release adds fresh noise — released noise is never redrawn.";
+    $("spark-caption").textContent = `Interactions covered, release v${x0}–v${x1} (now ${ys[ys.length - 1]})` +
+      (noisy ? "; every release adds fresh noise — released noise is never redrawn." : ".");
   }
 
   // ---------- wiring -------------------------------------------------------------------
