@@ -96,17 +96,28 @@ class Recommender:
         return self._meta
 
     def unit_model(self, unit: int, version: int) -> _UnitModel:
+        """The serving model of ``unit`` at ``version`` (cached; a new version is fetched for all units at once)."""
         hit = self._cache.get(unit)
         if hit is not None and hit.version == version:
             return hit
-        raw = self.r.hgetall(self.keys.model_unit(unit))
-        if not raw:
-            raise ModelNotReadyError(f"no serving model for unit {unit}")
+        # One pipelined read of every unit's model per new version: after a release the first
+        # requests would otherwise each block on their own round trip.
+        n = self.catalog.n_units
+        with self.r.pipeline(transaction=False) as pipe:
+            for u in range(n):
+                pipe.hgetall(self.keys.model_unit(u))
+            raws = pipe.execute()
         d = self.catalog.d
-        model = _UnitModel(int(raw[b"version"]), np.frombuffer(raw[b"theta"], dtype="<f8").copy(),
-                           np.frombuffer(raw[b"M"], dtype="<f8").reshape(d, d).copy())
+        fresh: dict[int, _UnitModel] = {}
+        for u, raw in enumerate(raws):
+            if raw:
+                fresh[u] = _UnitModel(int(raw[b"version"]), np.frombuffer(raw[b"theta"], dtype="<f8").copy(),
+                                      np.frombuffer(raw[b"M"], dtype="<f8").reshape(d, d).copy())
         with self._lock:
-            self._cache[unit] = model
+            self._cache.update(fresh)
+        model = fresh.get(unit)
+        if model is None:
+            raise ModelNotReadyError(f"no serving model for unit {unit}")
         return model
 
     def recommend(self, user: str, candidates: Sequence[str] | None = None, k: int = 10) -> dict[str, Any]:

@@ -288,9 +288,10 @@ async def budget(request: web.Request) -> web.Response:
     statement = json.loads(meta.get("privacy", "{}"))
     event = event_from_dict(json.loads(meta.get("event", '{"kind": "none"}')))
     history = []
-    for _, fields in await r.xrevrange(keys.released_log, count=200):
+    for entry_id, fields in await r.xrevrange(keys.released_log, count=200):
+        # a stream entry id is "<ms since epoch>-<seq>": the publish time
         history.append({"version": int(fields[b"version"]), "count": int(fields.get(b"count", b"0")),
-                        "at_ms": None})
+                        "at_ms": int(entry_id.split(b"-")[0])})
     history.reverse()
     capacity = (1 << s.tree_levels) - 1
     version = int(meta["version"])
