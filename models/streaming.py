@@ -100,9 +100,28 @@ class UnitStats:
             raise ValueError(f"`rewards` must have shape ({n},), got {r.shape}.")
         if n and (units.min() < 0 or units.max() >= self.n_units):
             raise ValueError(f"`units` must lie in [0, {self.n_units}), got {units.min()}..{units.max()}.")
-        np.add.at(self.gram, units, X[:, :, None] * X[:, None, :])
-        np.add.at(self.b, units, r[:, None] * X)
-        np.add.at(self.count, units, 1)
+        if not n:
+            return
+        # Per unit, a left-to-right running sum (np.add.accumulate is strictly sequential), so the
+        # result is bit-identical to adding the events one at a time, in order.
+        order = np.argsort(units, kind="stable")
+        us, Xs, rs = units[order], X[order], r[order]
+        starts = np.flatnonzero(np.r_[True, us[1:] != us[:-1]])
+        ends = np.r_[starts[1:], n]
+        d = self.d
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            k = int(us[s])
+            G = np.empty((e - s + 1, d, d))
+            G[0] = self.gram[k]
+            np.multiply(Xs[s:e, :, None], Xs[s:e, None, :], out=G[1:])
+            np.add.accumulate(G, axis=0, out=G)
+            self.gram[k] = G[-1]
+            B = np.empty((e - s + 1, d))
+            B[0] = self.b[k]
+            np.multiply(rs[s:e, None], Xs[s:e], out=B[1:])
+            np.add.accumulate(B, axis=0, out=B)
+            self.b[k] = B[-1]
+            self.count[k] += e - s
 
     @classmethod
     def merged(cls, shards: list[UnitStats]) -> UnitStats:

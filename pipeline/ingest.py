@@ -25,7 +25,7 @@ import redis
 from models.streaming import UnitStats
 
 from .catalog import Catalog
-from .records import MalformedEvent, parse_interaction
+from .records import MalformedEvent, parse_batch, parse_interaction
 from .trusted import TrustedStore
 
 __all__ = ["IngestProcessor", "PreparedBatch", "DeadLetterItem"]
@@ -91,27 +91,15 @@ class IngestProcessor:
         stats, stored = self._shard(partition)
         msgs = sorted(messages, key=lambda m: m[0])
         fresh = [(o, v) for o, v in msgs if stored is None or o >= stored]
-        units: list[int] = []
-        rows: list[np.ndarray] = []
-        rewards: list[float] = []
-        users: Counter[str] = Counter()
-        dead: list[DeadLetterItem] = []
-        for offset, value in fresh:
-            try:
-                u, x, r, user = parse_interaction(value, self.catalog)
-            except MalformedEvent as exc:
-                dead.append(DeadLetterItem(offset, value, str(exc)))
-                continue
-            units.append(u)
-            rows.append(x)
-            rewards.append(r)
-            users[user] += 1
+        parsed = parse_batch([v for _, v in fresh], self.catalog)
+        dead = [DeadLetterItem(fresh[i][0], fresh[i][1], reason) for i, reason in parsed.dead]
+        users = Counter(parsed.users)
         new = stats.copy()
-        u_arr = np.asarray(units, dtype=np.int64)
-        if units:
-            new.add(u_arr, np.vstack(rows), np.asarray(rewards))
+        u_arr = parsed.units
+        if len(u_arr):
+            new.add(u_arr, parsed.contexts, parsed.rewards)
         next_offset = (fresh[-1][0] + 1) if fresh else (stored if stored is not None else 0)
-        return PreparedBatch(partition, stored, next_offset, new, u_arr, len(units), len(msgs) - len(fresh), dead,
+        return PreparedBatch(partition, stored, next_offset, new, u_arr, len(u_arr), len(msgs) - len(fresh), dead,
                              dict(users))
 
     def commit(self, batch: PreparedBatch) -> bool:

@@ -40,7 +40,8 @@ from numpy.typing import NDArray
 
 from .catalog import Catalog, UnknownArmError, UnknownUserError
 
-__all__ = ["Interaction", "Recommendation", "DeadLetter", "MalformedEvent", "Parsed", "parse_interaction",
+__all__ = ["Interaction", "Recommendation", "DeadLetter", "MalformedEvent", "Parsed", "ParsedBatch",
+           "parse_interaction", "parse_batch",
            "dead_letter_value", "TOPICS"]
 
 #: Topic names (DESIGN §7).
@@ -114,7 +115,7 @@ def parse_interaction(raw: bytes, catalog: Catalog) -> Parsed:
     reward = obj["reward"]
     if isinstance(reward, bool) or not isinstance(reward, (int, float)):
         raise MalformedEvent(f"reward must be a number, got {reward!r}")
-    r = float(reward)
+    r = _as_float(reward, "reward is outside [0, 1]")
     if not math.isfinite(r):
         raise MalformedEvent(f"reward {reward!r} is not finite")
     if not 0.0 <= r <= 1.0:
@@ -134,16 +135,147 @@ def parse_interaction(raw: bytes, catalog: Catalog) -> Parsed:
             raise MalformedEvent("context must be a list of numbers or null")
         if len(ctx) != catalog.d:
             raise MalformedEvent(f"context has {len(ctx)} values, expected d = {catalog.d}")
-        x = np.asarray(ctx, dtype=np.float64)
+        try:
+            x = np.asarray(ctx, dtype=np.float64)
+        except OverflowError:
+            raise MalformedEvent(_TOO_LARGE_CONTEXT) from None
         if not np.isfinite(x).all():
             raise MalformedEvent("context has NaN or infinite values")
         norm = float(np.sqrt(x @ x))
         if norm > 1.0:
             x = x / norm  # clip to the context bound Lx = 1 assumed by the sensitivity
-    ts = obj.get("ts")
-    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts)):
-        raise MalformedEvent(f"ts must be a finite number of ms or null, got {ts!r}")
+    _check_ts(obj.get("ts"))
     return Parsed(unit, x, r, obj["user"])
+
+
+_TOO_LARGE_CONTEXT = "context has NaN or infinite values (an integer too large for a float)"
+
+
+def _as_float(value: int | float, reason: str) -> float:
+    """``float(value)``; an integer too large for a float is malformed, not a crash."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise MalformedEvent(f"{reason} (an integer of {int(value).bit_length()} bits)") from None
+
+
+def _check_ts(ts: Any) -> None:
+    if ts is None:
+        return
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(
+            _as_float(ts, "ts must be a finite number of ms or null")):
+        raise MalformedEvent(f"ts must be a finite number of ms or null, got {ts!r}")
+
+
+try:  # orjson is ~2.3x faster on these events; stdlib json decides whenever orjson refuses
+    import orjson as _orjson
+
+    def _loads(raw: bytes) -> Any:
+        try:
+            return _orjson.loads(raw)
+        except _orjson.JSONDecodeError:  # NaN/Infinity literals, >64-bit ints, bad UTF-8: stdlib's verdict
+            return json.loads(raw)
+except ImportError:  # pragma: no cover
+    _loads = json.loads
+
+_NUM = frozenset((int, float))
+
+
+class ParsedBatch(NamedTuple):
+    units: NDArray[np.int64]
+    contexts: NDArray[np.float64]
+    rewards: NDArray[np.float64]
+    users: list[str]
+    dead: list[tuple[int, str]]
+
+
+def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
+    """``parse_interaction`` over a batch: same accepted events, bytes and reasons; one numpy pass."""
+    d = catalog.d
+    units: list[int] = []
+    rows: list[Any] = []
+    rewards: list[float] = []
+    users: list[str] = []
+    explicit: list[bool] = []
+    keep: list[int] = []
+    dead: list[tuple[int, str]] = []
+    fm = catalog.feature_matrix
+    for i, raw in enumerate(raws):
+        try:
+            obj: Any = _loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            dead.append((i, f"not JSON: {exc}"))
+            continue
+        try:
+            if type(obj) is not dict:
+                raise MalformedEvent(f"not a JSON object but {type(obj).__name__}")
+            missing = [k for k in _REQUIRED if k not in obj]
+            if missing:
+                raise MalformedEvent(f"missing field(s): {', '.join(missing)}")
+            for k in ("event_id", "user", "arm"):
+                if not isinstance(obj[k], str) or not obj[k]:
+                    raise MalformedEvent(f"field {k!r} must be a non-empty string, got {obj[k]!r}")
+            reward = obj["reward"]
+            if type(reward) not in _NUM:
+                raise MalformedEvent(f"reward must be a number, got {reward!r}")
+            r = _as_float(reward, "reward is outside [0, 1]")
+            if not math.isfinite(r):
+                raise MalformedEvent(f"reward {reward!r} is not finite")
+            if not 0.0 <= r <= 1.0:
+                raise MalformedEvent(f"reward {r!r} is outside [0, 1]")
+            try:
+                unit = catalog.unit_of(obj["user"])
+            except UnknownUserError as exc:
+                raise MalformedEvent(str(exc)) from None
+            ctx = obj.get("context")
+            if ctx is None:
+                try:
+                    x: Any = fm[catalog.arm_row(obj["arm"])]
+                except UnknownArmError as exc:
+                    raise MalformedEvent(f"{exc} (and no context given)") from None
+            else:
+                types = set(map(type, ctx)) if type(ctx) is list else None
+                if types is None or not _NUM.issuperset(types):
+                    raise MalformedEvent("context must be a list of numbers or null")
+                if len(ctx) != d:
+                    raise MalformedEvent(f"context has {len(ctx)} values, expected d = {d}")
+                if int in types:  # JSON integers may exceed a float; checked per event, not per batch
+                    try:
+                        [float(v) for v in ctx]
+                    except OverflowError:
+                        raise MalformedEvent(_TOO_LARGE_CONTEXT) from None
+                x = ctx
+            _check_ts(obj.get("ts"))
+        except MalformedEvent as exc:
+            dead.append((i, str(exc)))
+            continue
+        units.append(unit)
+        rows.append(x)
+        rewards.append(r)
+        users.append(obj["user"])
+        explicit.append(ctx is not None)
+        keep.append(i)
+    X = np.array(rows, dtype=np.float64).reshape(len(rows), d)
+    if rows:
+        exp = np.asarray(explicit)
+        bad = exp & ~np.isfinite(X).all(axis=1)
+        # clip to norm 1 with the per-event formula wherever it may apply (bit-identical)
+        near = np.flatnonzero(exp & ~bad & (np.einsum("ij,ij->i", X, X) > 1.0 - 1e-9))
+        for j in near:
+            x = X[j]
+            norm = float(np.sqrt(x @ x))
+            if norm > 1.0:
+                X[j] = x / norm
+        if bad.any():
+            for j in np.flatnonzero(bad):
+                dead.append((keep[j], "context has NaN or infinite values"))
+            ok = ~bad
+            X = X[ok]
+            units = [u for u, o in zip(units, ok) if o]
+            rewards = [w for w, o in zip(rewards, ok) if o]
+            users = [u for u, o in zip(users, ok) if o]
+            dead.sort()
+    return ParsedBatch(np.asarray(units, dtype=np.int64), X, np.asarray(rewards, dtype=np.float64), users, dead)
 
 
 def dead_letter_value(raw: bytes, reason: str, topic: str, partition: int, offset: int) -> bytes:
