@@ -99,53 +99,14 @@ class Parsed(NamedTuple):
 
 
 def parse_interaction(raw: bytes, catalog: Catalog) -> Parsed:
-    """Validate one ``interactions`` value (see the module docstring for the rules)."""
-    try:
-        obj: Any = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise MalformedEvent(f"not JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise MalformedEvent(f"not a JSON object but {type(obj).__name__}")
-    missing = [k for k in _REQUIRED if k not in obj]
-    if missing:
-        raise MalformedEvent(f"missing field(s): {', '.join(missing)}")
-    for k in ("event_id", "user", "arm"):
-        if not isinstance(obj[k], str) or not obj[k]:
-            raise MalformedEvent(f"field {k!r} must be a non-empty string, got {obj[k]!r}")
-    reward = obj["reward"]
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-        raise MalformedEvent(f"reward must be a number, got {reward!r}")
-    r = _as_float(reward, "reward is outside [0, 1]")
-    if not math.isfinite(r):
-        raise MalformedEvent(f"reward {reward!r} is not finite")
-    if not 0.0 <= r <= 1.0:
-        raise MalformedEvent(f"reward {r!r} is outside [0, 1]")
-    try:
-        unit = catalog.unit_of(obj["user"])
-    except UnknownUserError as exc:
-        raise MalformedEvent(str(exc)) from None
-    ctx = obj.get("context")
-    if ctx is None:
-        try:
-            x = catalog.feature_matrix[catalog.arm_row(obj["arm"])]
-        except UnknownArmError as exc:
-            raise MalformedEvent(f"{exc} (and no context given)") from None
-    else:
-        if not isinstance(ctx, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in ctx):
-            raise MalformedEvent("context must be a list of numbers or null")
-        if len(ctx) != catalog.d:
-            raise MalformedEvent(f"context has {len(ctx)} values, expected d = {catalog.d}")
-        try:
-            x = np.asarray(ctx, dtype=np.float64)
-        except OverflowError:
-            raise MalformedEvent(_TOO_LARGE_CONTEXT) from None
-        if not np.isfinite(x).all():
-            raise MalformedEvent("context has NaN or infinite values")
-        norm = float(np.sqrt(x @ x))
-        if norm > 1.0:
-            x = x / norm  # clip to the context bound Lx = 1 assumed by the sensitivity
-    _check_ts(obj.get("ts"))
-    return Parsed(unit, x, r, obj["user"])
+    """Validate one ``interactions`` value (see the module docstring for the rules).
+
+    The single-event form of :func:`parse_batch` (one implementation of the rules).
+    """
+    batch = parse_batch([raw], catalog)
+    if batch.dead:
+        raise MalformedEvent(batch.dead[0][1])
+    return Parsed(int(batch.units[0]), batch.contexts[0], float(batch.rewards[0]), batch.users[0])
 
 
 _TOO_LARGE_CONTEXT = "context has NaN or infinite values (an integer too large for a float)"

@@ -56,7 +56,7 @@ def env_name(name: str) -> str:
         return "KAFKA_BOOTSTRAP"
     if name == "redis_url":
         return "REDIS_URL"
-    return "PRIVREC_" + name.upper()
+    return "PRIVREC_" + name.rstrip("_").upper()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""parse_batch (one numpy pass per batch) agrees with parse_interaction event by event, bit for bit."""
+"""parse_batch over many events agrees with parsing each event alone (a batch of one), bit for bit."""
 
 from __future__ import annotations
 
