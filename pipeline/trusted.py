@@ -201,6 +201,22 @@ class TrustedStore:
                 out[k.decode()] = out.get(k.decode(), 0) + int(v)
         return out
 
+    def reset_offsets(self, partitions: int) -> tuple[int, list[int | None]]:
+        """Forget the stored ingest offsets; return (events counted so far, the old offsets).
+
+        For a new, memory-only broker whose logs restart at offset 0: offsets stored against
+        the previous broker would make the workers skip the new log's first events as
+        "already counted". Statistics, noise state and releases are kept; new events add to them.
+        """
+        keys = [self.keys.offset(p) for p in range(partitions)]
+        old = [None if v is None else int(v) for v in self.r.mget(keys)]
+        counted = 0
+        if any(o is not None for o in old):
+            for p in range(partitions):
+                counted += sum(int(v) for k, v in self.r.hgetall(self.keys.stats(p)).items() if k.startswith(b"n:"))
+            self.r.delete(*keys)
+        return counted, old
+
     def offsets(self, partitions: int) -> list[int | None]:
         vals = self.r.mget([self.keys.offset(p) for p in range(partitions)])
         return [None if v is None else int(v) for v in vals]

@@ -261,25 +261,13 @@ def _check_namespace(client: redis.Redis, settings: Settings, fingerprint: str) 
 
 
 def _reset_offsets(client: redis.Redis, settings: Settings) -> tuple[int, list[int | None]]:
-    """Forget the stored ingest offsets of the namespace; return (events counted, old offsets).
+    """Forget the namespace's stored ingest offsets (see :meth:`pipeline.trusted.TrustedStore.reset_offsets`).
 
-    Called only right after starting the embedded broker, which is memory-only: its log is
-    new and starts at offset 0, so offsets stored against the previous broker's log would
-    make the workers skip the first events of the new one as "already counted". The exact
-    statistics, noise state and releases are kept; the new log's events add to them.
+    Called only right after starting the embedded broker, which is memory-only.
     """
-    from pipeline.trusted import TrustedKeys
+    from pipeline.trusted import TrustedStore
 
-    keys = TrustedKeys(settings.namespace)
-    offset_keys = [keys.offset(p) for p in range(settings.partitions)]
-    old = [None if v is None else int(v) for v in client.mget(offset_keys)]
-    counted = 0
-    if any(o is not None for o in old):
-        for p in range(settings.partitions):
-            fields: dict[bytes, bytes] = client.hgetall(keys.stats(p))  # type: ignore[assignment]  # bytes client
-            counted += sum(int(v) for k, v in fields.items() if k.startswith(b"n:"))
-        client.delete(*offset_keys)
-    return counted, old
+    return TrustedStore(client, settings.namespace).reset_offsets(settings.partitions)
 
 
 def _http_probe(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]] | None:
