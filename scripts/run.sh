@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: set up if needed, then start the whole stack on this machine — the embedded
 # Kafka-protocol broker (Tansu, memory-only), redis-server (AOF on), a faust worker and the
-# HTTP server, on loopback, on free ports (`privrec up`) — and print the page URL. The stack
+# HTTP server, on loopback, on free ports (`privrec up --catalog lastfm`) — replay a slice of
+# the LastFM logs through the live API (out/replay/), and print the page URL. The stack
 # keeps running after this script returns; stop it with `.venv/bin/privrec down`.
 #
 # Extra arguments go to `privrec up`, e.g.  ./scripts/run.sh --workers 2 --epsilon inf
@@ -21,13 +22,18 @@ if "$privrec" status --state-dir "$state" >/dev/null 2>&1; then
     "$privrec" status --state-dir "$state"
 else
     # exits non-zero with the reason (bad setting, half-running stack, ...) and starts nothing
-    "$privrec" up --state-dir "$state" "$@"
+    # LastFM by default (the replay below needs it); later arguments override
+    "$privrec" up --state-dir "$state" --catalog lastfm "$@"
 fi
 
-# --- 2. replay LastFM into the running stack (issue 4) ---------------------------------
-# TODO(issue 4): the LastFM replay step goes here, e.g.
-#   "$privrec" replay lastfm --state-dir "$state" ...
-# (the stack's addresses: `"$privrec" status --state-dir "$state" --json`)
+# --- 2. replay a slice of LastFM through the live API -----------------------------------
+# Real users' logged listens drive /recommend and /feedback; the page then shows a model that
+# has learned from them. PRIVREC_REPLAY_EVENTS=0 skips it.
+events=${PRIVREC_REPLAY_EVENTS:-3000}
+if [ "$events" -gt 0 ]; then
+    "$privrec" replay lastfm --state-dir "$state" --events "$events" --rate "${PRIVREC_REPLAY_RATE:-200}" \
+        --out "$root/out/replay"
+fi
 
 # --- 3. where to look ------------------------------------------------------------------
 page=$("$privrec" status --state-dir "$state" --json |

@@ -40,14 +40,29 @@ def resolve_http(explicit: str | None, state_dir: Path | None) -> str:
         return explicit
     if os.environ.get("PRIVREC_HTTP_URL"):
         return os.environ["PRIVREC_HTTP_URL"]
-    from pipeline import services
+    from privrec.ops import status
 
     sd = state_dir or Path(os.environ.get("PRIVREC_STATE_DIR", ".privrec"))
-    for name, handle in services.read_handles(sd).items():
-        if handle.url.startswith("http://") and services.is_running(handle):
-            return handle.url
+    st = status(sd, probe=False)
+    if st.get("http") and "web" in st.get("processes", {}):
+        return str(st["http"])
     raise ValueError(f"no API URL: pass --http, set PRIVREC_HTTP_URL, or start the stack with `privrec up` "
-                     f"(looked for a running HTTP server in {sd})")
+                     f"(no running HTTP server recorded in {sd})")
+
+
+def _check_catalog(base: str) -> None:
+    """Refuse early, with the fix, when the stack does not serve LastFM."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{base}/users?limit=1", timeout=10) as resp:
+            catalog = json.loads(resp.read()).get("catalog")
+    except (urllib.error.URLError, OSError) as exc:
+        raise ValueError(f"cannot reach the API at {base}: {exc}") from None
+    if catalog != "lastfm":
+        raise ValueError(f"the stack at {base} serves the {catalog!r} catalog; LastFM replay needs a stack "
+                         f"started with `privrec up --catalog lastfm`")
 
 
 def _lastfm(args: argparse.Namespace) -> int:
@@ -61,6 +76,7 @@ def _lastfm(args: argparse.Namespace) -> int:
     if args.start < 0:
         raise ValueError(f"`--start` must be non-negative, got {args.start}.")
     base = resolve_http(args.http, args.state_dir)
+    _check_catalog(base)
     catalog = load_catalog(args.data_dir, progress=not args.no_progress)
     n = min(args.events, catalog.n_events - args.start)
     events = (ReplayEvent(e.user, e.arm, e.pool) for e in catalog.events(limit=n, start=args.start))
