@@ -49,6 +49,9 @@ __all__ = [
     "NoNoiseEvent",
     "LaplaceTreeEvent",
     "GaussianTreeEvent",
+    "FactorizationEvent",
+    "WishartTreeEvent",
+    "DGSEvent",
     "Guarantee",
     "ZCDPAccountant",
     "GDPAccountant",
@@ -215,6 +218,77 @@ class GaussianTreeEvent:
     kind: str = field(default="gaussian_tree", init=False)
 
 
+@dataclass(frozen=True, slots=True)
+class FactorizationEvent:
+    """A matrix-factorization mechanism ``A x + B z`` with ``A = B C`` and Gaussian ``z``.
+
+    The release is a post-processing (by ``B``) of the Gaussian mechanism
+    ``C x + z``; one increment (L2 sensitivity ``Delta``) changes ``C x`` by at
+    most ``Delta * column_norm`` (the largest column norm of ``C`` over one
+    epoch), so the whole stream is ``mu``-GDP with
+    ``mu = column_norm / noise_multiplier`` (Denisov et al. 2022, Thm 2.1:
+    this also holds for adaptively chosen increments, ``C`` lower-triangular).
+
+    Attributes
+    ----------
+    noise_multiplier
+        Per-coordinate std of ``z`` divided by the L2 sensitivity ``Delta``.
+    column_norm
+        ``max_j ||C[:, j]||_2`` over one epoch.
+    """
+
+    noise_multiplier: float
+    column_norm: float
+    kind: str = field(default="factorization", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class WishartTreeEvent:
+    """Shariff & Sheffet's Wishart tree: per-node ``(epsilon_node, delta_node)`` by Sheffet (2015, Thm 4.1).
+
+    The guarantee is the paper's (advanced composition over
+    ``max_nodes_per_leaf`` nodes; spec tree-dp A.2), taken as stated: the
+    per-node Wishart bound is a published theorem that no accountant here
+    re-derives. ``epsilon`` and ``delta`` are the totals the calibration
+    targeted (for replace-one neighbours the calibration runs at ``epsilon/2``,
+    ERRATA §6 / spec D.5).
+    """
+
+    degrees_of_freedom: int
+    max_nodes_per_leaf: int
+    epsilon: float
+    delta: float
+    kind: str = field(default="wishart_tree", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DGSEvent:
+    """Dynamic global sensitivity (Wang, Zhao, Wang 2022): tree noise on ``theta`` with shrinking scale.
+
+    Recorded so that ledgers see the release, but **not a valid DP proof**:
+    one reward changes every later tree leaf, not ``max_nodes_per_leaf`` of
+    them (spec tree-dp B.5-1), and the sensitivity bound holds only with
+    probability ``1 - delta`` under an i.i.d.-context assumption (B.5-2).
+    ``epsilon``/``delta`` are the paper's claimed totals.
+    """
+
+    noise: str
+    epsilon: float
+    delta: float
+    max_nodes_per_leaf: int
+    kind: str = field(default="dgs_tree", init=False)
+
+
+def _gaussian_mu_squared(event: GaussianTreeEvent | FactorizationEvent) -> float:
+    """``mu**2`` of one Gaussian event (``inf`` without noise)."""
+    nm = event.noise_multiplier
+    if nm == 0:
+        return math.inf
+    if isinstance(event, FactorizationEvent):
+        return (event.column_norm / nm) ** 2
+    return event.max_nodes_per_leaf / nm**2
+
+
 # --------------------------------------------------------------------------- accountants
 
 
@@ -252,7 +326,7 @@ class ZCDPAccountant:
         self.ledger: list[DpEvent] = []
 
     def supports(self, event: DpEvent) -> bool:
-        return isinstance(event, (GaussianTreeEvent, NoNoiseEvent))
+        return isinstance(event, (GaussianTreeEvent, FactorizationEvent, NoNoiseEvent))
 
     def compose(self, event: DpEvent, count: int = 1) -> ZCDPAccountant:
         if count < 1:
@@ -261,9 +335,9 @@ class ZCDPAccountant:
             raise UnsupportedEventError("ZCDPAccountant", event)
         if isinstance(event, NoNoiseEvent):
             self.rho = math.inf
-        elif isinstance(event, GaussianTreeEvent):
-            nm = event.noise_multiplier
-            self.rho += math.inf if nm == 0 else count * event.max_nodes_per_leaf / (2 * nm * nm)
+        elif isinstance(event, (GaussianTreeEvent, FactorizationEvent)):
+            # a mu-GDP Gaussian mechanism is (mu**2 / 2)-zCDP
+            self.rho += count * _gaussian_mu_squared(event) / 2
         self.ledger.append(event)
         return self
 
@@ -283,17 +357,17 @@ class GDPAccountant:
         self.ledger: list[DpEvent] = []
 
     def supports(self, event: DpEvent) -> bool:
-        return isinstance(event, (GaussianTreeEvent, NoNoiseEvent))
+        return isinstance(event, (GaussianTreeEvent, FactorizationEvent, NoNoiseEvent))
 
     def compose(self, event: DpEvent, count: int = 1) -> GDPAccountant:
         if count < 1:
             raise ValueError(f"`count` must be positive, got {count}.")
         if not self.supports(event):
             raise UnsupportedEventError("GDPAccountant", event)
-        if isinstance(event, NoNoiseEvent) or (isinstance(event, GaussianTreeEvent) and event.noise_multiplier == 0):
+        if isinstance(event, NoNoiseEvent):
             self.mu_squared = math.inf
-        elif isinstance(event, GaussianTreeEvent):
-            self.mu_squared += count * event.max_nodes_per_leaf / event.noise_multiplier**2
+        elif isinstance(event, (GaussianTreeEvent, FactorizationEvent)):
+            self.mu_squared += count * _gaussian_mu_squared(event)
         self.ledger.append(event)
         return self
 
@@ -352,8 +426,17 @@ class LaplaceAccountant:
 
 def describe(event: DpEvent, delta: float) -> Guarantee:
     """The guarantee one event gives on its own, with the tightest accountant we have."""
-    if isinstance(event, GaussianTreeEvent):
+    if isinstance(event, (GaussianTreeEvent, FactorizationEvent)):
         return GDPAccountant().compose(event).guarantee(delta)
+    if isinstance(event, WishartTreeEvent):
+        return Guarantee(event.epsilon, event.delta, True,
+                         f"Wishart tree (Shariff & Sheffet 2018): per-node Sheffet (2015) Thm 4.1 with k = "
+                         f"{event.degrees_of_freedom}, advanced composition over {event.max_nodes_per_leaf} nodes "
+                         "(the paper's proof, not re-derived here)")
+    if isinstance(event, DGSEvent):
+        return Guarantee(event.epsilon, event.delta, False,
+                         "dynamic global sensitivity (Wang et al. 2022): claimed (epsilon, delta) only; not a valid "
+                         "DP proof (one reward changes every later leaf; the sensitivity bound is probabilistic)")
     if isinstance(event, LaplaceTreeEvent):
         return LaplaceAccountant().compose(event).guarantee(delta)
     if isinstance(event, NoNoiseEvent):
@@ -381,11 +464,16 @@ def group_guarantee(event: DpEvent, k: int, delta: float) -> Guarantee:
         raise ValueError(f"`k` must be non-negative, got {k}.")
     if k == 0:
         return Guarantee(0.0, 0.0, True, "no interactions")
-    if isinstance(event, GaussianTreeEvent):
+    if isinstance(event, (GaussianTreeEvent, FactorizationEvent)):
+        # factorizations too: k columns of C sum to at most k times the largest column norm
         if event.noise_multiplier == 0:
             return Guarantee(math.inf, delta, False, "no noise")
-        mu = k * math.sqrt(event.max_nodes_per_leaf) / event.noise_multiplier
+        mu = k * math.sqrt(_gaussian_mu_squared(event))
         return Guarantee(gdp_epsilon(mu, delta), delta, True, f"group of {k}: GDP mu={mu:.6g}")
+    if isinstance(event, (WishartTreeEvent, DGSEvent)):
+        g = describe(event, delta)
+        return Guarantee(k * g.epsilon, k * math.exp((k - 1) * g.epsilon) * g.delta, g.valid,
+                         f"group of {k} (group privacy of the claimed guarantee): {g.note}")
     if isinstance(event, LaplaceTreeEvent):
         g = describe(event, delta)
         return Guarantee(k * g.epsilon, 0.0, g.valid, f"group of {k}: {g.note}")
@@ -395,7 +483,8 @@ def group_guarantee(event: DpEvent, k: int, delta: float) -> Guarantee:
 
 
 _EVENT_TYPES: dict[str, type] = {"none": NoNoiseEvent, "laplace_tree": LaplaceTreeEvent,
-                                 "gaussian_tree": GaussianTreeEvent}
+                                 "gaussian_tree": GaussianTreeEvent, "factorization": FactorizationEvent,
+                                 "wishart_tree": WishartTreeEvent, "dgs_tree": DGSEvent}
 
 
 def event_to_dict(event: DpEvent) -> dict[str, object]:

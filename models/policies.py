@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -473,12 +473,23 @@ def make_policy(
     tick: int = 1,
     seed: int = 0,
     V: FloatArray | None = None,
+    options: dict[str, Any] | None = None,
 ) -> KroneckerUCB:
     """Build one of :data:`ALGORITHMS` by name.
 
     ``V`` overrides the projection derived from ``W`` (e.g. a precomputed
     ``G^{-1/2}``). Non-private names ignore ``epsilon``.
+
+    The other papers' LinUCB variants (:data:`models.baselines.BASELINES`,
+    e.g. ``"SS-LinUCB-Gaussian"``, ``"DGS-LinUCB-Laplace"``) are built by
+    :func:`models.baselines.make_baseline` with ``n_users = len(W)``;
+    ``mechanism`` does not apply to them, ``options`` are passed on.
     """
+    from .baselines import BASELINES, make_baseline
+
+    if name in BASELINES:
+        return make_baseline(name, d=d, n_users=validate_w(W).shape[0], lambda_=lambda_, alpha=alpha,  # type: ignore[return-value]
+                             epsilon=epsilon, delta=delta, horizon=horizon, tick=tick, seed=seed, **(options or {}))
     if name not in ALGORITHMS:
         raise ValueError(f"`name` must be one of {list(ALGORITHMS)}, got {name!r}.")
     structure, mode = ALGORITHMS[name]
@@ -488,4 +499,9 @@ def make_policy(
         raise ValueError(f"`V` must have the shape of `W` {W.shape}, got {proj.shape}.")
     privacy = PrivacyConfig(mode=mode, mechanism=mechanism, epsilon=epsilon if mode != "none" else math.inf,
                             delta=delta, horizon=horizon, tick=tick, seed=seed)
+    if mode == "global" and mechanism.startswith("user-"):
+        # user-space noise needs V at the mechanism (models.userspace)
+        from .userspace import UserSpaceKroneckerUCB
+
+        return UserSpaceKroneckerUCB(d=d, V=proj, lambda_=lambda_, alpha=alpha, privacy=privacy)
     return KroneckerUCB(d=d, V=proj, lambda_=lambda_, alpha=alpha, privacy=privacy)

@@ -1,0 +1,263 @@
+"""Shared skeleton of the per-user private LinUCB baselines (Shariff & Sheffet, DGS).
+
+Each user ``u`` has its own LinUCB model and its own continual-release
+mechanism. Releases happen every ``tick`` interactions (all users at once,
+as in :class:`~models.policies.KroneckerUCB`); a user's mechanism advances
+at a release only if that user had at least one interaction in the tick — a
+count of public events, never of rewards. Between releases decisions use the
+serving model of the last release.
+
+One mechanism per user rather than one stacked mechanism: a user's data
+enters only its own model, so per-user mechanisms compose in parallel
+(event-level: one interaction touches one user's tree), each tree only counts
+that user's own ticks (fewer levels than a global tree when ``tick < N``),
+and the baselines' per-user constants (S&S's shift and widths, Wishart
+padding, DGS's per-node sensitivities) depend on the user's own node counts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.linalg.blas import dger
+
+from ._codec import decode_arrays, encode_arrays
+from .mechanisms import TreeState
+from .streaming import ucb_scores
+
+FloatArray = NDArray[np.float64]
+
+__all__ = ["PerUserLinUCB"]
+
+
+class PerUserLinUCB:
+    """Per-user LinUCB with tick-based private releases; subclasses define the release.
+
+    Parameters
+    ----------
+    d, n_users
+        Context dimension and number of users.
+    lambda_
+        Ridge weight ``lambda`` added to every user's Gram matrix.
+    alpha
+        Constant exploration width, or ``"theory"`` for the baseline's own width.
+    epsilon, delta
+        Privacy parameters (``epsilon = inf``: no noise).
+    horizon
+        Expected number of interactions in total; per-user trees are sized to
+        ``ceil(horizon / n_users)`` interactions (longer streams roll over).
+    tick
+        Interactions per release.
+    seed
+        Secret seed of the keyed noise (user ``u`` uses stream ``1 + u``).
+    context_bound, reward_bound
+        ``L`` and ``B``: contexts are projected to ``||x|| <= L``, rewards
+        clipped to ``[0, B]`` before they touch any statistic.
+    """
+
+    SCHEMA = "privrec.PerUserLinUCB/1"
+
+    def __init__(
+        self,
+        *,
+        d: int,
+        n_users: int,
+        lambda_: float = 0.1,
+        alpha: float | Literal["theory"] = 0.3,
+        epsilon: float = math.inf,
+        delta: float = 1e-5,
+        horizon: int = 10_000,
+        tick: int = 1,
+        seed: int = 0,
+        context_bound: float = 1.0,
+        reward_bound: float = 1.0,
+    ) -> None:
+        if int(d) < 1:
+            raise ValueError(f"`d` must be a positive integer, got {d}.")
+        if int(n_users) < 1:
+            raise ValueError(f"`n_users` must be a positive integer, got {n_users}.")
+        if not (lambda_ > 0 and math.isfinite(lambda_)):
+            raise ValueError(f"`lambda_` must be positive, got {lambda_}.")
+        if alpha != "theory" and not (isinstance(alpha, (int, float)) and alpha >= 0 and math.isfinite(alpha)):
+            raise ValueError(f"`alpha` must be a non-negative number or 'theory', got {alpha!r}.")
+        if math.isnan(epsilon) or epsilon <= 0:
+            raise ValueError(f"`epsilon` must be positive (inf for no noise), got {epsilon}.")
+        if not 0.0 < delta < 1.0:
+            raise ValueError(f"`delta` must be in (0, 1), got {delta}.")
+        if int(horizon) < 1:
+            raise ValueError(f"`horizon` must be positive, got {horizon}.")
+        if int(tick) < 1:
+            raise ValueError(f"`tick` must be a positive number of interactions, got {tick}.")
+        if not (context_bound > 0 and reward_bound > 0):
+            raise ValueError(f"`context_bound` and `reward_bound` must be positive, got {context_bound}, "
+                             f"{reward_bound}.")
+        self.d, self.n_users = int(d), int(n_users)
+        self.lambda_ = float(lambda_)
+        self.alpha = alpha
+        self.epsilon, self.delta = float(epsilon), float(delta)
+        self.horizon, self.tick, self.seed = int(horizon), int(tick), int(seed)
+        self.context_bound, self.reward_bound = float(context_bound), float(reward_bound)
+        self.private = not math.isinf(self.epsilon)
+        #: ticks one user's tree covers: its share of the interactions, or of the releases if fewer
+        self.user_horizon = max(1, min(-(-self.horizon // self.tick), -(-self.horizon // self.n_users)))
+        self._build()
+        self.reset()
+
+    # ------------------------------------------------------------------ hooks
+
+    def _build(self) -> None:
+        """Construct the per-user mechanisms (``self.mechanisms``)."""
+        raise NotImplementedError
+
+    def _release_user(self, user: int) -> None:
+        """Step ``user``'s mechanism with its pending statistics and refresh its serving model."""
+        raise NotImplementedError
+
+    def _extra_arrays(self) -> dict[str, FloatArray]:
+        return {}
+
+    def _load_extra(self, arrays: dict[str, NDArray[np.generic]]) -> None:
+        return None
+
+    # ------------------------------------------------------------------ state
+
+    def reset(self) -> None:
+        """Forget everything learned (keeps hyperparameters and the noise key)."""
+        n, d = self.n_users, self.d
+        self.ainv: FloatArray = np.tile(np.eye(d) / self.lambda_, (n, 1, 1))
+        self.ainv_released: FloatArray = self.ainv if self.tick == 1 else self.ainv.copy()
+        self.b_exact = np.zeros((n, d))
+        self.pending = np.zeros((n, d))
+        self.counts = np.zeros(n, dtype=np.int64)  # interactions per user (public)
+        self.tick_counts = np.zeros(n, dtype=np.int64)  # interactions per user in the open tick (public)
+        self.t = 0
+        self.states: list[TreeState] = [m.init_state() for m in self.mechanisms]
+        self.theta_released = np.zeros((n, d))
+        self.conf_released = np.zeros((n, d, d))  # used only when not _conf_is_ainv()
+        self.width_released = np.zeros(n)
+        self.releases = 0
+        self._reset_extra()
+        for u in range(n):
+            self._init_user(u)
+
+    def _reset_extra(self) -> None:
+        return None
+
+    def _init_user(self, user: int) -> None:
+        """The serving model before ``user``'s first release (default: ``theta = 0``, prior width)."""
+        self.width_released[user] = float(self.alpha) if self.alpha != "theory" else 0.0
+
+    # ------------------------------------------------------------------ decisions
+
+    def serving_model(self, user: int) -> tuple[FloatArray, FloatArray, float]:
+        """``(theta_u, C_u, width_u)`` of the last release; score ``x^T theta + width sqrt(x^T C x)``."""
+        C = self.ainv_released[user] if self._conf_is_ainv() else self.conf_released[user]
+        return self.theta_released[user], C, float(self.width_released[user])
+
+    def scores(self, user: int, contexts: FloatArray) -> tuple[FloatArray, FloatArray]:
+        self._check_user(user)
+        theta, C, width = self.serving_model(user)
+        return ucb_scores(theta, C, contexts, width)
+
+    def select(self, user: int, contexts: FloatArray) -> int:
+        """Index of the arm with the highest UCB score; first on ties."""
+        mean, bonus = self.scores(user, contexts)
+        return int(np.argmax(mean + bonus))
+
+    # ------------------------------------------------------------------ learning
+
+    def update(self, user: int, context: FloatArray, reward: float) -> None:
+        """Record that ``user`` was shown ``context`` and gave ``reward`` (clipped first)."""
+        self._check_user(user)
+        x = np.asarray(context, dtype=np.float64)
+        if x.shape != (self.d,):
+            raise ValueError(f"`context` must have shape ({self.d},), got {x.shape}.")
+        r = float(reward)
+        if not math.isfinite(r):
+            raise ValueError(f"`reward` must be finite, got {reward}.")
+        norm = float(np.linalg.norm(x))
+        if norm > self.context_bound:
+            x = x * (self.context_bound / norm)
+        r = min(max(r, 0.0), self.reward_bound)
+        _sherman_morrison(self.ainv[user], x)
+        self.pending[user] += r * x
+        self._accumulate(user, x, r)
+        self.counts[user] += 1
+        self.tick_counts[user] += 1
+        self.t += 1
+        if self.t % self.tick == 0:
+            self.release()
+
+    def _accumulate(self, user: int, x: FloatArray, r: float) -> None:
+        return None
+
+    def release(self) -> None:
+        """Close the tick: fold pending statistics in and release the active users' models."""
+        self.b_exact += self.pending
+        if self.tick > 1:
+            self.ainv_released = self.ainv.copy()
+        for u in np.flatnonzero(self.tick_counts > 0):
+            self._release_user(int(u))
+        self.pending[:] = 0.0
+        self.tick_counts[:] = 0
+        self.releases += 1
+
+    # ------------------------------------------------------------------ codec
+
+    def to_mapping(self) -> dict[str, bytes]:
+        """All learned state as plain bytes (restored bit-exactly by :meth:`load_mapping`)."""
+        arrays: dict[str, NDArray[np.generic]] = {
+            "ainv": self.ainv, "b_exact": self.b_exact, "pending": self.pending, "counts": self.counts,
+            "tick_counts": self.tick_counts, "theta_released": self.theta_released,
+            "conf_released": self.conf_released, "width_released": self.width_released, **self._extra_arrays()}
+        if self.tick > 1:
+            arrays["ainv_released"] = self.ainv_released
+        out = encode_arrays(arrays, scalars={"t": self.t, "releases": self.releases}, schema=self.SCHEMA)
+        for u, s in enumerate(self.states):
+            out.update({f"user{u}/{k}": v for k, v in s.to_mapping().items()})
+        return out
+
+    def load_mapping(self, mapping: dict[str, bytes]) -> None:
+        """Restore the state written by :meth:`to_mapping` into this (same-config) policy."""
+        own = {k: v for k, v in mapping.items() if "/" not in k}
+        arrays, scalars = decode_arrays(own, schema=self.SCHEMA)  # type: ignore[arg-type]
+        if arrays["ainv"].shape != self.ainv.shape:
+            raise ValueError(f"state has `ainv` of shape {arrays['ainv'].shape}, expected {self.ainv.shape}.")
+        self.ainv = arrays["ainv"].astype(np.float64)
+        self.ainv_released = arrays["ainv_released"].astype(np.float64) if self.tick > 1 else self.ainv
+        self.b_exact = arrays["b_exact"].astype(np.float64)
+        self.pending = arrays["pending"].astype(np.float64)
+        self.counts = arrays["counts"].astype(np.int64)
+        self.tick_counts = arrays["tick_counts"].astype(np.int64)
+        self.theta_released = arrays["theta_released"].astype(np.float64)
+        self.conf_released = arrays["conf_released"].astype(np.float64)
+        self.width_released = arrays["width_released"].astype(np.float64)
+        self.t = int(scalars["t"])  # type: ignore[arg-type]
+        self.releases = int(scalars["releases"])  # type: ignore[arg-type]
+        self._load_extra(arrays)
+        self.states = [m.state_from_mapping({k[len(f"user{u}/"):]: v for k, v in mapping.items()
+                                             if k.startswith(f"user{u}/")})
+                       for u, m in enumerate(self.mechanisms)]
+
+    def _conf_is_ainv(self) -> bool:
+        """Whether the serving confidence matrix is the exact ``(lambda I + G_u)^{-1}`` (public Gram)."""
+        return True
+
+    def _check_user(self, user: int) -> None:
+        if not (isinstance(user, (int, np.integer)) and 0 <= user < self.n_users):
+            raise ValueError(f"`user` must be an integer in [0, {self.n_users}), got {user!r}.")
+
+
+def _sherman_morrison(ainv: FloatArray, x: FloatArray) -> None:
+    """In place: ``ainv <- (A + x x^T)^{-1}`` (same float operations as ``models.policies``)."""
+    ax = ainv @ x
+    denom = 1.0 + float(x @ ax)
+    dger(-1.0 / denom, ax, ax, a=ainv.T, overwrite_a=1)
+
+
+def levels_ceil(n: int) -> int:
+    """``m = 1 + ceil(log2 n)``: the tree levels both papers use (ERRATA O3: one more than needed, safe)."""
+    return 1 + max(0, math.ceil(math.log2(max(1, n))))
