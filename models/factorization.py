@@ -288,8 +288,8 @@ def _loss_closed_form(theta: FloatArray, w: FloatArray, n: int) -> float:
     return v if math.isfinite(v) and v > 0 else math.inf
 
 
-def fit_blt(n: int, buffers: int = 4, start: tuple[FloatArray, FloatArray] | None = None
-            ) -> tuple[FloatArray, FloatArray]:
+def fit_blt(n: int, buffers: int = 4, start: tuple[FloatArray, FloatArray] | None = None,
+            max_evaluations: int = 20_000) -> tuple[FloatArray, FloatArray]:
     """Fit ``buffers`` BLT buffers minimising ``||b||**2 ||c||**2`` over ``n`` ticks (needs scipy).
 
     Starts from a discretisation of the square root's integral representation
@@ -320,7 +320,8 @@ def fit_blt(n: int, buffers: int = 4, start: tuple[FloatArray, FloatArray] | Non
     best = None
     for x0 in starts:
         r1 = minimize(objective, x0, method="Nelder-Mead",
-                      options={"maxiter": 20000, "maxfev": 20000, "xatol": 1e-9, "fatol": 1e-13, "adaptive": True})
+                      options={"maxiter": max_evaluations, "maxfev": max_evaluations, "xatol": 1e-9, "fatol": 1e-13,
+                               "adaptive": True})
         r2 = minimize(objective, r1.x, method="BFGS")
         for r in (r1, r2):
             if best is None or r.fun < best.fun:
