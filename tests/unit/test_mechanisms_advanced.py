@@ -421,3 +421,32 @@ def test_mean_prefix_variance_ranking_at_equal_privacy() -> None:
     th, ww = blt_parameters(n)
     blt = blt_column_norm(th, ww, n) ** 2 * np.mean([blt_error_coefficient(th, ww, t) for t in range(1, n + 1)])
     assert tree > honaker and tree > smooth and min(honaker, smooth) > 2.5 * blt
+
+
+def test_experiment_mechanisms_writes_every_output(tmp_path: Path) -> None:
+    import json
+
+    from privrec.cli import main
+
+    out = tmp_path / "mech"
+    rc = main(["experiment", "mechanisms", "--out", str(out), "--runs", "1", "--horizon", "200", "--jobs", "1",
+               "--tune-runs", "1", "--rows", "paper,user-blt-exact+tick,SS-Gaussian,DGS-Laplace", "--no-progress"])
+    assert rc == 0
+    doc = json.loads((out / "mechanisms.json").read_text())
+    assert doc["epsilons"] == [0.5, 1.0, 2.0, 5.0, 10.0] and doc["default"] == "user-blt-exact+tick"
+    assert set(doc["rows"]["paper"]) == {"DP-LinUCB", "DP-CoLin"} and set(doc["rows"]["SS-Gaussian"]) == {"DP-LinUCB"}
+    for cell in doc["rows"]["user-blt-exact+tick"].values():
+        assert {"regret", "added_regret", "ratio_to_paper", "share_of_gain"} <= set(cell) and len(cell["regret"]) == 5
+    assert all(r in (1.0, None) for r in doc["rows"]["paper"]["DP-LinUCB"]["ratio_to_paper"])  # None: paper added <= 0
+    assert doc["tuning"]["seeds"] == [1000] and doc["tuning"]["chosen"]["user-blt-exact+tick"]["DP-CoLin"] in (2, 4, 10, 20)
+    assert all(c["valid"] for c in doc["guarantees"]["user-blt-exact+tick"]["DP-CoLin"])
+    assert not any(c["valid"] for c in doc["guarantees"]["DGS-Laplace"]["DP-LinUCB"])
+    for f in ("mechanisms.md", "mechanisms.png"):
+        assert (out / f).stat().st_size > 0
+
+
+def test_experiment_mechanisms_refuses_overlapping_tuning_seeds(tmp_path: Path) -> None:
+    from privrec.cli import main
+
+    assert main(["experiment", "mechanisms", "--out", str(tmp_path), "--runs", "3", "--tune-seed", "2",
+                 "--no-progress"]) == 2
