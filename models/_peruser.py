@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 from scipy.linalg.blas import dger
 
 from ._codec import decode_arrays, encode_arrays
-from .mechanisms import TreeState
+from .mechanisms import Mechanism, TreeState
 from .streaming import ucb_scores
 
 FloatArray = NDArray[np.float64]
@@ -59,6 +59,7 @@ class PerUserLinUCB:
     """
 
     SCHEMA = "privrec.PerUserLinUCB/1"
+    mechanisms: list[Mechanism]  # one per user, built by _build()
 
     def __init__(
         self,

@@ -251,7 +251,9 @@ class DGSLinUCB(PerUserLinUCB):
         t = int(self.counts[user])
         base = (self.reward_subgaussian * math.sqrt(d * math.log((1 + t * self.context_bound**2 / lam) / zeta))
                 + math.sqrt(lam) * self.theta_bound)
-        scales = self.mechanisms[user].live_scales(self.states[user])
+        mech = self.mechanisms[user]
+        assert isinstance(mech, DGSTreeMechanism)
+        scales = mech.live_scales(self.states[user])
         if not scales or max(scales) == 0:
             return base
         if self.noise_kind == "laplace":

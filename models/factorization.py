@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -279,9 +279,8 @@ def _loss_closed_form(theta: FloatArray, w: FloatArray, n: int) -> float:
     alpha = kappa + np.sum(r / (1 - rho))
     beta = -r * rho / (1 - rho)
 
-    def geo(z: NDArray[np.complex128]) -> NDArray[np.complex128]:
-        out: NDArray[np.complex128] = -np.expm1(n * np.log(z)) / (1 - z)
-        return out
+    def geo(z: Any) -> Any:  # sum_{k<n} z**k, elementwise (complex)
+        return -np.expm1(n * np.log(z)) / (1 - z)
 
     c2 = n * alpha**2 + 2 * alpha * np.sum(beta * geo(rho)) + np.sum(np.outer(beta, beta) * geo(np.outer(rho, rho)))
     v = blt_error_coefficient(theta, w, n) * float(np.real(c2))

@@ -53,7 +53,15 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from .accounting import GaussianTreeEvent, LaplaceTreeEvent, check_delta, check_epsilon, gdp_mu, rho_from_epsilon
+from .accounting import (
+    DpEvent,
+    GaussianTreeEvent,
+    LaplaceTreeEvent,
+    check_delta,
+    check_epsilon,
+    gdp_mu,
+    rho_from_epsilon,
+)
 from .mechanisms import BinaryTreeMechanism, NoiseKind, TreeState, _check_sens
 
 __all__ = ["SmoothBinaryMechanism", "smooth_shape", "weight_k_unrank"]
@@ -182,7 +190,7 @@ class SmoothBinaryMechanism(BinaryTreeMechanism):
     # ------------------------------------------------------------------ calibration
 
     @classmethod
-    def gaussian(  # type: ignore[override]
+    def gaussian(
         cls,
         *,
         dim: int,
@@ -215,7 +223,7 @@ class SmoothBinaryMechanism(BinaryTreeMechanism):
                    event=GaussianTreeEvent(nm, depth - k))
 
     @classmethod
-    def laplace_l1(  # type: ignore[override]
+    def laplace_l1(
         cls, *, dim: int, sensitivity_l1: float, epsilon: float, horizon: int, seed: int | None, stream: int = 0,
         weight: WeightRule = "balanced",
     ) -> SmoothBinaryMechanism:
@@ -228,7 +236,7 @@ class SmoothBinaryMechanism(BinaryTreeMechanism):
                    stream=stream, event=LaplaceTreeEvent((depth - k) / eps, depth - k, "l1"))
 
     @classmethod
-    def paper(cls, **kwargs: object) -> SmoothBinaryMechanism:  # type: ignore[override]
+    def paper(cls, **kwargs: object) -> SmoothBinaryMechanism:
         raise NotImplementedError("the smooth binary mechanism has no 'paper' calibration; use gaussian().")
 
     # ------------------------------------------------------------------ protocol
@@ -248,7 +256,7 @@ class SmoothBinaryMechanism(BinaryTreeMechanism):
         """Per-coordinate variance of every release: ``k`` node variances."""
         return self.weight * self.node_variance()
 
-    def step_to(self, state: TreeState, prefix: FloatArray) -> tuple[FloatArray, TreeState, object]:  # type: ignore[override]
+    def step_to(self, state: TreeState, prefix: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
         """Advance one tick whose exact running sum is ``prefix``; close the epoch when full."""
         release, new, event = super().step_to(state, prefix)
         if new.step >= self.capacity:  # eager: the next tick starts a new epoch
