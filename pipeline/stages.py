@@ -83,7 +83,8 @@ class ReleaseStage:
             self.mechanism = make_mechanism(
                 s.mechanism, dim=dim, sensitivity=float(sensitivities(self.V).max()), epsilon=s.epsilon,
                 delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
-                sensitivity_l1=float(np.abs(self.V).sum(axis=0).max() * math.sqrt(self.catalog.d)))
+                sensitivity_l1=float(np.abs(self.V).sum(axis=0).max() * math.sqrt(self.catalog.d)),
+                mixing=self.V, block_dim=self.catalog.d)  # used by the user-space ("user-*") mechanisms
         self.releaser = Releaser(structure=self.structure, V=self.V, d=self.catalog.d, mechanism=self.mechanism)
         self.statement = privacy_statement(s, self.mechanism)
 
