@@ -236,6 +236,9 @@ class KroneckerUCB:
         self.mech_state: TreeState | None = self.mechanism.init_state() if self.mechanism else None
         self.user_states: list[TreeState] = [m.init_state() for m in self.user_mechanisms]
         self.user_pending = np.zeros((n, self._user_dim)) if self.user_mechanisms else np.zeros((0, 0))
+        # interactions per user in the open tick: whether a user's tree advances must depend on
+        # this public count only — never on the values (a zero reward gives a zero increment)
+        self.user_tick_counts = np.zeros(n, dtype=np.int64)
         self.user_eta = np.zeros((n, self.dim)) if self.user_mechanisms else np.zeros((0, 0))
         self._cache: dict[int, tuple[FloatArray, FloatArray]] = {}
 
@@ -291,6 +294,7 @@ class KroneckerUCB:
             self.pending[sl] += r * x
             if self.user_mechanisms:
                 self.user_pending[user] += r * x
+                self.user_tick_counts[user] += 1
         else:
             xt = (self.V[:, user, None] * x).ravel()  # = kron(V[:, user], x)
             _sherman_morrison(self.ainv, xt)
@@ -298,6 +302,7 @@ class KroneckerUCB:
             self.pending += z
             if self.user_mechanisms:
                 self.user_pending[user] += z
+                self.user_tick_counts[user] += 1
         self.t += 1
         self.vnorm2_sum += float(self._vnorm2[user])
         if self.t % self.tick == 0:
@@ -311,7 +316,7 @@ class KroneckerUCB:
             self.b_released = released
         elif self.user_mechanisms:
             d = self.d
-            for u in np.flatnonzero(np.any(self.user_pending != 0, axis=1)):
+            for u in np.flatnonzero(self.user_tick_counts > 0):
                 m = self.user_mechanisms[u]
                 _, self.user_states[u], _ = m.step(self.user_states[u], self.user_pending[u])
                 eta = m.noise(self.user_states[u])
@@ -320,6 +325,7 @@ class KroneckerUCB:
                 else:
                     self.user_eta[u] = eta
             self.user_pending[:] = 0.0
+            self.user_tick_counts[:] = 0
             # = sum over users of their latest noisy b_u (exactly b when noise is off)
             self.b_released = self.b_exact + self.user_eta.sum(axis=0)
         else:
@@ -359,7 +365,7 @@ class KroneckerUCB:
         """All learned state as plain bytes (restored bit-exactly by :meth:`load_mapping`)."""
         arrays: dict[str, NDArray[np.generic]] = {
             "ainv": self.ainv, "pending": self.pending, "b_exact": self.b_exact, "b_released": self.b_released,
-            "user_pending": self.user_pending, "user_eta": self.user_eta,
+            "user_pending": self.user_pending, "user_eta": self.user_eta, "user_tick_counts": self.user_tick_counts,
         }
         if self.tick > 1:
             arrays["ainv_released"] = self.ainv_released
@@ -381,6 +387,7 @@ class KroneckerUCB:
         self.b_exact = arrays["b_exact"].astype(np.float64)
         self.b_released = arrays["b_released"].astype(np.float64)
         self.user_pending = arrays["user_pending"].astype(np.float64)
+        self.user_tick_counts = arrays["user_tick_counts"].astype(np.int64)
         self.user_eta = arrays["user_eta"].astype(np.float64)
         self.ainv_released = arrays["ainv_released"].astype(np.float64) if self.tick > 1 else self.ainv
         self.t = int(scalars["t"])  # type: ignore[arg-type]

@@ -202,3 +202,14 @@ def test_bad_inputs_to_select_and_update(env: SyntheticEnvironment) -> None:
 def test_goblin_adjacency_comes_from_the_support_of_w() -> None:
     W = column_normalize(np.array([[1.0, 0.5, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))
     np.testing.assert_array_equal(adjacency_from_w(W), [[0, 1, 0], [1, 0, 0], [0, 0, 0]])
+
+
+def test_ldp_tree_advances_on_every_interaction_even_with_zero_reward(env: SyntheticEnvironment) -> None:
+    """Whether a user's release changes must not reveal its reward (a 0 makes a zero increment)."""
+    pol = make_policy("LDP-CoLin", d=env.d, W=env.W, epsilon=2.0, horizon=env.horizon, seed=4)
+    r = env.round(0)
+    before = pol.user_states[r.user].step
+    pol.update(r.user, r.contexts[0], 0.0)
+    assert pol.user_states[r.user].step == before + 1
+    eta_after_zero = pol.b_released.copy()
+    assert not np.array_equal(eta_after_zero, pol.b_exact)  # fresh noise was released for the zero reward
