@@ -136,7 +136,7 @@ def test_kill9_mid_stream_loses_nothing_and_redraws_nothing(stack: Stack) -> Non
     structure, V = projection("colin", catalog.W)
     mech = make_mechanism(s.mechanism, dim=catalog.n_units * catalog.d,
                           sensitivity=float(np.linalg.norm(V, axis=0).max()), epsilon=s.epsilon, delta=s.delta,
-                          horizon=s.tree_ticks, seed=store.noise_seed())
+                          horizon=s.tree_ticks, seed=store.noise_seed(), mixing=V, block_dim=catalog.d)
     releaser = Releaser(structure=structure, V=V, d=catalog.d, mechanism=mech)
     state = mech.init_state()
     expected: dict[int, bytes] = {}

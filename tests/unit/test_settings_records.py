@@ -17,7 +17,7 @@ def test_flags_override_environment_over_defaults() -> None:
     env = {"PRIVREC_EPSILON": "5", "PRIVREC_ALGORITHM": "goblin", "KAFKA_BOOTSTRAP": "h:1", "REDIS_URL": "redis://x"}
     s = Settings.from_mapping({"epsilon": "0.5", "algorithm": None}, environ=env)
     assert s.epsilon == 0.5 and s.algorithm == "goblin" and s.kafka == "h:1" and s.redis_url == "redis://x"
-    assert Settings.from_mapping({}, environ={}).mechanism == "gaussian-exact"
+    assert Settings.from_mapping({}, environ={}).mechanism == "user-blt-exact"
     assert not Settings.from_mapping({"epsilon": "inf"}, environ={}).private
 
 
