@@ -44,6 +44,7 @@ from models.environment import SyntheticEnvironment
 from models.mechanisms import MECHANISMS
 from models.policies import make_policy
 
+from .plots import epsilon_axis, pyplot, save
 from .runner import Job, JobResult, machine_info, run_jobs, summarize
 
 __all__ = ["ROWS", "Row", "MechanismsConfig", "run_mechanisms", "DEFAULT_ROW"]
@@ -506,10 +507,7 @@ NOTES = """\
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     eps = doc["epsilons"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=False)
@@ -525,13 +523,8 @@ def plot(doc: dict[str, Any], path: Path) -> None:
                     **style)
         ax.axhline(doc["random"]["regret"] - doc["nonprivate"][alg]["regret"], color="grey", linestyle=":",
                    label="random play")
-        ax.set_xscale("log")
-        ax.set_xticks(eps)
-        ax.set_xticklabels([f"{e:g}" for e in eps])
-        ax.set_xlabel("ε")
+        epsilon_axis(ax, eps)
         ax.set_ylabel(f"added regret at T = {doc['settings']['horizon']:,}")
         ax.set_title(f"{alg}: private − non-private regret")
         ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)

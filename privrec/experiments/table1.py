@@ -29,6 +29,7 @@ import numpy as np
 
 from models.mechanisms import MECHANISMS
 
+from .plots import epsilon_axis, pyplot, save
 from .runner import Job, JobResult, machine_info, run_jobs, summarize
 
 __all__ = ["PRESETS", "Table1Config", "run_table1", "PAPER_TABLE1"]
@@ -302,22 +303,13 @@ calibration uses the L2 sensitivity, which is not an ε-DP guarantee (ERRATA §1
 gives a valid (ε, δ) guarantee at about the same regret."""
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 COLORS = {"DP-LinUCB": "tab:blue", "DP-CoLin": "tab:orange", "DP-GOBLin": "tab:green", "LDP-CoLin": "tab:red",
           "LDP-GOBLin": "tab:purple", "LinUCB": "tab:blue", "CoLin": "tab:orange", "GOBLin": "tab:green",
           "random": "black"}
 
 
 def plot_regret_vs_epsilon(doc: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     eps, rows = doc["epsilons"], doc["rows"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in PRIVATE:
@@ -327,20 +319,15 @@ def plot_regret_vs_epsilon(doc: dict[str, Any], path: Path) -> None:
     for name in NONPRIVATE:
         ax.axhline(rows[name]["mean"][0], color=COLORS[name], linestyle=":", linewidth=1, label=f"{name} (non-private)")
     ax.axhline(rows["random"]["mean"][0], color="black", linewidth=1, label="random")
-    ax.set_xscale("log")
-    ax.set_xticks(eps)
-    ax.set_xticklabels([f"{e:g}" for e in eps])
-    ax.set_xlabel("ε")
+    epsilon_axis(ax, eps)
     ax.set_ylabel(f"cumulative regret at T = {doc['settings']['horizon']:,}")
     ax.set_title(f"Regret vs privacy — preset {doc['settings']['preset']}, mechanism {doc['settings']['mechanism']}")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_curves(doc: dict[str, Any], results: list[JobResult], path: Path, epsilon: float) -> None:
-    plt = _plt()
+    plt = pyplot()
     T = doc["settings"]["horizon"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     eps_use = epsilon if epsilon in doc["epsilons"] else doc["epsilons"][len(doc["epsilons"]) // 2]
@@ -356,6 +343,4 @@ def plot_curves(doc: dict[str, Any], results: list[JobResult], path: Path, epsil
     ax.set_ylabel("cumulative regret")
     ax.set_title(f"Cumulative regret over time at ε = {eps_use:g} (Fig. 1a) — preset {doc['settings']['preset']}")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
