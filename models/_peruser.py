@@ -13,11 +13,35 @@ enters only its own model, so per-user mechanisms compose in parallel
 that user's own ticks (fewer levels than a global tree when ``tick < N``),
 and the baselines' per-user constants (S&S's shift and widths, Wishart
 padding, DGS's per-node sensitivities) depend on the user's own node counts.
+
+Two ways to feed a baseline, one per caller (do not mix them on one object):
+
+* offline, event by event: :meth:`PerUserLinUCB.update` and ``select``;
+* streaming (the pipeline's release stage): :meth:`PerUserLinUCB.release_from_stats`
+  takes the current exact per-unit prefix sums ``(gram, b, counts)``, advances
+  the mechanism of every unit whose (public) count grew, and returns the
+  per-unit :class:`ServingModels`. Its state round-trips through
+  :meth:`~PerUserLinUCB.stream_state` / :meth:`~PerUserLinUCB.load_stream_state`,
+  which can write only the units that advanced.
+
+Examples
+--------
+Without noise, a streamed release is LinUCB's estimate ``(lambda I + G)^{-1} b``:
+
+>>> import numpy as np
+>>> from models.dgs import DGSLinUCB
+>>> pol = DGSLinUCB(d=2, n_users=2, epsilon=float("inf"), lambda_=1.0)
+>>> gram = np.array([[[1.0, 0.0], [0.0, 0.0]], np.zeros((2, 2))])
+>>> rel = pol.release_from_stats(gram, np.array([[1.0, 0.0], [0.0, 0.0]]), np.array([1, 0]))
+>>> rel.theta.tolist(), rel.advanced.tolist(), rel.width.tolist()
+([[0.5, 0.0], [0.0, 0.0]], [0], [0.3, 0.3])
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -30,7 +54,55 @@ from .streaming import ucb_scores
 
 FloatArray = NDArray[np.float64]
 
-__all__ = ["PerUserLinUCB"]
+__all__ = ["PerUserLinUCB", "ServingModels"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServingModels:
+    """Per-unit serving models of one streamed release (public: post-processing of released values).
+
+    A unit's UCB score of a candidate ``x`` is ``x^T theta_u + width_u sqrt(x^T C_u x)``
+    (:func:`models.streaming.ucb_scores` with ``alpha = width_u``).
+
+    Attributes
+    ----------
+    theta
+        ``(N, d)``: each unit's released estimate.
+    conf
+        ``(N, d, d)``: each unit's confidence matrix ``C_u`` (S&S: ``V_u^{-1}``
+        of the noisy Gram; DGS and noise-free: ``(lambda I + G_u)^{-1}``).
+    width
+        ``(N,)``: each unit's exploration width (the baseline's own, or the
+        constant ``alpha``).
+    count
+        ``(N,)``: interactions each unit's model covers (public counts).
+    advanced
+        Units whose mechanism advanced at this release (ascending).
+
+    Examples
+    --------
+    >>> m = ServingModels(np.zeros((1, 2)), np.eye(2)[None], np.ones(1), np.array([3]), np.array([0]))
+    >>> ServingModels.from_mapping(m.to_mapping()).to_mapping() == m.to_mapping()
+    True
+    """
+
+    theta: FloatArray
+    conf: FloatArray
+    width: FloatArray
+    count: NDArray[np.int64]
+    advanced: NDArray[np.int64]
+
+    SCHEMA = "privrec.ServingModels/1"
+
+    def to_mapping(self) -> dict[str, bytes]:
+        return encode_arrays({"theta": self.theta, "conf": self.conf, "width": self.width, "count": self.count,
+                              "advanced": self.advanced}, schema=self.SCHEMA)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, bytes] | Mapping[bytes, bytes]) -> ServingModels:
+        a, _ = decode_arrays(mapping, schema=cls.SCHEMA)  # type: ignore[arg-type]
+        return cls(a["theta"].astype(np.float64), a["conf"].astype(np.float64), a["width"].astype(np.float64),
+                   a["count"].astype(np.int64), a["advanced"].astype(np.int64))
 
 
 class PerUserLinUCB:
@@ -51,6 +123,10 @@ class PerUserLinUCB:
         ``ceil(horizon / n_users)`` interactions (longer streams roll over).
     tick
         Interactions per release.
+    user_horizon
+        Releases one user's tree is sized for (overrides the value derived
+        from ``horizon`` and ``tick``; the streaming pipeline sets it from its
+        tree size). Longer streams roll over into a new epoch.
     seed
         Secret seed of the keyed noise (user ``u`` uses stream ``1 + u``).
     context_bound, reward_bound
@@ -75,6 +151,7 @@ class PerUserLinUCB:
         seed: int = 0,
         context_bound: float = 1.0,
         reward_bound: float = 1.0,
+        user_horizon: int | None = None,
     ) -> None:
         if int(d) < 1:
             raise ValueError(f"`d` must be a positive integer, got {d}.")
@@ -92,6 +169,8 @@ class PerUserLinUCB:
             raise ValueError(f"`horizon` must be positive, got {horizon}.")
         if int(tick) < 1:
             raise ValueError(f"`tick` must be a positive number of interactions, got {tick}.")
+        if user_horizon is not None and int(user_horizon) < 1:
+            raise ValueError(f"`user_horizon` must be a positive number of releases or None, got {user_horizon}.")
         if not (context_bound > 0 and reward_bound > 0):
             raise ValueError(f"`context_bound` and `reward_bound` must be positive, got {context_bound}, "
                              f"{reward_bound}.")
@@ -104,6 +183,8 @@ class PerUserLinUCB:
         self.private = not math.isinf(self.epsilon)
         #: ticks one user's tree covers: its share of the interactions, or of the releases if fewer
         self.user_horizon = max(1, min(-(-self.horizon // self.tick), -(-self.horizon // self.n_users)))
+        if user_horizon is not None:
+            self.user_horizon = int(user_horizon)
         self._build()
         self.reset()
 
@@ -205,6 +286,128 @@ class PerUserLinUCB:
         self.pending[:] = 0.0
         self.tick_counts[:] = 0
         self.releases += 1
+
+    # ------------------------------------------------------------------ streaming
+
+    def release_from_stats(self, gram: FloatArray, b: FloatArray, counts: NDArray[np.integer]) -> ServingModels:
+        """One streamed release from the current exact prefix sums of every unit.
+
+        A unit's mechanism advances (one leaf of its tree) exactly when its
+        interaction count grew since its last release; the count is public,
+        no value decides it. Every other unit keeps its mechanism state and
+        its serving model. Nothing here clips: the caller's statistics must
+        already come from contexts with ``||x|| <= context_bound`` and rewards
+        in ``[0, reward_bound]`` (the pipeline's ingest guarantees both).
+
+        Parameters
+        ----------
+        gram
+            ``(N, d, d)``: ``G_u = sum x x^T`` over each unit's interactions so far.
+        b
+            ``(N, d)``: ``sum r x``.
+        counts
+            ``(N,)``: interactions per unit so far (never decreasing).
+
+        Returns
+        -------
+        ServingModels
+            Every unit's serving model after this release (new for the units
+            that advanced, unchanged for the others).
+        """
+        n, d = self.n_users, self.d
+        G = np.asarray(gram, dtype=np.float64)
+        B = np.asarray(b, dtype=np.float64)
+        c = np.asarray(counts)
+        if G.shape != (n, d, d):
+            raise ValueError(f"`gram` must have shape ({n}, {d}, {d}), got {G.shape}.")
+        if B.shape != (n, d):
+            raise ValueError(f"`b` must have shape ({n}, {d}), got {B.shape}.")
+        if c.shape != (n,) or c.dtype.kind not in "iu":
+            raise ValueError(f"`counts` must be an integer array of shape ({n},), got {c.dtype} {c.shape}.")
+        c = c.astype(np.int64)
+        if (c < self.counts).any():
+            u = int(np.flatnonzero(c < self.counts)[0])
+            raise ValueError(f"`counts` must never decrease: unit {u} had {int(self.counts[u])} interactions at its "
+                             f"last release, got {int(c[u])}.")
+        if self.ainv_released is self.ainv:  # the offline tick-1 alias: streamed models get their own array
+            self.ainv_released = self.ainv.copy()
+        advanced = np.flatnonzero(c > self.counts)
+        self.counts[advanced] = c[advanced]
+        for u in advanced.tolist():
+            self._release_user_from_stats(u, G[u], B[u])
+        self.t = int(c.sum())
+        self.releases += 1
+        return self.serving_models(advanced)
+
+    def _release_user_from_stats(self, user: int, gram: FloatArray, b: FloatArray) -> None:
+        """Step ``user``'s mechanism to its exact prefix ``(gram, b)`` and refresh its serving model."""
+        raise NotImplementedError
+
+    def serving_models(self, advanced: NDArray[np.integer] | None = None) -> ServingModels:
+        """Every unit's current serving model (``advanced``: the units that moved, for the record)."""
+        conf = self.ainv_released if self._conf_is_ainv() else self.conf_released
+        moved = np.zeros(0, dtype=np.int64) if advanced is None else np.asarray(advanced, dtype=np.int64).reshape(-1)
+        return ServingModels(self.theta_released.copy(), conf.copy(), self.width_released.copy(),
+                             self.counts.copy(), moved)
+
+    def stream_state(self, units: Iterable[int] | None = None) -> dict[str, bytes]:
+        """The state :meth:`release_from_stats` continues from, as plain bytes.
+
+        Shared entries (counts at each unit's last release, release number)
+        plus, for each unit of ``units`` (default: all), its mechanism state
+        (``u<k>/tree/...``, trusted: it holds the exact prefix) and its
+        serving model (``u<k>/model/...``). Writing only the units that
+        advanced over an earlier full mapping (a Redis hash) gives the same
+        mapping as a full write.
+        """
+        out = encode_arrays({"counts": self.counts}, scalars={"releases": self.releases, "t": self.t,
+                                                              **self._stream_scalars()},
+                            schema=self.SCHEMA + "+stream")
+        conf = self.ainv_released if self._conf_is_ainv() else self.conf_released
+        for u in (range(self.n_users) if units is None else units):
+            u = int(u)
+            self._check_user(u)
+            out.update({f"u{u}/tree/{k}": v for k, v in self.states[u].to_mapping().items()})
+            row = encode_arrays({"theta": self.theta_released[u], "conf": conf[u],
+                                 "width": self.width_released[u:u + 1]}, schema=self.SCHEMA + "+model")
+            out.update({f"u{u}/model/{k}": v for k, v in row.items()})
+        return out
+
+    def load_stream_state(self, mapping: Mapping[str, bytes] | Mapping[bytes, bytes]) -> None:
+        """Restore what :meth:`stream_state` wrote (bit-exactly) into this same-config policy.
+
+        Units without entries never advanced: they keep their initial state.
+        """
+        m = {k.decode() if isinstance(k, bytes) else k: v for k, v in mapping.items()}
+        shared = {k: v for k, v in m.items() if "/" not in k}
+        arrays, scalars = decode_arrays(shared, schema=self.SCHEMA + "+stream")  # type: ignore[arg-type]
+        counts = arrays["counts"].astype(np.int64)
+        if counts.shape != (self.n_users,):
+            raise ValueError(f"state has `counts` of shape {counts.shape}, expected ({self.n_users},).")
+        self.reset()
+        self.ainv_released = self.ainv.copy()
+        self.counts = counts
+        self.releases = int(scalars["releases"])  # type: ignore[arg-type]
+        self.t = int(scalars["t"])  # type: ignore[arg-type]
+        self._load_stream_scalars(scalars)
+        per_unit: dict[int, dict[str, dict[str, bytes]]] = {}
+        for k, v in m.items():
+            if "/" in k:
+                head, part, field = k.split("/", 2)
+                per_unit.setdefault(int(head[1:]), {}).setdefault(part, {})[field] = v
+        for u, parts in per_unit.items():
+            self._check_user(u)
+            self.states[u] = self.mechanisms[u].state_from_mapping(parts["tree"])
+            row, _ = decode_arrays(parts["model"], schema=self.SCHEMA + "+model")  # type: ignore[arg-type]
+            self.theta_released[u] = row["theta"]
+            (self.ainv_released if self._conf_is_ainv() else self.conf_released)[u] = row["conf"]
+            self.width_released[u] = float(row["width"][0])
+
+    def _stream_scalars(self) -> dict[str, int | float | str | None]:
+        return {}
+
+    def _load_stream_scalars(self, scalars: Mapping[str, int | float | str | None]) -> None:
+        return None
 
     # ------------------------------------------------------------------ codec
 

@@ -50,7 +50,7 @@ from .accounting import DGSEvent, DpEvent, NoNoiseEvent, rho_from_epsilon
 from .mechanisms import TreeState
 from .noise import KeyedNoise
 
-__all__ = ["DGSTreeMechanism", "DGSLinUCB", "dgs_lambda_prime"]
+__all__ = ["DGSTreeMechanism", "DGSLinUCB", "dgs_lambda_prime", "first_positive_lambda_prime", "pool_lambda_0"]
 
 FloatArray = NDArray[np.float64]
 DGSNoise = Literal["laplace", "gaussian"]
@@ -62,6 +62,39 @@ def dgs_lambda_prime(t: int, lambda_0: float, delta_node: float) -> float:
         return -math.inf
     L = math.log((t + 3) / delta_node)
     return lambda_0 * t / 4.0 - 8.0 * L - 2.0 * math.sqrt(t * L)
+
+
+def pool_lambda_0(arms: FloatArray) -> float | None:
+    """``lambda_min(E[x x^T])`` over a public pool of arm features (spec D.9 option 2); ``None`` if not positive.
+
+    >>> pool_lambda_0(np.array([[1.0, 0.0], [0.0, 1.0]]))
+    0.5
+    >>> pool_lambda_0(np.array([[1.0, 0.0]])) is None
+    True
+    """
+    X = np.asarray(arms, dtype=np.float64)
+    if X.ndim != 2 or not len(X):
+        raise ValueError(f"`arms` must be a non-empty (K, d) array, got shape {X.shape}.")
+    lam = float(np.linalg.eigvalsh(X.T @ X / len(X))[0])
+    return lam if lam > 1e-12 else None
+
+
+def first_positive_lambda_prime(lambda_0: float, delta_node: float, limit: int = 10**15) -> int | None:
+    """The first leaf count ``t`` with ``lambda'_t > 0`` (the sensitivity starts to shrink), or ``None`` beyond ``limit``.
+
+    >>> first_positive_lambda_prime(1.0, 0.1)  # spec D.8: ~1.1e3
+    1114
+    """
+    if dgs_lambda_prime(limit, lambda_0, delta_node) <= 0:
+        return None
+    hi = 1
+    while dgs_lambda_prime(hi, lambda_0, delta_node) <= 0:
+        hi *= 2
+    lo = hi // 2
+    while hi - lo > 1:  # lambda'_t is increasing where it crosses 0
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if dgs_lambda_prime(mid, lambda_0, delta_node) > 0 else (mid, hi)
+    return hi
 
 
 class DGSTreeMechanism:
@@ -241,6 +274,21 @@ class DGSLinUCB(PerUserLinUCB):
     def _release_user(self, user: int) -> None:
         theta_hat = self.ainv_released[user] @ self.b_exact[user]
         released, self.states[user], _ = self.mechanisms[user].step_to(self.states[user], theta_hat)
+        self.theta_released[user] = released
+        self.width_released[user] = self._width(user)
+
+    def _release_user_from_stats(self, user: int, gram: FloatArray, b: FloatArray) -> None:
+        """Streamed release: ``theta_hat = (lambda I + G)^{-1} b`` through the tree (the twin of :meth:`_release_user`).
+
+        ``A = lambda I + G`` is public (contexts are not protected here) and
+        used exactly, as in the paper; the leaf index that sets a node's
+        sensitivity is the unit's own release count (at most its interaction
+        count, so the sensitivity is never understated).
+        """
+        C = np.linalg.inv(gram + self.lambda_ * np.eye(self.d))
+        C = 0.5 * (C + C.T)
+        released, self.states[user], _ = self.mechanisms[user].step_to(self.states[user], C @ b)
+        self.ainv_released[user] = C
         self.theta_released[user] = released
         self.width_released[user] = self._width(user)
 

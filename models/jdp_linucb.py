@@ -45,6 +45,7 @@ Without noise the decisions are LinUCB's:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Literal
 
@@ -391,6 +392,40 @@ class SSLinUCB(PerUserLinUCB):
         _, self.states[user], _ = self.mechanisms[user].step(self.states[user], self.m_pending[user])
         self.m_pending[user] = 0.0
         self._refresh(user, self.states[user])
+
+    def _release_user_from_stats(self, user: int, gram: FloatArray, b: FloatArray) -> None:
+        """Streamed release: the tree steps to the augmented prefix ``[[G, u], [u^T, 0]]``.
+
+        The bottom-right entry ``sum y^2`` of ``M`` is never used (spec A.2):
+        the serving model reads only the released ``[:d, :d]`` and ``[:d, d]``
+        blocks, and entry ``(i, j)`` of ``M + N`` is ``M_ij + N_ij``, so what
+        is published is the same function of the same noise whatever sits in
+        ``M_dd``. The guarantee is therefore the paper mechanism's (with
+        ``sum y^2``), and the exact statistics need no ``sum r^2``. Without
+        noise: LinUCB with ``C = (lambda I + G)^{-1}``, the twin of
+        :meth:`_release_user`.
+        """
+        d = self.d
+        if not self.private:
+            V = gram + self.lambda_ * np.eye(d)
+            C = np.linalg.inv(V)
+            C = 0.5 * (C + C.T)
+            self.ainv_released[user] = C
+            self.theta_released[user] = C @ b
+            self.width_released[user] = self._width(user, logdet=float(np.linalg.slogdet(V)[1]))
+            return
+        prefix = np.zeros((d + 1, d + 1))
+        prefix[:d, :d] = gram
+        prefix[:d, d] = b
+        prefix[d, :d] = b
+        _, self.states[user], _ = self.mechanisms[user].step_to(self.states[user], prefix.reshape(-1))
+        self._refresh(user, self.states[user])
+
+    def _stream_scalars(self) -> dict[str, int | float | str | None]:
+        return {"psd_fixes": self.psd_fixes}
+
+    def _load_stream_scalars(self, scalars: Mapping[str, int | float | str | None]) -> None:
+        self.psd_fixes = int(scalars.get("psd_fixes") or 0)
 
     def _refresh(self, user: int, state: TreeState) -> None:
         """Released ``V``, ``u_tilde`` → serving model (only released quantities are used)."""
