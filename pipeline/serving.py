@@ -6,6 +6,10 @@ import check and a scan of every key the serving path reads). A request
 costs one small read of the model's version plus, on a cache miss, one
 unit's model (``d + d*d`` floats); scoring is ``O(K d^2)``.
 
+The exploration width is the unit's own ``width`` when its model hash has
+one (the per-unit baselines ``ss-*`` / ``dgs-*``: e.g. Shariff & Sheffet's
+width from the unit's noisy ``V``), else the model's global ``alpha``.
+
 Examples
 --------
 ``recommend("3", ["10", "11", "12"], k=2)`` returns::
@@ -55,6 +59,7 @@ class _UnitModel:
     version: int
     theta: np.ndarray
     M: np.ndarray
+    width: float | None = None  # the unit's own exploration width, if its model has one
 
 
 class Recommender:
@@ -111,8 +116,10 @@ class Recommender:
         fresh: dict[int, _UnitModel] = {}
         for u, raw in enumerate(raws):
             if raw:
+                w = raw.get(b"width")
                 fresh[u] = _UnitModel(int(raw[b"version"]), np.frombuffer(raw[b"theta"], dtype="<f8").copy(),
-                                      np.frombuffer(raw[b"M"], dtype="<f8").reshape(d, d).copy())
+                                      np.frombuffer(raw[b"M"], dtype="<f8").reshape(d, d).copy(),
+                                      None if w is None else float(w))
         with self._lock:
             self._cache.update(fresh)
         model = fresh.get(unit)
@@ -143,7 +150,7 @@ class Recommender:
         version = int(meta["version"])
         model = self.unit_model(unit, version)
         X = self.catalog.feature_matrix[rows]
-        alpha = float(meta["alpha"])
+        alpha = model.width if model.width is not None else float(meta["alpha"])
         mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
         score = mean + bonus
         order = np.argsort(-score, kind="stable")[: min(k, len(pool))]

@@ -33,13 +33,23 @@ from typing import Any
 
 from models.mechanisms import MECHANISMS
 
-__all__ = ["Settings", "SettingsError", "add_arguments", "MODEL_FIELDS", "DEFAULT_MECHANISM"]
+__all__ = ["Settings", "SettingsError", "add_arguments", "MODEL_FIELDS", "DEFAULT_MECHANISM", "ALGORITHMS",
+           "BASELINE_ALGORITHMS"]
 
 #: The default mechanism: the best measured in `privrec experiment mechanisms` (README, "Privacy
 #: guarantees"): BLT square-root factorization on the users' own statistics, exact Gaussian-DP accounting.
 DEFAULT_MECHANISM = "user-blt-exact"
 
-ALGORITHMS = ("linucb", "colin", "goblin")
+#: The other papers' private LinUCB variants (``models.baselines``), selectable as algorithms: each
+#: brings its own per-unit mechanism, so the ``mechanism`` setting does not apply to them.
+BASELINE_ALGORITHMS: dict[str, str] = {
+    "ss-gaussian": "SS-LinUCB-Gaussian",
+    "ss-gaussian-tight": "SS-LinUCB-Gaussian-tight",
+    "ss-wishart": "SS-LinUCB-Wishart",
+    "dgs-laplace": "DGS-LinUCB-Laplace",
+    "dgs-gaussian": "DGS-LinUCB-Gaussian",
+}
+ALGORITHMS = ("linucb", "colin", "goblin", *BASELINE_ALGORITHMS)
 MODES = ("global",)
 CATALOGS = ("synthetic", "lastfm")
 
@@ -69,9 +79,20 @@ class Settings:
     mode
         Trust model; ``"global"`` (the server adds the noise).
     algorithm
-        ``"linucb"`` (one model per unit), ``"colin"`` or ``"goblin"``.
+        ``"linucb"`` (one model per unit), ``"colin"`` or ``"goblin"`` (released
+        through ``mechanism``), or one of the other papers' private LinUCB
+        variants, per-unit LinUCB with their own per-unit mechanism and width
+        (:data:`BASELINE_ALGORITHMS`, ``models.baselines``):
+        ``"ss-gaussian"`` / ``"ss-gaussian-tight"`` (Shariff & Sheffet, joint DP,
+        Gaussian tree over the augmented Gram matrix, paper / exact
+        calibration), ``"ss-wishart"`` (S&S, shifted Wishart tree),
+        ``"dgs-laplace"`` / ``"dgs-gaussian"`` (dynamic global sensitivity:
+        noise on theta; its claimed guarantee is not a proof).
     mechanism
-        Continual-release mechanism (a name in ``models.mechanisms.MECHANISMS``).
+        Continual-release mechanism (a name in ``models.mechanisms.MECHANISMS``)
+        of ``linucb`` / ``colin`` / ``goblin``. **Not used by the baselines**
+        (``ss-*``, ``dgs-*``), which bring their own; their stored model config
+        records the baseline's mechanism instead.
     epsilon, delta
         Event-level privacy of every released statistic; ``epsilon = inf``
         switches noise off (the non-private baseline).
@@ -79,7 +100,9 @@ class Settings:
         Release period of the leader timer.
     tree_levels
         Levels of each release tree; a tree covers ``2**tree_levels - 1``
-        ticks, then a new epoch starts.
+        ticks, then a new epoch starts. Baselines: each unit's tree is sized
+        for ``2**tree_levels - 1`` of that unit's own releases, with the
+        paper's level count for that many leaves.
     catalog
         ``"synthetic"`` (the paper's synthetic users and arms) or ``"lastfm"``.
     data_dir
@@ -88,7 +111,9 @@ class Settings:
         Synthetic catalog: dimension, users, arms and the (public) seed of its
         construction. LastFM fixes ``d = 25`` and 100 user clusters.
     lambda_, alpha
-        Ridge weight and exploration width of the serving models.
+        Ridge weight and exploration width of the serving models. ``ss-*``
+        use Shariff & Sheffet's own per-unit width (Prop. 4) instead of
+        ``alpha``; ``dgs-*`` use the constant ``alpha`` (their papers' practice).
     namespace
         Prefix of every Redis key.
     kafka, redis_url
@@ -175,10 +200,21 @@ class Settings:
             kwargs[f.name] = _convert(f.name, f.type, raw)
         return cls(**kwargs)
 
+    @property
+    def baseline(self) -> str | None:
+        """The ``models.baselines`` name of a baseline algorithm (``None`` for linucb / colin / goblin)."""
+        return BASELINE_ALGORITHMS.get(self.algorithm)
+
     def model_config(self) -> dict[str, Any]:
-        """The settings that define the model and its privacy (must match across workers)."""
+        """The settings that define the model and its privacy (must match across workers).
+
+        A baseline records its own mechanism (the ``mechanism`` setting does not apply to it).
+        """
         d = dataclasses.asdict(self)
-        return {k: d[k] for k in MODEL_FIELDS}
+        out = {k: d[k] for k in MODEL_FIELDS}
+        if self.baseline is not None:
+            out["mechanism"] = self.baseline
+        return out
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -202,9 +238,21 @@ def _convert(name: str, typ: Any, raw: Any) -> Any:
     return str(raw)
 
 
+#: What ``--help`` says beyond the environment variable and the default.
+_HELP = {
+    "algorithm": "one of: linucb, colin, goblin (released through --mechanism); the other papers' private "
+                 "LinUCB variants, per-unit, with their own mechanism and width (--mechanism does not apply): "
+                 "ss-gaussian, ss-gaussian-tight, ss-wishart (Shariff & Sheffet, joint DP, contexts protected "
+                 "too), dgs-laplace, dgs-gaussian (dynamic global sensitivity; claimed guarantee, not a proof)",
+    "mechanism": "continual-release mechanism of linucb/colin/goblin, one of: " + ", ".join(sorted(MECHANISMS))
+                 + " (ignored by the ss-*/dgs-* algorithms)",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one ``--flag`` per setting (default ``None``: fall back to the environment)."""
     for f in fields(Settings):
         flag = "--" + f.name.rstrip("_").replace("_", "-")
+        about = _HELP.get(f.name)
         parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.rstrip("_").upper(),
-                            help=f"(env {env_name(f.name)}; default {f.default!r})")
+                            help=(f"{about} " if about else "") + f"(env {env_name(f.name)}; default {f.default!r})")

@@ -9,6 +9,13 @@ redrawn (and, with keyed noise, could not differ anyway).
 
 Solve: turn the latest released statistics into per-unit serving models
 ``(theta_u, M_u)`` with a version, written atomically.
+
+The other papers' baselines (``--algorithm ss-*`` / ``dgs-*``) keep one
+mechanism per unit (:mod:`pipeline.baseline_release`): their release is
+already every unit's serving model ``(theta_u, C_u, width_u)`` (post-processing
+of the noisy per-unit statistics only), persisted with the per-unit mechanism
+states before it is published, and solve copies it to the model keys with
+each unit's own ``width``.
 """
 
 from __future__ import annotations
@@ -22,11 +29,15 @@ from typing import Any
 import numpy as np
 import redis
 
+from models._peruser import PerUserLinUCB, ServingModels
 from models.accounting import describe, event_to_dict
+from models.dgs import DGSLinUCB, DGSTreeMechanism, first_positive_lambda_prime
 from models.graphs import adjacency_from_w, goblin_projection, sensitivities
+from models.jdp_linucb import SSLinUCB
 from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from models.streaming import ReleasedStats, Releaser, solve
 
+from .baseline_release import BaselineStateStore, build_baseline, widths_summary
 from .catalog import Catalog
 from .keys import PublicKeys
 from .settings import Settings
@@ -36,16 +47,19 @@ __all__ = ["ReleaseStage", "SolveStage", "projection", "privacy_statement"]
 
 
 def projection(algorithm: str, W: np.ndarray) -> tuple[str, np.ndarray]:
-    """``(structure, V)`` of an algorithm over a catalog's ``W``."""
-    if algorithm == "linucb":
+    """``(structure, V)`` of an algorithm over a catalog's ``W`` (the per-unit baselines: ``linucb``'s)."""
+    if algorithm == "linucb" or algorithm.startswith(("ss-", "dgs-")):
         return "linucb", np.eye(W.shape[0])
     if algorithm == "colin":
         return "kron", np.asarray(W, dtype=np.float64)
     return "kron", goblin_projection(adjacency_from_w(W))
 
 
-def privacy_statement(settings: Settings, mechanism: Mechanism | None) -> dict[str, Any]:
-    """What the released statistics guarantee, stated plainly."""
+def privacy_statement(settings: Settings, mechanism: Mechanism | None,
+                      baseline: PerUserLinUCB | None = None) -> dict[str, Any]:
+    """What the released statistics guarantee, stated plainly (``baseline``: the ss-*/dgs-* policy)."""
+    if baseline is not None:
+        return _baseline_statement(settings, baseline)
     if mechanism is None:
         return {"private": False, "guarantee": "none: epsilon = inf, statistics are released without noise"}
     g = describe(mechanism.event, settings.delta)
@@ -64,6 +78,98 @@ def privacy_statement(settings: Settings, mechanism: Mechanism | None) -> dict[s
     }
 
 
+#: What each baseline's mechanism is (``mechanism_about`` of its statement).
+BASELINE_ABOUT = {
+    "SS-LinUCB-Gaussian": "Shariff & Sheffet (2018) joint-DP LinUCB: per unit, one binary tree over the augmented "
+                          "Gram matrix [[G, u], [u^T, .]] of [x; r] with symmetrised Gaussian node noise, the "
+                          "paper's calibration (Prop. 11), shifted by 2 Upsilon to stay positive definite; their "
+                          "width (Prop. 4)",
+    "SS-LinUCB-Gaussian-tight": "Shariff & Sheffet (2018) joint-DP LinUCB with the tree's noise calibrated by exact "
+                                "Gaussian-DP accounting (ERRATA 6: 6-14x less noise than the paper's); their width",
+    "SS-LinUCB-Wishart": "Shariff & Sheffet (2018) joint-DP LinUCB: per unit, one binary tree over the augmented "
+                         "Gram matrix with Wishart node noise, padded to m k degrees of freedom and shifted (Prop. 9, "
+                         "Eq. 4, spec D.3), calibrated at epsilon/2 for replace-one neighbours (spec D.5); their width",
+    "DGS-LinUCB-Laplace": "dynamic global sensitivity (Wang, Zhao, Wang 2022): per unit, tree noise on the estimate "
+                          "theta itself, Laplace with the paper's scale Delta/epsilon' (an L2 sensitivity)",
+    "DGS-LinUCB-Gaussian": "dynamic global sensitivity (Wang, Zhao, Wang 2022): per unit, tree noise on the estimate "
+                           "theta itself, Gaussian calibrated in zCDP (spec D.6)",
+}
+
+
+def _baseline_statement(settings: Settings, policy: PerUserLinUCB) -> dict[str, Any]:
+    """The guarantee of a per-unit baseline: S&S joint DP (contexts too); DGS a claim, not a proof."""
+    name = settings.baseline or ""
+    tree = policy.mechanisms[0]  # SSTreeMechanism / DGSTreeMechanism: both have `levels` and `capacity`
+    common: dict[str, Any] = {
+        "algorithm": settings.algorithm,
+        "mechanism": name,
+        "mechanism_about": BASELINE_ABOUT.get(name, name),
+        "mechanism_setting": f"not used: {settings.algorithm} brings its own per-unit mechanism (the mechanism "
+                             f"setting {settings.mechanism!r} applies to linucb/colin/goblin only)",
+        "trees": {"per_unit": True, "levels": int(getattr(tree, "levels")),
+                  "unit_releases_per_epoch": int(getattr(tree, "capacity")),
+                  "advance": "a unit's tree advances at a release only if the unit's interaction count grew "
+                             "(a public count, never a value)"},
+    }
+    if not policy.private:
+        return {"private": False, **common,
+                "guarantee": "none: epsilon = inf, the per-unit models are released without noise"}
+    g = describe(policy.mechanisms[0].event, settings.delta)
+    out: dict[str, Any] = {"private": True, **common, "epsilon": g.epsilon, "delta": g.delta, "valid": g.valid,
+                           "target_epsilon": settings.epsilon, "target_delta": settings.delta,
+                           "scope": "every release ever published from this namespace, per interaction; each "
+                                    "interaction enters only its own unit's tree (parallel composition over "
+                                    "units); a user with k interactions is covered at group level k"}
+    if isinstance(policy, SSLinUCB):
+        note = g.note
+        if policy.noise_kind == "gaussian" and policy.calibration == "paper":
+            note += (f"; the paper's sigma targets epsilon = {settings.epsilon:g}, exact accounting of that same "
+                     f"noise gives epsilon = {g.epsilon:.4g} (the paper's calibration is conservative, ERRATA 6)")
+        out.update({
+            "notion": "joint DP (Shariff & Sheffet 2018, Def. 1): the published per-unit models are "
+                      "(epsilon, delta)-DP in each interaction's context and reward; a recommendation is computed "
+                      "from them plus the request's own candidates in the clear (Claim 7), so it protects every "
+                      "interaction except against the requester's own query",
+            "protects": "each interaction's reward and its context (the Gram matrix is noised too)",
+            "neighbours": "event level, replace-one: two streams differing in one interaction's context and "
+                          "reward (contexts clipped to norm 1, rewards in [0, 1], L~^2 = 2)",
+            "limits": "context protection covers everything published from the statistics; the pipeline still "
+                      "treats which items a user was shown and answered as public (shown lists in the "
+                      "recommendations topic and recs keys, DESIGN 2): keep those private for end-to-end context "
+                      "protection",
+            "note": note,
+        })
+        return out
+    assert isinstance(policy, DGSLinUCB)
+    mech = policy.mechanisms[0]
+    assert isinstance(mech, DGSTreeMechanism)
+    shrink: Any = None
+    if policy.lambda_0 is not None:
+        shrink = first_positive_lambda_prime(policy.lambda_0, mech.delta_node)
+    out.update({
+        "valid": False,
+        "notion": "claimed (epsilon, delta)-DP of the published estimates w.r.t. one reward (the paper's claim, "
+                  "NOT a proof)",
+        "protects": "each interaction's reward only (contexts are public)",
+        "neighbours": "event level, replace-one: two streams differing in the reward of one interaction "
+                      "(rewards in [0, 1], contexts clipped to norm 1)",
+        "note": "NOT a valid DP guarantee (spec tree-dp B.5): one reward changes every later tree leaf "
+                "theta_(t+1) - theta_t through b, not m of them (B.5-1), so the per-node budget split does not "
+                "compose to the claimed (epsilon, delta); the shrinking sensitivity L R / (lambda + lambda'_t) "
+                "holds only with probability 1 - delta' under an i.i.d.-context assumption (B.5-2)"
+                + ("; the Laplace scale is calibrated to an L2 sensitivity (B.5-3)"
+                   if policy.noise_kind == "laplace" and policy.calibration == "paper" else "")
+                + ". The numbers are what the paper claims, recorded for comparison only",
+        "sensitivity": {"lambda_0": policy.lambda_0,
+                        "lambda_0_source": "lambda_min of the catalog's arm features' second moment (spec D.9 "
+                                           "option 2); interactions with their own contexts are outside this "
+                                           "assumption",
+                        "initial": mech.sensitivity(0),
+                        "shrinks_after_unit_releases": shrink},
+    })
+    return out
+
+
 @dataclass
 class ReleaseStage:
     """Leader-only: one call of :meth:`tick` is one release."""
@@ -79,14 +185,20 @@ class ReleaseStage:
         self.structure, self.V = projection(s.algorithm, self.catalog.W)
         dim = self.catalog.n_units * self.catalog.d
         self.mechanism: Mechanism | None = None
-        if s.private:
+        self.baseline: PerUserLinUCB | None = None
+        if s.baseline is not None:
+            # per-unit mechanisms of their own (the `mechanism` setting does not apply)
+            self.baseline = build_baseline(s, self.catalog, self.store.noise_seed())
+            self.baseline_store = BaselineStateStore(self.client, s.namespace)
+            self._baseline_version: int | None = -1  # which stored state the in-memory policy holds (-1: none)
+        elif s.private:
             self.mechanism = make_mechanism(
                 s.mechanism, dim=dim, sensitivity=float(sensitivities(self.V).max()), epsilon=s.epsilon,
                 delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
                 sensitivity_l1=float(np.abs(self.V).sum(axis=0).max() * math.sqrt(self.catalog.d)),
                 mixing=self.V, block_dim=self.catalog.d)  # used by the user-space ("user-*") mechanisms
         self.releaser = Releaser(structure=self.structure, V=self.V, d=self.catalog.d, mechanism=self.mechanism)
-        self.statement = privacy_statement(s, self.mechanism)
+        self.statement = privacy_statement(s, self.mechanism, self.baseline)
 
     def recover(self) -> int:
         """Publish a release that was persisted but not yet published (after a crash)."""
@@ -100,13 +212,33 @@ class ReleaseStage:
         last = self.client.hget(self.store.keys.pending, "count")
         if not force and last is not None and int(last) == int(stats.count.sum()):
             return None
+        version = self.store.pending_version() + 1
+        if self.baseline is not None:
+            return self._tick_baseline(self.baseline, stats.gram, stats.b, stats.count, version, offsets)
         state = None
         if self.mechanism is not None:
             state = self.store.load_noise_state(self.mechanism) or self.mechanism.init_state()
-        version = self.store.pending_version() + 1
         released, state = self.releaser.release(stats, state, version)
         event = json.dumps(event_to_dict(released.event))
         self.store.persist_release(state, released, event, offsets)
+        self.store.publish()
+        return version
+
+    def _tick_baseline(self, policy: PerUserLinUCB, gram: np.ndarray, b: np.ndarray, count: np.ndarray,
+                       version: int, offsets: list[int]) -> int:
+        """Per-unit release: restore the stored state if another run wrote it, release, persist, then publish."""
+        store = self.baseline_store
+        stored = store.stored_version()
+        if stored != self._baseline_version:  # a restart, or another leader released since
+            self._baseline_version = store.load(policy)
+        try:
+            models = policy.release_from_stats(gram, b, count)
+            store.persist(policy.stream_state(models.advanced), models, version=version,
+                          event=event_to_dict(policy.mechanisms[0].event), offsets=offsets)
+        except BaseException:
+            self._baseline_version = -1  # the in-memory policy may be ahead of Redis: reload next tick
+            raise
+        self._baseline_version = version
         self.store.publish()
         return version
 
@@ -131,23 +263,35 @@ class SolveStage:
         served = self.client.hget(self.keys.model_meta, "version")
         if served is not None and int(served) >= version:
             return None
-        released = ReleasedStats.from_mapping(raw)
-        t0 = time.perf_counter()
-        theta, M = solve(released, lambda_=self.settings.lambda_)
-        solve_ms = (time.perf_counter() - t0) * 1e3
         s = self.settings
+        t0 = time.perf_counter()
+        width: np.ndarray | None = None
+        extra: dict[str, str] = {}
+        if s.baseline is not None:
+            # the release is already every unit's serving model (post-processing of released values only)
+            models = ServingModels.from_mapping(raw)
+            theta, M, width, count = models.theta, models.conf, models.width, models.count
+            extra = {"width": "per-unit", **widths_summary(width)}
+        else:
+            released = ReleasedStats.from_mapping(raw)
+            theta, M = solve(released, lambda_=s.lambda_)
+            count = released.count
+        solve_ms = (time.perf_counter() - t0) * 1e3
         meta = {
             "version": str(version), "algorithm": s.algorithm, "alpha": repr(s.alpha), "d": str(theta.shape[1]),
-            "n_units": str(theta.shape[0]), "events": str(int(released.count.sum())),
+            "n_units": str(theta.shape[0]), "events": str(int(count.sum())),
             "solved_at_ms": str(int(time.time() * 1000)), "solve_ms": f"{solve_ms:.1f}",
             "privacy": json.dumps(self.statement),
             "event": (raw.get(b"event") or b'{"kind": "none"}').decode(),  # what every release spends
+            **extra,
         }
         with self.client.pipeline(transaction=True) as pipe:
             for u in range(theta.shape[0]):
-                pipe.hset(self.keys.model_unit(u), mapping={
-                    "theta": theta[u].astype("<f8").tobytes(), "M": M[u].astype("<f8").tobytes(),
-                    "version": str(version)})
+                unit: dict[str, Any] = {"theta": theta[u].astype("<f8").tobytes(),
+                                        "M": M[u].astype("<f8").tobytes(), "version": str(version)}
+                if width is not None:
+                    unit["width"] = repr(float(width[u]))  # the unit's own exploration width (repr: exact)
+                pipe.hset(self.keys.model_unit(u), mapping=unit)
             pipe.hset(self.keys.model_meta, mapping=meta)
             pipe.execute()
         return version
