@@ -154,3 +154,50 @@ def test_bad_stream_inputs_name_the_parameter() -> None:
     pol.release_from_stats(G, b, np.array([2, 0, 1]))
     with pytest.raises(ValueError, match="`counts` must never decrease: unit 0 had 2"):
         pol.release_from_stats(G, b, np.array([1, 0, 1]))
+
+
+# --------------------------------------------------------------------------- pipeline settings and statements
+
+
+def test_settings_select_the_baselines_and_record_their_own_mechanism() -> None:
+    import argparse
+
+    from pipeline.settings import ALGORITHMS, BASELINE_ALGORITHMS, Settings, add_arguments
+
+    assert set(BASELINE_ALGORITHMS.values()) == set(BASELINES) and set(BASELINE_ALGORITHMS) <= set(ALGORITHMS)
+    s = Settings.from_mapping({"algorithm": "ss-wishart", "mechanism": "paper"}, environ={})
+    assert s.baseline == "SS-LinUCB-Wishart" and s.model_config()["mechanism"] == "SS-LinUCB-Wishart"
+    assert Settings.from_mapping({"mechanism": "paper"}, environ={}).model_config()["mechanism"] == "paper"
+    assert Settings.from_mapping({}, environ={}).baseline is None
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    text = " ".join(parser.format_help().split()).replace("- ", "-")  # undo argparse's wrapping at hyphens
+    for name in BASELINE_ALGORITHMS:
+        assert name in text
+
+
+@pytest.mark.parametrize("algorithm", ["ss-gaussian", "ss-gaussian-tight", "ss-wishart", "dgs-laplace",
+                                       "dgs-gaussian"])
+def test_privacy_statement_of_each_baseline(algorithm: str) -> None:
+    from pipeline.catalog import SyntheticCatalog
+    from pipeline.baseline_release import build_baseline
+    from pipeline.settings import Settings
+    from pipeline.stages import privacy_statement
+
+    cat = SyntheticCatalog(n_users=3, d=4, n_arms=20, seed=0)
+    s = Settings.from_mapping({"algorithm": algorithm, "epsilon": "2", "tree_levels": "6"}, environ={})
+    pol = build_baseline(s, cat, seed=1)
+    st = privacy_statement(s, None, pol)
+    assert st["private"] and st["mechanism"] == s.baseline and "not used" in st["mechanism_setting"]
+    assert st["trees"]["unit_releases_per_epoch"] >= 2**6 - 1  # each unit's tree covers 63 of its releases
+    if algorithm.startswith("ss-"):
+        assert st["valid"] and "joint DP" in st["notion"] and "context" in st["protects"]
+        if algorithm == "ss-gaussian":  # the paper's sigma is conservative: the real epsilon is smaller
+            assert st["epsilon"] < 2.0 / 3 and "conservative" in st["note"]
+        else:
+            assert st["epsilon"] == pytest.approx(2.0, rel=1e-6)
+    else:
+        assert not st["valid"] and "NOT a valid DP guarantee" in st["note"] and "B.5-1" in st["note"]
+        assert st["sensitivity"]["lambda_0"] is not None and st["sensitivity"]["initial"] == 1.0  # L R / lambda
+    off = privacy_statement(s.replace(epsilon=math.inf), None, build_baseline(s.replace(epsilon=math.inf), cat, 1))
+    assert not off["private"] and "without noise" in off["guarantee"]
