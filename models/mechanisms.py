@@ -517,3 +517,37 @@ _EXTRA_FACTORIES: dict[str, Callable[..., Mechanism]] = {
     "blt-zcdp": _blt("zcdp"),
     "blt-exact": _blt("exact"),
 }
+
+
+def noise_std(mechanism: Mechanism, state: TreeState) -> float:
+    """Largest per-coordinate standard deviation of the noise in the last release from ``state``.
+
+    A function of the calibration and the tick count only (public), so the
+    serving side may use it — e.g. to scale a regularizer — as post-processing.
+    Closed epochs add their last release's variance (frozen in ``carry``).
+
+    >>> mech = BinaryTreeMechanism(dim=1, levels=3, noise="gaussian", scale=2.0, seed=0)
+    >>> s = mech.init_state()
+    >>> for _ in range(3):  # t = 3 = 11b: two live nodes
+    ...     _, s, _ = mech.step(s, np.zeros(1))
+    >>> noise_std(mech, s) == 2.0 * 2 ** 0.5
+    True
+    """
+    inner = getattr(mechanism, "inner", None)
+    if inner is not None:  # user-space noise (V ⊗ I) xi: coordinate j has std ||V[j, :]|| std(xi)
+        V = np.asarray(getattr(mechanism, "mixing"))
+        return noise_std(inner, state) * float(np.linalg.norm(V, axis=1).max())
+    prefix_variance = getattr(mechanism, "prefix_variance", None)
+    if prefix_variance is not None:
+        def var(t: int) -> float:
+            return float(prefix_variance(t))
+    elif hasattr(mechanism, "node_variance"):
+        node = float(getattr(mechanism, "node_variance")())
+
+        def var(t: int) -> float:
+            return bin(t).count("1") * node
+    else:
+        raise ValueError(f"{type(mechanism).__name__} does not say its noise variance.")
+    capacity = int(getattr(mechanism, "capacity"))
+    total = state.epoch * var(capacity) + (var(state.step) if state.step > 0 else 0.0)
+    return math.sqrt(total)

@@ -51,7 +51,7 @@ from scipy.linalg.blas import dger
 
 from ._codec import decode_arrays, encode_arrays
 from .graphs import adjacency_from_w, goblin_projection, sensitivities, validate_w
-from .mechanisms import Mechanism, TreeState, make_mechanism
+from .mechanisms import Mechanism, TreeState, make_mechanism, noise_std
 from .streaming import ucb_scores
 
 __all__ = [
@@ -143,6 +143,15 @@ class KroneckerUCB:
         ``Lx``: contexts are assumed to satisfy ``||x||_2 <= Lx``.
     theory_delta
         Failure probability in the theory widths (spec G8: 0.1).
+    noise_ridge
+        ``kappa``: with a global mechanism, the served model uses the ridge
+        ``lambda_t = lambda_ + kappa * s_t``, where ``s_t`` is the largest
+        per-coordinate noise std of the current release
+        (:func:`models.mechanisms.noise_std`). ``s_t`` depends only on the
+        calibration and the tick count, so this is post-processing; it damps
+        the noise where the Gram matrix is still small (the role of Shariff &
+        Sheffet's noise shift). ``0`` (default) keeps ``lambda_`` fixed; with
+        noise off ``s_t = 0`` and nothing changes.
     """
 
     def __init__(
@@ -155,6 +164,7 @@ class KroneckerUCB:
         privacy: PrivacyConfig | None = None,
         context_bound: float = 1.0,
         theory_delta: float = 0.1,
+        noise_ridge: float = 0.0,
     ) -> None:
         V = np.asarray(V, dtype=np.float64)
         if int(d) < 1:
@@ -174,6 +184,9 @@ class KroneckerUCB:
             raise ValueError(f"`context_bound` must be positive, got {context_bound}.")
         if not 0 < theory_delta < 1:
             raise ValueError(f"`theory_delta` must be in (0, 1), got {theory_delta}.")
+        if not (noise_ridge >= 0 and math.isfinite(noise_ridge)):
+            raise ValueError(f"`noise_ridge` must be a non-negative number, got {noise_ridge}.")
+        self.noise_ridge = float(noise_ridge)
         self.d = int(d)
         self.V = V
         self.n_users = V.shape[0]
@@ -233,6 +246,9 @@ class KroneckerUCB:
         self.b_exact = np.zeros(self.dim)
         self.b_released = np.zeros(self.dim)
         self.ainv_released = self.ainv if self.tick == 1 else self.ainv.copy()
+        self.lambda_released = self.lambda_
+        # exact Gram of the x_tilde (public data), kept only to re-solve with a noise-scaled ridge
+        self.gram: FloatArray | None = np.zeros_like(self.ainv) if self._ridge_active else None
         self.mech_state: TreeState | None = self.mechanism.init_state() if self.mechanism else None
         self.user_states: list[TreeState] = [m.init_state() for m in self.user_mechanisms]
         self.user_pending = np.zeros((n, self._user_dim)) if self.user_mechanisms else np.zeros((0, 0))
@@ -290,6 +306,8 @@ class KroneckerUCB:
         d = self.d
         if self.block:
             _sherman_morrison(self.ainv[user], x)
+            if self.gram is not None:
+                dger(1.0, x, x, a=self.gram[user].T, overwrite_a=1)
             sl = slice(user * d, (user + 1) * d)
             self.pending[sl] += r * x
             if self.user_mechanisms:
@@ -298,6 +316,8 @@ class KroneckerUCB:
         else:
             xt = (self.V[:, user, None] * x).ravel()  # = kron(V[:, user], x)
             _sherman_morrison(self.ainv, xt)
+            if self.gram is not None:
+                dger(1.0, xt, xt, a=self.gram.T, overwrite_a=1)
             z = r * xt
             self.pending += z
             if self.user_mechanisms:
@@ -331,9 +351,20 @@ class KroneckerUCB:
         else:
             self.b_released = self.b_exact
         self.pending = np.zeros(self.dim)
-        if self.tick > 1:
+        lam = self.lambda_
+        if self.gram is not None and self.mechanism is not None and self.mech_state is not None:
+            lam += self.noise_ridge * noise_std(self.mechanism, self.mech_state)
+        if lam != self.lambda_:
+            self.ainv_released = _ridge_inverse(self.gram, lam)  # type: ignore[arg-type]
+            self._cache.clear()
+        elif self.tick > 1:
             self.ainv_released = self.ainv.copy()
             self._cache.clear()
+        self.lambda_released = lam
+
+    @property
+    def _ridge_active(self) -> bool:
+        return self.noise_ridge > 0 and self.privacy.mode == "global" and not math.isinf(self.privacy.epsilon)
 
     # ------------------------------------------------------------------ widths
 
@@ -367,9 +398,12 @@ class KroneckerUCB:
             "ainv": self.ainv, "pending": self.pending, "b_exact": self.b_exact, "b_released": self.b_released,
             "user_pending": self.user_pending, "user_eta": self.user_eta, "user_tick_counts": self.user_tick_counts,
         }
-        if self.tick > 1:
+        if self.ainv_released is not self.ainv:
             arrays["ainv_released"] = self.ainv_released
-        out = encode_arrays(arrays, scalars={"t": self.t, "vnorm2_sum": self.vnorm2_sum}, schema=self.SCHEMA)
+        if self.gram is not None:
+            arrays["gram"] = self.gram
+        out = encode_arrays(arrays, scalars={"t": self.t, "vnorm2_sum": self.vnorm2_sum,
+                                             "lambda_released": self.lambda_released}, schema=self.SCHEMA)
         if self.mech_state is not None:
             out.update({f"global/{k}": v for k, v in self.mech_state.to_mapping().items()})
         for u, s in enumerate(self.user_states):
@@ -389,7 +423,10 @@ class KroneckerUCB:
         self.user_pending = arrays["user_pending"].astype(np.float64)
         self.user_tick_counts = arrays["user_tick_counts"].astype(np.int64)
         self.user_eta = arrays["user_eta"].astype(np.float64)
-        self.ainv_released = arrays["ainv_released"].astype(np.float64) if self.tick > 1 else self.ainv
+        self.ainv_released = arrays["ainv_released"].astype(np.float64) if "ainv_released" in arrays else self.ainv
+        if self.gram is not None:
+            self.gram = arrays["gram"].astype(np.float64)
+        self.lambda_released = float(scalars["lambda_released"])  # type: ignore[arg-type]
         self.t = int(scalars["t"])  # type: ignore[arg-type]
         self.vnorm2_sum = float(scalars["vnorm2_sum"])  # type: ignore[arg-type]
         if self.mechanism is not None:
@@ -427,6 +464,13 @@ def _sherman_morrison(ainv: FloatArray, x: FloatArray) -> None:
     denom = 1.0 + float(x @ ax)
     # dger on the F-ordered view of the C-ordered symmetric matrix updates it in place.
     dger(-1.0 / denom, ax, ax, a=ainv.T, overwrite_a=1)
+
+
+def _ridge_inverse(gram: FloatArray, lam: float) -> FloatArray:
+    """``(gram + lam I)^{-1}`` for one ``(n, n)`` or a stack ``(N, n, n)`` of symmetric PSD matrices."""
+    n = gram.shape[-1]
+    out: FloatArray = np.asarray(np.linalg.inv(gram + lam * np.eye(n)), dtype=np.float64)
+    return out
 
 
 def _tree_noise_bound(mech: Mechanism, step: int, dim: int, zeta: float) -> float:
@@ -481,6 +525,7 @@ def make_policy(
     seed: int = 0,
     V: FloatArray | None = None,
     options: dict[str, Any] | None = None,
+    noise_ridge: float = 0.0,
 ) -> KroneckerUCB:
     """Build one of :data:`ALGORITHMS` by name.
 
@@ -491,6 +536,7 @@ def make_policy(
     e.g. ``"SS-LinUCB-Gaussian"``, ``"DGS-LinUCB-Laplace"``) are built by
     :func:`models.baselines.make_baseline` with ``n_users = len(W)``;
     ``mechanism`` does not apply to them, ``options`` are passed on.
+    ``noise_ridge`` is :class:`KroneckerUCB`'s noise-scaled ridge ``kappa``.
     """
     from .baselines import BASELINES, make_baseline
 
@@ -510,5 +556,6 @@ def make_policy(
         # user-space noise needs V at the mechanism (models.userspace)
         from .userspace import UserSpaceKroneckerUCB
 
-        return UserSpaceKroneckerUCB(d=d, V=proj, lambda_=lambda_, alpha=alpha, privacy=privacy)
-    return KroneckerUCB(d=d, V=proj, lambda_=lambda_, alpha=alpha, privacy=privacy)
+        return UserSpaceKroneckerUCB(d=d, V=proj, lambda_=lambda_, alpha=alpha, privacy=privacy,
+                                     noise_ridge=noise_ridge)
+    return KroneckerUCB(d=d, V=proj, lambda_=lambda_, alpha=alpha, privacy=privacy, noise_ridge=noise_ridge)

@@ -71,6 +71,9 @@ class Row:
     tick: int | str = 1
     alpha: float | str | None = None  # None: the common alpha (baselines: their default)
     options: dict[str, Any] = field(default_factory=dict)
+    #: KroneckerUCB's noise-scaled ridge kappa, or "tuned" (then the tick is the one tuned for ``tick_from``)
+    noise_ridge: float | str = 0.0
+    tick_from: str | None = None
 
     @property
     def algorithms(self) -> tuple[str, ...]:
@@ -95,6 +98,9 @@ ROWS: tuple[Row, ...] = (
         mechanism="user-blt-exact"),
     Row("user-blt-exact+tick", "user-space BLT, exact accounting, tuned tick", mechanism="user-blt-exact",
         tick=TUNED),
+    Row("user-blt-exact+tick+ridge", "user-space BLT, exact accounting, tuned tick, noise-scaled ridge "
+        "lambda + kappa * (release noise std), kappa tuned", mechanism="user-blt-exact", tick=TUNED,
+        noise_ridge=TUNED, tick_from="user-blt-exact+tick"),
     Row("SS-Gaussian", "Shariff & Sheffet, Gaussian, paper calibration, their width", baseline="SS-LinUCB-Gaussian"),
     Row("SS-Gaussian-tight", "Shariff & Sheffet, Gaussian, exact calibration (ERRATA §6), their width",
         baseline="SS-LinUCB-Gaussian-tight"),
@@ -109,7 +115,7 @@ ROWS: tuple[Row, ...] = (
 )
 
 #: The recommended default (a row name); its mechanism is ``user-blt-exact``.
-DEFAULT_ROW = "user-blt-exact+tick"
+DEFAULT_ROW = "user-blt-exact+tick+ridge"
 REFERENCE_ROW = "paper"
 
 
@@ -138,6 +144,7 @@ class MechanismsConfig:
     tick_fractions: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1)  # capped at 10 %: at least 10 releases
     fixed_tick: int | None = None  # the "+tick" rows' tick when not tuning (default: 5 % of the horizon)
     rows: tuple[str, ...] = tuple(r.name for r in ROWS)
+    ridges: tuple[float, ...] = (10.0, 30.0, 100.0, 300.0)  # kappa candidates of the "+ridge" rows
 
     def __post_init__(self) -> None:
         if self.runs < 1:
@@ -185,9 +192,12 @@ def pool_lambda_0(cfg: MechanismsConfig, seed: int) -> float:
     return float(np.linalg.eigvalsh(arms.T @ arms / len(arms))[0])
 
 
-def _policy_spec(cfg: MechanismsConfig, row: Row, algorithm: str, tick: int, seed: int) -> tuple[str, dict[str, Any]]:
+def _policy_spec(cfg: MechanismsConfig, row: Row, algorithm: str, tick: int, seed: int,
+                 kappa: float = 0.0) -> tuple[str, dict[str, Any]]:
     """``(make_policy name, keyword arguments)`` for one cell."""
     spec: dict[str, Any] = {"lambda_": cfg.lambda_, "delta": cfg.delta, "tick": tick}
+    if kappa:
+        spec["noise_ridge"] = kappa
     if row.baseline:
         options = dict(row.options)
         if row.baseline.startswith("DGS-"):
@@ -209,7 +219,7 @@ def build_tuning_jobs(cfg: MechanismsConfig) -> list[Job]:
     for r in range(cfg.tune_runs):
         env = cfg.env_spec(cfg.tune_seed + r)
         for row in cfg.selected_rows():
-            if row.tick != TUNED:
+            if row.tick != TUNED or row.tick_from:
                 continue
             for alg in row.algorithms:
                 for tick in cfg.ticks:
@@ -230,7 +240,7 @@ def choose_ticks(cfg: MechanismsConfig, results: list[JobResult]) -> dict[str, A
     scores: dict[str, dict[str, dict[str, float]]] = {}
     chosen: dict[str, dict[str, int]] = {}
     for row in cfg.selected_rows():
-        if row.tick != TUNED:
+        if row.tick != TUNED or row.tick_from:
             continue
         for alg in row.algorithms:
             name = row.baseline or alg
@@ -244,14 +254,61 @@ def choose_ticks(cfg: MechanismsConfig, results: list[JobResult]) -> dict[str, A
             table.setdefault(row.name, {})[alg] = means
             scores.setdefault(row.name, {})[alg] = score
             chosen.setdefault(row.name, {})[alg] = int(min(score, key=lambda k: score[k]))
+    for row in cfg.selected_rows():  # rows that reuse another row's tick
+        if row.tick_from:
+            chosen[row.name] = dict(chosen.get(row.tick_from, {}))
     return {"mean_regret": table, "score": scores, "chosen": chosen,
             "rule": "argmin over ticks of mean_{eps, run} regret / best regret of that (eps, run)"}
+
+
+def build_ridge_tuning_jobs(cfg: MechanismsConfig, ticks: dict[str, dict[str, int]]) -> list[Job]:
+    """Stage 2 of the tuning: kappa of the "+ridge" rows, at their (already tuned) tick, on the tuning seeds."""
+    jobs: list[Job] = []
+    for r in range(cfg.tune_runs):
+        env = cfg.env_spec(cfg.tune_seed + r)
+        for row in cfg.selected_rows():
+            if row.noise_ridge != TUNED:
+                continue
+            for alg in row.algorithms:
+                for kappa in cfg.ridges:
+                    name, spec = _policy_spec(cfg, row, alg, _tick(row, alg, ticks), env["seed"], kappa)
+                    for eps in cfg.tune_epsilons:
+                        jobs.append(Job(r, name, eps, env, spec, label=f"{row.name}@k{kappa:g}", checkpoints=1))
+    return jobs
+
+
+def choose_ridges(cfg: MechanismsConfig, results: list[JobResult]) -> dict[str, Any]:
+    """Per "+ridge" row and algorithm: the kappa with the lowest scale-free score (same rule as the ticks)."""
+    scores: dict[str, dict[str, dict[str, float]]] = {}
+    chosen: dict[str, dict[str, float]] = {}
+    for row in cfg.selected_rows():
+        if row.noise_ridge != TUNED:
+            continue
+        for alg in row.algorithms:
+            cell: dict[tuple[float, int], dict[float, float]] = {}
+            for x in results:
+                if x.job.algorithm == alg and x.job.label.startswith(f"{row.name}@k"):
+                    kappa = float(x.job.label.rsplit("@k", 1)[1])
+                    cell.setdefault((x.job.epsilon, x.job.run), {})[kappa] = x.regret
+            score = {f"{k:g}": float(np.mean([c[k] / min(c.values()) for c in cell.values()])) for k in cfg.ridges}
+            scores.setdefault(row.name, {})[alg] = score
+            chosen.setdefault(row.name, {})[alg] = float(min(score, key=lambda k: score[k]))
+    return {"score": scores, "chosen": chosen, "candidates": list(cfg.ridges)}
+
+
+def _tick(row: Row, alg: str, ticks: dict[str, dict[str, int]]) -> int:
+    return ticks[row.name][alg] if row.tick == TUNED else int(row.tick)
+
+
+def _kappa(row: Row, alg: str, ridges: dict[str, dict[str, float]]) -> float:
+    return ridges[row.name][alg] if row.noise_ridge == TUNED else float(row.noise_ridge)
 
 
 # --------------------------------------------------------------------------- main grid
 
 
-def build_jobs(cfg: MechanismsConfig, ticks: dict[str, dict[str, int]]) -> list[Job]:
+def build_jobs(cfg: MechanismsConfig, ticks: dict[str, dict[str, int]],
+               ridges: dict[str, dict[str, float]] | None = None) -> list[Job]:
     jobs: list[Job] = []
     for r in range(cfg.runs):
         env = cfg.env_spec(cfg.seed + r)
@@ -260,8 +317,8 @@ def build_jobs(cfg: MechanismsConfig, ticks: dict[str, dict[str, int]]) -> list[
             jobs.append(Job(r, TWIN[alg], math.inf, env, {"lambda_": cfg.lambda_, "alpha": cfg.alpha, "tick": 1}))
         for row in cfg.selected_rows():
             for alg in row.algorithms:
-                tick = ticks[row.name][alg] if row.tick == TUNED else int(row.tick)
-                name, spec = _policy_spec(cfg, row, alg, tick, env["seed"])
+                name, spec = _policy_spec(cfg, row, alg, _tick(row, alg, ticks), env["seed"],
+                                          _kappa(row, alg, ridges or {}))
                 for eps in cfg.epsilons:
                     jobs.append(Job(r, name, eps, env, spec, label=row.name))
     return jobs
@@ -294,7 +351,9 @@ def _per_run(results: list[JobResult], *, label: str | None = None, algorithm: s
 
 
 def assemble(cfg: MechanismsConfig, results: list[JobResult], tuning: dict[str, Any],
-             ticks: dict[str, dict[str, int]], timings: dict[str, float]) -> dict[str, Any]:
+             ticks: dict[str, dict[str, int]], timings: dict[str, float],
+             ridges: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    ridges = ridges or {}
     eps = list(cfg.epsilons)
     random = np.asarray(_per_run(results, algorithm="random", eps=None))
     nonprivate = {alg: np.asarray(_per_run(results, algorithm=TWIN[alg], eps=None)) for alg in ALGORITHMS}
@@ -316,6 +375,7 @@ def assemble(cfg: MechanismsConfig, results: list[JobResult], tuning: dict[str, 
                 "added_std": [summarize(a)[1] for a in added],
                 "share_of_gain": [float(a.mean() / gain.mean()) for a in added],
                 "tick": ticks[row.name][alg] if row.tick == TUNED else int(row.tick),
+                "noise_ridge": _kappa(row, alg, ridges),
             }
             per_run.setdefault(row.name, {})[alg] = [v.tolist() for v in vals]
     for row_name, by_alg in rows.items():
@@ -336,6 +396,7 @@ def assemble(cfg: MechanismsConfig, results: list[JobResult], tuning: dict[str, 
             "name": "user-blt-exact",
             "about": MECHANISMS["user-blt-exact"],
             "tick": {alg: c["tick"] for alg, c in default_alg_ticks.items()},
+            "noise_ridge": {alg: c["noise_ridge"] for alg, c in default_alg_ticks.items()},
             "guarantee": guar.get(DEFAULT_ROW, {}),
         },
         "rows": rows,
@@ -376,11 +437,22 @@ def run_mechanisms(cfg: MechanismsConfig, out: Path, *, progress: bool = True) -
     else:
         fixed = cfg.fixed_tick or max(1, round(0.05 * cfg.horizon))
         ticks = {r.name: {a: fixed for a in r.algorithms} for r in cfg.selected_rows() if r.tick == TUNED}
+    ridge_tuning: dict[str, Any] = {"score": {}, "chosen": {}, "candidates": list(cfg.ridges)}
+    if cfg.tune:
+        ridge_jobs = build_ridge_tuning_jobs(cfg, ticks)
+        if ridge_jobs:
+            ridge_tuning = choose_ridges(cfg, run_jobs(ridge_jobs, n_jobs=cfg.jobs, desc="mechanisms[tune kappa]",
+                                                       progress=progress))
+        ridges = ridge_tuning["chosen"]
+    else:
+        ridges = {r.name: {a: cfg.ridges[len(cfg.ridges) // 2] for a in r.algorithms}
+                  for r in cfg.selected_rows() if r.noise_ridge == TUNED}
+    tuning["ridge"] = ridge_tuning
     t1 = time.perf_counter()
-    results = run_jobs(build_jobs(cfg, ticks), n_jobs=cfg.jobs, desc="mechanisms", progress=progress)
+    results = run_jobs(build_jobs(cfg, ticks, ridges), n_jobs=cfg.jobs, desc="mechanisms", progress=progress)
     t2 = time.perf_counter()
     doc = assemble(cfg, results, tuning, ticks, {"tuning_seconds": t1 - t0, "grid_seconds": t2 - t1,
-                                                 "total_seconds": t2 - t0})
+                                                 "total_seconds": t2 - t0}, ridges)
     write_outputs(doc, out)
     return doc
 
@@ -421,6 +493,11 @@ def _g(cell: dict[str, Any]) -> str:
     return f"({e}, {cell['delta']:.0e})" + ("" if cell["valid"] else " ✗")
 
 
+def _tick_cell(cell: dict[str, Any]) -> str:
+    k = cell.get("noise_ridge") or 0
+    return f"{cell['tick']}" + (f", κ={k:g}" if k else "")
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     eps, st, rows = doc["epsilons"], doc["settings"], doc["rows"]
     head = "| row | tick | " + " | ".join(f"ε={e:g}" for e in eps) + " |"
@@ -455,7 +532,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         for name, by_alg in rows.items():
             if alg in by_alg:
                 c = by_alg[alg]
-                lines.append(f"| `{name}` | {c['tick']} | "
+                lines.append(f"| `{name}` | {_tick_cell(c)} | "
                              + " | ".join(f"{m:.0f} ± {s:.0f}" for m, s in zip(c["regret"], c["std"])) + " |")
         for key, title, fmt in (("added_regret", "Added regret (private − non-private)", "{:.0f}"),
                                 ("share_of_gain", "Share of the learning gain privacy costs", "{:.2f}"),
@@ -464,7 +541,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             for name, by_alg in rows.items():
                 if alg in by_alg:
                     c = by_alg[alg]
-                    lines.append(f"| `{name}` | {c['tick']} | " + " | ".join(fmt.format(v) for v in c[key]) + " |")
+                    lines.append(f"| `{name}` | {_tick_cell(c)} | " + " | ".join(fmt.format(v) for v in c[key]) + " |")
         lines.append("")
     lines += ["## Guarantees", "",
               "What each row's mechanism really gives at each target ε — (ε, δ) from its privacy event with the "

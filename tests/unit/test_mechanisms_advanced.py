@@ -430,16 +430,22 @@ def test_experiment_mechanisms_writes_every_output(tmp_path: Path) -> None:
 
     out = tmp_path / "mech"
     rc = main(["experiment", "mechanisms", "--out", str(out), "--runs", "1", "--horizon", "200", "--jobs", "1",
-               "--tune-runs", "1", "--rows", "paper,user-blt-exact+tick,SS-Gaussian,DGS-Laplace", "--no-progress"])
+               "--tune-runs", "1", "--rows", "paper,user-blt-exact+tick,user-blt-exact+tick+ridge,SS-Gaussian,DGS-Laplace",
+               "--no-progress"])
     assert rc == 0
     doc = json.loads((out / "mechanisms.json").read_text())
-    assert doc["epsilons"] == [0.5, 1.0, 2.0, 5.0, 10.0] and doc["default"] == "user-blt-exact+tick"
+    assert doc["epsilons"] == [0.5, 1.0, 2.0, 5.0, 10.0] and doc["default"] == "user-blt-exact+tick+ridge"
     assert set(doc["rows"]["paper"]) == {"DP-LinUCB", "DP-CoLin"} and set(doc["rows"]["SS-Gaussian"]) == {"DP-LinUCB"}
     for cell in doc["rows"]["user-blt-exact+tick"].values():
         assert {"regret", "added_regret", "ratio_to_paper", "share_of_gain"} <= set(cell) and len(cell["regret"]) == 5
     assert all(r in (1.0, None) for r in doc["rows"]["paper"]["DP-LinUCB"]["ratio_to_paper"])  # None: paper added <= 0
     assert doc["tuning"]["seeds"] == [1000] and doc["tuning"]["chosen"]["user-blt-exact+tick"]["DP-CoLin"] in (2, 4, 10, 20)
     assert all(c["valid"] for c in doc["guarantees"]["user-blt-exact+tick"]["DP-CoLin"])
+    ridge = doc["rows"]["user-blt-exact+tick+ridge"]
+    for alg, cell in ridge.items():  # the ridge row reuses the tuned tick and tunes kappa on the same seeds
+        assert cell["tick"] == doc["rows"]["user-blt-exact+tick"][alg]["tick"]
+        assert cell["noise_ridge"] in doc["tuning"]["ridge"]["candidates"]
+    assert doc["default_mechanism"]["noise_ridge"] == {a: c["noise_ridge"] for a, c in ridge.items()}
     assert not any(c["valid"] for c in doc["guarantees"]["DGS-Laplace"]["DP-LinUCB"])
     for f in ("mechanisms.md", "mechanisms.png"):
         assert (out / f).stat().st_size > 0

@@ -213,3 +213,28 @@ def test_ldp_tree_advances_on_every_interaction_even_with_zero_reward(env: Synth
     assert pol.user_states[r.user].step == before + 1
     eta_after_zero = pol.b_released.copy()
     assert not np.array_equal(eta_after_zero, pol.b_exact)  # fresh noise was released for the zero reward
+
+
+@pytest.mark.parametrize("name", ["DP-LinUCB", "DP-CoLin"])
+def test_noise_scaled_ridge(name: str, env: SyntheticEnvironment) -> None:
+    from models.mechanisms import noise_std
+
+    kw = {"d": env.d, "W": env.W, "horizon": env.horizon, "seed": 2, "mechanism": "user-blt-exact", "tick": 3}
+    # noise off: the ridge is inactive and the policy is its non-private twin
+    off = make_policy(name, epsilon=math.inf, noise_ridge=30.0, **kw)
+    twin = make_policy(PRIVATE_TWINS[name], **kw)
+    assert _play(off, env, 200) == _play(twin, env, 200)
+    # noise on: the served inverse is (G + (lambda + kappa s_t) I)^{-1} with s_t the release's noise std
+    on = make_policy(name, epsilon=2.0, noise_ridge=30.0, **kw)
+    _play(on, env, 201)
+    assert on.mechanism is not None and on.mech_state is not None and on.gram is not None
+    lam = on.lambda_ + 30.0 * noise_std(on.mechanism, on.mech_state)
+    assert on.lambda_released == pytest.approx(lam) and lam > on.lambda_ + 1
+    G = on.gram
+    expected = np.linalg.inv(G + lam * np.eye(G.shape[-1]))
+    np.testing.assert_allclose(on.ainv_released, expected, rtol=1e-10, atol=1e-12)
+    # and it round-trips with the rest of the state
+    again = make_policy(name, epsilon=2.0, noise_ridge=30.0, **kw)
+    again.load_mapping(on.to_mapping())
+    assert again.to_mapping() == on.to_mapping()
+    assert _play(on, env, 100, start=201) == _play(again, env, 100, start=201)
