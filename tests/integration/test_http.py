@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer
 
+from pipeline.settings import DEFAULT_MECHANISM
 from pipeline import services
 from privrec.bench.serve import LocalStack, local_stack
 
@@ -300,7 +301,7 @@ def test_budget_follows_the_users_interactions(stack: LocalStack) -> None:
         eps.append(b["user"]["epsilon"])
     assert counts == [0, 1, 2, 3]
     p = b["privacy"]
-    assert p["private"] and p["epsilon"] == 2.0 and p["delta"] == 1e-5 and p["mechanism"] == "gaussian-exact"
+    assert p["private"] and p["epsilon"] == 2.0 and p["delta"] == 1e-5 and p["mechanism"] == DEFAULT_MECHANISM
     assert eps[1] == pytest.approx(p["epsilon"], rel=1e-6)  # one interaction: the event-level guarantee
     assert eps[1] < eps[2] < eps[3]  # group privacy grows with each interaction
     assert b["user"]["valid"] and 0 < b["user"]["delta"] < 1
