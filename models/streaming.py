@@ -43,7 +43,7 @@ from scipy.linalg.lapack import dpotri
 
 from ._codec import decode_arrays, encode_arrays
 from .accounting import DpEvent, NoNoiseEvent
-from .mechanisms import Mechanism, TreeState
+from .mechanisms import Mechanism, TreeState, noise_std
 
 __all__ = ["UnitStats", "ReleasedStats", "Releaser", "solve", "ucb_scores"]
 
@@ -165,6 +165,10 @@ class ReleasedStats:
         ``(N,)`` interactions per unit (public).
     version
         Release tick that produced it.
+    noise_std
+        Largest per-coordinate std of the noise in ``b_tilde``
+        (:func:`models.mechanisms.noise_std`; public: it depends on the
+        calibration and the tick count only). ``0`` without noise.
     """
 
     structure: str
@@ -174,18 +178,21 @@ class ReleasedStats:
     count: NDArray[np.int64]
     version: int = 0
     event: DpEvent = field(default_factory=NoNoiseEvent)
+    noise_std: float = 0.0
 
     SCHEMA = "privrec.ReleasedStats/1"
 
     def to_mapping(self) -> dict[str, bytes]:
         return encode_arrays({"V": self.V, "gram": self.gram, "b_tilde": self.b_tilde, "count": self.count},
-                             scalars={"structure": self.structure, "version": self.version}, schema=self.SCHEMA)
+                             scalars={"structure": self.structure, "version": self.version,
+                                      "noise_std": self.noise_std}, schema=self.SCHEMA)
 
     @classmethod
     def from_mapping(cls, mapping: dict[str, bytes] | dict[bytes, bytes]) -> ReleasedStats:
         a, s = decode_arrays(mapping, schema=cls.SCHEMA)  # type: ignore[arg-type]
         return cls(str(s["structure"]), a["V"].astype(np.float64), a["gram"].astype(np.float64),
-                   a["b_tilde"].astype(np.float64), a["count"].astype(np.int64), int(s["version"]))  # type: ignore[arg-type]
+                   a["b_tilde"].astype(np.float64), a["count"].astype(np.int64), int(s["version"]),  # type: ignore[arg-type]
+                   noise_std=float(s.get("noise_std") or 0.0))
 
 
 class Releaser:
@@ -237,16 +244,22 @@ class Releaser:
         """One tick: noisy prefix of ``b_tilde`` plus the public Grams. Persist the new state *first*."""
         exact = self.exact_b_tilde(stats)
         event: DpEvent = NoNoiseEvent()
+        std = 0.0
         if self.mechanism is not None:
             if state is None:
                 raise ValueError("`state` is required when a mechanism is set.")
             exact, state, event = self.mechanism.step_to(state, exact)
-        rel = ReleasedStats(self.structure, self.V, stats.gram.copy(), exact, stats.count.copy(), version, event)
+            std = noise_std(self.mechanism, state)
+        rel = ReleasedStats(self.structure, self.V, stats.gram.copy(), exact, stats.count.copy(), version, event,
+                            std)
         return rel, state
 
 
-def solve(released: ReleasedStats, *, lambda_: float) -> tuple[FloatArray, FloatArray]:
+def solve(released: ReleasedStats, *, lambda_: float, noise_ridge: float = 0.0) -> tuple[FloatArray, FloatArray]:
     """Serving models from released statistics: ``theta (N, d)`` and ``M (N, d, d)``.
+
+    With ``noise_ridge = kappa > 0`` the ridge is ``lambda_ + kappa * released.noise_std``
+    (as :class:`models.policies.KroneckerUCB`'s ``noise_ridge``; post-processing of public values).
 
     ``theta_u = (V[:,u]^T ⊗ I) A^{-1} b_tilde`` and
     ``M_u = (V[:,u]^T ⊗ I) A^{-1} (V[:,u] ⊗ I)`` with
@@ -256,6 +269,9 @@ def solve(released: ReleasedStats, *, lambda_: float) -> tuple[FloatArray, Float
     """
     if not (lambda_ > 0 and math.isfinite(lambda_)):
         raise ValueError(f"`lambda_` must be positive, got {lambda_}.")
+    if not (noise_ridge >= 0 and math.isfinite(noise_ridge)):
+        raise ValueError(f"`noise_ridge` must be a non-negative number, got {noise_ridge}.")
+    lambda_ = lambda_ + noise_ridge * released.noise_std
     G, V = released.gram, released.V
     n, d = G.shape[0], G.shape[1]
     if released.structure == "linucb":

@@ -33,12 +33,14 @@ from typing import Any
 
 from models.mechanisms import MECHANISMS
 
-__all__ = ["Settings", "SettingsError", "add_arguments", "MODEL_FIELDS", "DEFAULT_MECHANISM", "ALGORITHMS",
+__all__ = ["Settings", "SettingsError", "add_arguments", "MODEL_FIELDS", "DEFAULT_MECHANISM", "DEFAULT_NOISE_RIDGE", "ALGORITHMS",
            "BASELINE_ALGORITHMS"]
 
 #: The default mechanism: the best measured in `privrec experiment mechanisms` (README, "Privacy
 #: guarantees"): BLT square-root factorization on the users' own statistics, exact Gaussian-DP accounting.
 DEFAULT_MECHANISM = "user-blt-exact"
+#: Default kappa of the noise-scaled ridge (README, "Continual-release mechanisms").
+DEFAULT_NOISE_RIDGE = 100.0
 
 #: The other papers' private LinUCB variants (``models.baselines``), selectable as algorithms: each
 #: brings its own per-unit mechanism, so the ``mechanism`` setting does not apply to them.
@@ -114,6 +116,11 @@ class Settings:
         Ridge weight and exploration width of the serving models. ``ss-*``
         use Shariff & Sheffet's own per-unit width (Prop. 4) instead of
         ``alpha``; ``dgs-*`` use the constant ``alpha`` (their papers' practice).
+    noise_ridge
+        ``kappa`` of the noise-scaled ridge (linucb / colin / goblin): serving
+        models are solved with ``lambda_ + kappa * s``, ``s`` the release's
+        noise std (public). Tuned on held-out seeds by ``privrec experiment
+        mechanisms``; ``0`` keeps ``lambda_`` fixed; no effect without noise.
     namespace
         Prefix of every Redis key.
     kafka, redis_url
@@ -139,6 +146,7 @@ class Settings:
     world_seed: int = 0
     lambda_: float = 1.0
     alpha: float = 0.3
+    noise_ridge: float = DEFAULT_NOISE_RIDGE
     namespace: str = "privrec"
     kafka: str | None = None
     redis_url: str | None = None
@@ -171,6 +179,8 @@ class Settings:
             raise SettingsError("lambda_", f"must be positive, got {self.lambda_}.")
         if not (self.alpha >= 0 and math.isfinite(self.alpha)):
             raise SettingsError("alpha", f"must be non-negative, got {self.alpha}.")
+        if not (self.noise_ridge >= 0 and math.isfinite(self.noise_ridge)):
+            raise SettingsError("noise_ridge", f"must be non-negative, got {self.noise_ridge}.")
         if not self.namespace or any(c in self.namespace for c in "{}: \t\n*?[]"):
             raise SettingsError("namespace", f"must be a non-empty name without braces, colons, spaces or "
                                              f"glob characters, got {self.namespace!r}.")
@@ -221,7 +231,7 @@ class Settings:
 
 
 MODEL_FIELDS = ("mode", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
-                "n_arms", "world_seed", "lambda_", "alpha", "partitions")
+                "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "partitions")
 
 
 def _convert(name: str, typ: Any, raw: Any) -> Any:

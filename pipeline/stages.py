@@ -274,7 +274,8 @@ class SolveStage:
             extra = {"width": "per-unit", **widths_summary(width)}
         else:
             released = ReleasedStats.from_mapping(raw)
-            theta, M = solve(released, lambda_=s.lambda_)
+            theta, M = solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge)
+            extra = {"lambda": repr(s.lambda_ + s.noise_ridge * released.noise_std)}
             count = released.count
         solve_ms = (time.perf_counter() - t0) * 1e3
         meta = {
