@@ -9,6 +9,7 @@ Each module has one job (DESIGN §1):
   (exact statistics, offsets, noise state, the noise secret) — serving imports only ``keys``.
 - ``ingest`` — validation and exact statistics, idempotent per partition offset.
 - ``stages`` — the leader's release (mechanism state persisted before publishing) and solve.
+- ``baseline_release`` — the same for the per-unit baselines (Shariff & Sheffet, DGS).
 - ``serving`` — UCB recommendations from the published serving models only.
 - ``web`` — the HTTP API and the web page (``python -m pipeline.web``).
 - ``app`` / ``agents`` / ``timers`` / ``worker`` — the faust worker (``python -m pipeline.worker``).
@@ -18,4 +19,4 @@ Submodules are not imported here, so ``import pipeline`` stays cheap and importi
 serving code never loads the trusted store; import the module you need.
 """
 
-__all__ = ["settings", "catalog", "records", "keys", "trusted", "ingest", "stages", "serving", "web", "services"]
+__all__ = ["settings", "catalog", "records", "keys", "trusted", "ingest", "stages", "baseline_release", "serving", "web", "services"]

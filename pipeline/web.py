@@ -298,14 +298,18 @@ async def budget(request: web.Request) -> web.Response:
     out: dict[str, Any] = {
         "privacy": statement,
         "model": {"version": int(meta["version"]), "algorithm": meta.get("algorithm"),
-                  "alpha": float(meta.get("alpha", "nan")), "d": int(meta.get("d", 0)),
-                  "units": int(meta.get("n_units", 0)), "catalog": s.catalog},
+                  # per-unit widths (Shariff & Sheffet) replace the global alpha
+                  "alpha": None if meta.get("width") == "per-unit" else float(meta.get("alpha", "nan")),
+                  "lambda": float(meta["lambda"]) if "lambda" in meta else s.lambda_,
+                  "d": int(meta.get("d", 0)), "units": int(meta.get("n_units", 0)), "catalog": s.catalog},
         "releases": version,
         "events_released": int(meta.get("events", 0)),
         "tree": {"levels": s.tree_levels, "ticks_per_epoch": capacity, "epoch": (version - 1) // capacity,
                  "tick_in_epoch": (version - 1) % capacity + 1},
         "history": history,
     }
+    if "trees" in statement:  # per-unit trees (the baselines): their own sizes, not the global tick count
+        out["tree"] = statement["trees"]
     user = request.query.get("user")
     if user is not None:
         catalog: Catalog = request.app["catalog"]

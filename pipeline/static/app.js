@@ -302,10 +302,13 @@
     }
     const t = b.tree || {};
     $("releases").textContent = `${b.releases}, covering ${b.events_released} interactions`;
-    $("tree").textContent = `epoch ${t.epoch}, tick ${t.tick_in_epoch} of ${t.ticks_per_epoch} (${t.levels} levels)`;
+    $("tree").textContent = t.per_unit
+      ? `one tree per unit, ${t.levels} levels, ${t.unit_releases_per_epoch} of its releases per epoch`
+      : `epoch ${t.epoch}, tick ${t.tick_in_epoch} of ${t.ticks_per_epoch} (${t.levels} levels)`;
     if (b.model) {
-      $("about-model").textContent = `${b.model.algorithm} · d = ${b.model.d} · α = ${b.model.alpha} · ` +
-        `${b.model.units} units · catalog ${b.model.catalog}`;
+      const width = b.model.alpha === null ? "per-unit widths" : `α = ${b.model.alpha}`;
+      $("about-model").textContent = `${b.model.algorithm} · d = ${b.model.d} · ${width} · ` +
+        `λ = ${Number(b.model.lambda).toPrecision(3)} · ${b.model.units} units · catalog ${b.model.catalog}`;
     }
     renderSpark(b.history || [], !!p.private);
     if (state.version == null || b.releases > state.version) {
