@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -46,8 +47,13 @@ pytestmark = pytest.mark.integration
 
 ALGORITHMS = sorted(BASELINE_ALGORITHMS)
 EVENTS = 4000
-#: Tiny per-unit trees (3 or 7 releases of a unit per epoch), so the streams roll over into new epochs.
+#: Tiny per-unit trees (``2**3 - 1 = 7`` releases of a unit per epoch: a horizon of 3 releases gets
+#: ``1 + ceil(log2 3)`` levels), so the streams roll over into new epochs.
 TREE_LEVELS = "2"
+#: After the bulk of the stream, this many waves that each touch every unit and are released before
+#: the next one is sent: every unit advances at least WAVES times however slowly the workers tick,
+#: so with WAVES > 7 every unit's tree rolls over (not left to the machine's speed).
+WAVES = 10
 
 
 @dataclass
@@ -108,9 +114,10 @@ def streamed(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Se
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         events = list(synthetic_events(catalog, EVENTS, seed=7))
+        bulk, waves = _split_waves(events, catalog.n_units, WAVES)
         produced: list[tuple[int, int, bytes]] = []
         first = next(iter(runs.values())).stack
-        producer = threading.Thread(target=lambda: produced.extend(produce(first, events, rate=500)))
+        producer = threading.Thread(target=lambda: produced.extend(produce(first, bulk, rate=500)))
         producer.start()
         noisy = [r for r in runs.values() if r.private]
         wait_for(lambda: all(r.stack.released_count() > 800 for r in noisy), 40, "a release in the middle of the stream")
@@ -123,6 +130,11 @@ def streamed(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Se
         with ThreadPoolExecutor(len(noisy)) as pool:
             list(pool.map(lambda r: r.stack.start_worker("worker-1", timeout=120), noisy))
         producer.join(timeout=60)
+        for wave in waves:
+            sent = len(produced)
+            for run in runs.values():
+                wait_for(lambda: run.stack.released_count() == sent, 90, f"the stream released in {run.algorithm}")
+            produced.extend(produce(first, wave))
         for run in runs.values():
             wait_for(lambda: run.stack.released_count() == EVENTS, 90, f"all events released in {run.algorithm}")
             version = int(run.stack.released()[b"version"])
@@ -136,6 +148,20 @@ def streamed(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Se
             list(pool.map(lambda w: services.stop(w, grace_seconds=5), [w for r in runs.values() for w in r.stack.workers]))
         services.stop(broker)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _split_waves(events: list[dict[str, Any]], n_units: int,
+                 waves: int) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """``(bulk, waves)``: each wave holds one event of every unit, taken from the end of ``events``."""
+    tail: list[list[dict[str, Any]]] = [[] for _ in range(waves)]
+    taken: set[int] = set()
+    for u in range(n_units):
+        mine = [i for i in range(len(events) - 1, -1, -1) if events[i]["user"] == str(u)][:waves]
+        assert len(mine) == waves, f"unit {u} has fewer than {waves} events"
+        for w, i in enumerate(mine):
+            tail[w].append(events[i])
+        taken.update(mine)
+    return [ev for i, ev in enumerate(events) if i not in taken], tail
 
 
 class IncrementalStats:
