@@ -50,7 +50,7 @@ from scipy.linalg.blas import dger
 
 from ._codec import decode_arrays, encode_arrays
 from .mechanisms import Mechanism, TreeState
-from .streaming import ucb_scores
+from .streaming import check_interaction, ucb_scores
 
 FloatArray = NDArray[np.float64]
 
@@ -254,12 +254,7 @@ class PerUserLinUCB:
     def update(self, user: int, context: FloatArray, reward: float) -> None:
         """Record that ``user`` was shown ``context`` and gave ``reward`` (clipped first)."""
         self._check_user(user)
-        x = np.asarray(context, dtype=np.float64)
-        if x.shape != (self.d,):
-            raise ValueError(f"`context` must have shape ({self.d},), got {x.shape}.")
-        r = float(reward)
-        if not math.isfinite(r):
-            raise ValueError(f"`reward` must be finite, got {reward}.")
+        x, r = check_interaction(context, reward, self.d)
         norm = float(np.linalg.norm(x))
         if norm > self.context_bound:
             x = x * (self.context_bound / norm)

@@ -52,7 +52,7 @@ from scipy.linalg.blas import dger
 from ._codec import decode_arrays, encode_arrays
 from .graphs import adjacency_from_w, goblin_projection, sensitivities, validate_w
 from .mechanisms import Mechanism, TreeState, make_mechanism, noise_std
-from .streaming import ucb_scores
+from .streaming import check_interaction, ucb_scores
 
 __all__ = [
     "Policy",
@@ -297,12 +297,7 @@ class KroneckerUCB:
     def update(self, user: int, context: FloatArray, reward: float) -> None:
         """Record that ``user`` was shown ``context`` and gave ``reward``."""
         self._check_user(user)
-        x = np.asarray(context, dtype=np.float64)
-        if x.shape != (self.d,):
-            raise ValueError(f"`context` must have shape ({self.d},), got {x.shape}.")
-        r = float(reward)
-        if not math.isfinite(r):
-            raise ValueError(f"`reward` must be finite, got {reward}.")
+        x, r = check_interaction(context, reward, self.d)
         d = self.d
         if self.block:
             _sherman_morrison(self.ainv[user], x)

@@ -45,7 +45,7 @@ from ._codec import decode_arrays, encode_arrays
 from .accounting import DpEvent, NoNoiseEvent
 from .mechanisms import Mechanism, TreeState, noise_std
 
-__all__ = ["UnitStats", "ReleasedStats", "Releaser", "solve", "ucb_scores"]
+__all__ = ["UnitStats", "ReleasedStats", "Releaser", "solve", "ucb_scores", "check_interaction"]
 
 FloatArray = NDArray[np.float64]
 
@@ -294,6 +294,17 @@ def solve(released: ReleasedStats, *, lambda_: float, noise_ridge: float = 0.0) 
     M = np.einsum("uakb,ku->uab", Qt.reshape(n, d, n, d), V)
     M = 0.5 * (M + M.transpose(0, 2, 1))
     return theta, M
+
+
+def check_interaction(context: object, reward: float, d: int) -> tuple[NDArray[np.float64], float]:
+    """``(x, r)``: ``context`` as a float vector of shape ``(d,)`` and a finite ``reward``, or a ``ValueError``."""
+    x = np.asarray(context, dtype=np.float64)
+    if x.shape != (d,):
+        raise ValueError(f"`context` must have shape ({d},), got {x.shape}.")
+    r = float(reward)
+    if not math.isfinite(r):
+        raise ValueError(f"`reward` must be finite, got {reward}.")
+    return x, r
 
 
 def ucb_scores(theta: FloatArray, M: FloatArray, contexts: FloatArray, alpha: float
