@@ -23,6 +23,8 @@ from numpy.typing import NDArray
 
 from models.environment import SyntheticEnvironment
 
+from .settings import SettingsError
+
 if TYPE_CHECKING:
     from producers.lastfm import LastFMCatalog
 
@@ -74,6 +76,7 @@ class _Base:
     _arm_rows: dict[str, int]
     _arm_ids: Sequence[str]
     _features: FloatArray
+    _default_pool_override: list[str] | None = None
     W: FloatArray
 
     @property
@@ -107,6 +110,12 @@ class _Base:
             return self._arm_rows[arm]
         except KeyError:
             raise UnknownArmError(f"unknown arm {arm!r} in catalog {self.name!r}") from None
+
+    def with_default_pool(self, arms: Sequence[str]) -> None:
+        """Rank ``arms`` (known arm ids) when a request names no candidates."""
+        for a in arms:
+            self.arm_row(a)
+        self._default_pool_override = list(arms)
 
     def features_of(self, arms: Sequence[str]) -> FloatArray:
         out: FloatArray = self._features[[self.arm_row(a) for a in arms]]
@@ -150,7 +159,8 @@ class SyntheticCatalog(_Base):
 
     @property
     def default_pool(self) -> Sequence[str]:
-        return self._arm_ids[: min(25, len(self._arm_ids))]
+        """The configured pool, else the first 25 arms."""
+        return self._default_pool_override or self._arm_ids[: min(25, len(self._arm_ids))]
 
 
 class LastFMCatalogAdapter(_Base):
@@ -175,15 +185,28 @@ class LastFMCatalogAdapter(_Base):
 
     @property
     def default_pool(self) -> Sequence[str]:
-        """The 25 most often tagged artists."""
-        return self._popular
+        """The configured pool, else the 25 most often tagged artists."""
+        return self._default_pool_override or self._popular
 
 
 def load_catalog(settings: Settings) -> SyntheticCatalog | LastFMCatalogAdapter:
-    """The catalog the settings name (LastFM is built or read from its cache)."""
-    if settings.catalog == "synthetic":
-        return SyntheticCatalog(n_users=settings.n_users, d=settings.d, n_arms=settings.n_arms,
-                                seed=settings.world_seed)
-    from producers.lastfm import load_catalog as load_lastfm
+    """The catalog the settings name (LastFM is built or read from its cache), with its default pool.
 
-    return LastFMCatalogAdapter(load_lastfm(settings.data_dir, d=settings.d, progress=False))
+    Raises :class:`~pipeline.settings.SettingsError` (``default_pool``) when the
+    configured pool names an arm the catalog does not have.
+    """
+    catalog: SyntheticCatalog | LastFMCatalogAdapter
+    if settings.catalog == "synthetic":
+        catalog = SyntheticCatalog(n_users=settings.n_users, d=settings.d, n_arms=settings.n_arms,
+                                   seed=settings.world_seed)
+    else:
+        from producers.lastfm import load_catalog as load_lastfm
+
+        catalog = LastFMCatalogAdapter(load_lastfm(settings.data_dir, d=settings.d, progress=False))
+    pool = settings.default_pool_ids
+    if pool is not None:
+        try:
+            catalog.with_default_pool(pool)
+        except UnknownArmError as exc:
+            raise SettingsError("default_pool", f"{exc}.") from None
+    return catalog

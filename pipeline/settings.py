@@ -121,6 +121,11 @@ class Settings:
         models are solved with ``lambda_ + kappa * s``, ``s`` the release's
         noise std (public). Tuned on held-out seeds by ``privrec experiment
         mechanisms``; ``0`` keeps ``lambda_`` fixed; no effect without noise.
+    default_pool
+        Comma-separated arm ids that ``/recommend`` ranks when the request
+        names no candidates (``None``: the catalog's default, the 25 most
+        often logged LastFM artists or the first 25 synthetic arms). Checked
+        against the catalog when the web server starts.
     namespace
         Prefix of every Redis key.
     kafka, redis_url
@@ -147,6 +152,7 @@ class Settings:
     lambda_: float = 1.0
     alpha: float = 0.3
     noise_ridge: float = DEFAULT_NOISE_RIDGE
+    default_pool: str | None = None
     namespace: str = "privrec"
     kafka: str | None = None
     redis_url: str | None = None
@@ -181,11 +187,21 @@ class Settings:
             raise SettingsError("alpha", f"must be non-negative, got {self.alpha}.")
         if not (self.noise_ridge >= 0 and math.isfinite(self.noise_ridge)):
             raise SettingsError("noise_ridge", f"must be non-negative, got {self.noise_ridge}.")
+        if self.default_pool is not None:
+            ids = [a.strip() for a in self.default_pool.split(",")]
+            if not all(ids) or len(set(ids)) != len(ids) or len(ids) > MAX_DEFAULT_POOL:
+                raise SettingsError("default_pool", f"must be 1 to {MAX_DEFAULT_POOL} distinct comma-separated arm "
+                                                    f"ids, got {self.default_pool!r}.")
         if not self.namespace or any(c in self.namespace for c in "{}: \t\n*?[]"):
             raise SettingsError("namespace", f"must be a non-empty name without braces, colons, spaces or "
                                              f"glob characters, got {self.namespace!r}.")
         if not self.batch_seconds > 0:
             raise SettingsError("batch_seconds", f"must be positive, got {self.batch_seconds}.")
+
+    @property
+    def default_pool_ids(self) -> list[str] | None:
+        """The ``default_pool`` setting as a list of arm ids (``None``: the catalog's default)."""
+        return None if self.default_pool is None else [a.strip() for a in self.default_pool.split(",")]
 
     @property
     def private(self) -> bool:
@@ -230,6 +246,9 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
+#: The most arms ``default_pool`` may name (one /recommend scores them all).
+MAX_DEFAULT_POOL = 1000
+
 MODEL_FIELDS = ("mode", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "partitions")
 
@@ -250,6 +269,8 @@ def _convert(name: str, typ: Any, raw: Any) -> Any:
 
 #: What ``--help`` says beyond the environment variable and the default.
 _HELP = {
+    "default_pool": "comma-separated arm ids that /recommend ranks when a request names no candidates "
+                    "(default: the catalog's 25 most often logged LastFM artists, or the first 25 synthetic arms)",
     "algorithm": "one of: linucb, colin, goblin (released through --mechanism); the other papers' private "
                  "LinUCB variants, per-unit, with their own mechanism and width (--mechanism does not apply): "
                  "ss-gaussian, ss-gaussian-tight, ss-wishart (Shariff & Sheffet, joint DP, contexts protected "

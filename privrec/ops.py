@@ -398,9 +398,12 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
     if state.exists() and not state.is_dir():
         raise OpsError(f"state directory {state} exists and is not a directory")
     from pipeline.catalog import load_catalog
+    from pipeline.settings import SettingsError
 
     try:  # a bad data directory or catalog setting fails here, before anything starts
         catalog = load_catalog(settings)
+    except SettingsError:  # e.g. `default_pool` names an arm the catalog lacks: exit 2, as for any setting
+        raise
     except (OSError, ValueError) as exc:
         raise OpsError(f"cannot load the {settings.catalog!r} catalog (setting `catalog`): {exc}") from exc
 

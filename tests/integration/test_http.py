@@ -31,7 +31,10 @@ pytestmark = pytest.mark.integration
 
 SETTINGS = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40",
             "PRIVREC_ALGORITHM": "colin", "PRIVREC_EPSILON": "2", "PRIVREC_TICK_SECONDS": "0.3",
-            "PRIVREC_LOGLEVEL": "WARNING"}
+            "PRIVREC_LOGLEVEL": "WARNING",
+            # a configured default pool: 30 of the 40 arms, not the catalog's default (the first 25)
+            "PRIVREC_DEFAULT_POOL": ",".join(str(a) for a in range(39, 9, -1))}
+CONFIGURED_POOL = [str(a) for a in range(39, 9, -1)]
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +131,9 @@ def test_recommend_ranks_the_candidates(stack: LocalStack) -> None:
     assert scores == sorted(scores, reverse=True)
     # k larger than the pool: the whole pool, ranked
     assert len(recommend(stack, "2", k="10", candidates="5,1")["items"]) == 2
-    # no candidates: the default pool
-    default_pool = call(stack, "GET", "/users").json["default_pool"]
-    assert {it["item"] for it in recommend(stack, "2", k="100")["items"]} == set(default_pool)
+    # no candidates: the configured default pool
+    assert call(stack, "GET", "/users").json["default_pool"] == CONFIGURED_POOL
+    assert {it["item"] for it in recommend(stack, "2", k="100")["items"]} == set(CONFIGURED_POOL)
     # every list gets its own rec_id
     assert recommend(stack, "2")["rec_id"] != recommend(stack, "2")["rec_id"]
 
@@ -331,7 +334,7 @@ def test_metrics_expose_the_counters(stack: LocalStack) -> None:
 def test_users_and_healthz(stack: LocalStack) -> None:
     users = call(stack, "GET", "/users").json
     assert users["users"] == [str(u) for u in range(6)] and users["total"] == 6 and users["catalog"] == "synthetic"
-    assert len(users["default_pool"]) == 25
+    assert users["default_pool"] == CONFIGURED_POOL
     assert call(stack, "GET", "/users?limit=2").json["users"] == ["0", "1"]
     r = call(stack, "GET", "/users?limit=zero")
     assert r.status == 400 and r.error["parameter"] == "limit"

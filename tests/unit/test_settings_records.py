@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.catalog import SyntheticCatalog
+from pipeline.catalog import SyntheticCatalog, load_catalog
 from pipeline.records import MalformedEvent, dead_letter_value, parse_interaction
 from pipeline.settings import Settings, SettingsError
 
@@ -39,6 +39,9 @@ def test_flags_override_environment_over_defaults() -> None:
         ({"lambda_": "-1"}, "lambda_"),
         ({"alpha": "-0.1"}, "alpha"),
         ({"namespace": "a:b"}, "namespace"),
+        ({"default_pool": "1,,2"}, "default_pool"),
+        ({"default_pool": "1,2,1"}, "default_pool"),
+        ({"default_pool": ",".join(map(str, range(1001)))}, "default_pool"),
     ],
 )
 def test_invalid_settings_name_the_setting(values: dict[str, str], setting: str) -> None:
@@ -51,6 +54,16 @@ def test_invalid_settings_name_the_setting(values: dict[str, str], setting: str)
 def test_invalid_environment_variable_is_named_too() -> None:
     with pytest.raises(SettingsError, match=r"PRIVREC_TICK_SECONDS"):
         Settings.from_mapping({}, environ={"PRIVREC_TICK_SECONDS": "-3"})
+
+
+def test_default_pool_is_configurable_and_checked_against_the_catalog() -> None:
+    base = {"d": "3", "n_users": "2", "n_arms": "30"}
+    assert list(load_catalog(Settings.from_mapping(base, environ={})).default_pool) == [str(a) for a in range(25)]
+    s = Settings.from_mapping({**base, "default_pool": " 7, 3 ,29"}, environ={})
+    assert list(load_catalog(s).default_pool) == ["7", "3", "29"]
+    with pytest.raises(SettingsError, match=r"`default_pool`.*unknown arm '30'") as exc:
+        load_catalog(Settings.from_mapping({**base, "default_pool": "7,30"}, environ={}))
+    assert exc.value.setting == "default_pool"
 
 
 @pytest.fixture(scope="module")
