@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -213,8 +213,14 @@ class SSTreeMechanism:
 
 
 def ss_gaussian_constants(*, d: int, n: int, epsilon: float, delta: float, fail_prob: float, lt2: float,
-                          calibration: Literal["paper", "tight"]) -> dict[str, float]:
+                          calibration: Literal["paper", "tight"], epochs: int = 1) -> dict[str, float]:
     """``m, sigma, Upsilon, shift, rho_min, rho_max, gamma`` of the Gaussian variant (Prop. 11; ERRATA §6).
+
+    ``epochs``: the released noise is the sum of that many epochs' tree noise
+    (a stream that rolled over carries each closed epoch's last noise): the
+    bound ``Upsilon`` then covers ``epochs * m`` nodes and a union over
+    ``epochs * n`` releases. ``sigma`` (the privacy) does not change: each
+    interaction is in one epoch.
 
     >>> c = ss_gaussian_constants(d=10, n=2**20, epsilon=1.0, delta=0.01, fail_prob=0.05, lt2=2.0,
     ...                           calibration="paper")
@@ -230,15 +236,20 @@ def ss_gaussian_constants(*, d: int, n: int, epsilon: float, delta: float, fail_
         sigma = math.sqrt(m) * lt2 / gdp_mu(eps, dl)
     else:
         raise ValueError(f"`calibration` must be 'paper' or 'tight', got {calibration!r}.")
-    ups = sigma * math.sqrt(2.0 * m) * (4.0 * math.sqrt(d) + 2.0 * math.log(2.0 * n / fail_prob))
-    gamma = sigma * math.sqrt(m / ups) * (math.sqrt(d) + math.sqrt(2.0 * math.log(2.0 * n / fail_prob)))
+    nodes, releases = epochs * m, epochs * n
+    ups = sigma * math.sqrt(2.0 * nodes) * (4.0 * math.sqrt(d) + 2.0 * math.log(2.0 * releases / fail_prob))
+    gamma = sigma * math.sqrt(nodes / ups) * (math.sqrt(d) + math.sqrt(2.0 * math.log(2.0 * releases / fail_prob)))
     return {"m": float(m), "sigma": sigma, "upsilon": ups, "shift": 2.0 * ups, "rho_min": ups,
             "rho_max": 3.0 * ups, "gamma": gamma}
 
 
 def ss_wishart_constants(*, d: int, n: int, epsilon: float, delta: float, fail_prob: float,
-                         lt2: float) -> dict[str, float]:
+                         lt2: float, epochs: int = 1) -> dict[str, float]:
     """``m, k, shift (= -c), rho'_min, rho'_max, gamma'`` of the shifted Wishart variant (Prop. 9, Eq. 4, D.3).
+
+    ``epochs``: the released noise sums that many epochs' trees, a Wishart
+    with ``epochs * m * k`` degrees of freedom, over ``epochs * n`` releases;
+    ``k`` (the privacy) does not change.
 
     ``epsilon`` is the target for replace-one neighbours; ``k`` is computed at
     ``epsilon / 2`` (spec D.5). With ``epsilon_node = 2 epsilon`` the spec's
@@ -252,13 +263,13 @@ def ss_wishart_constants(*, d: int, n: int, epsilon: float, delta: float, fail_p
     m = levels_ceil(n)
     eps0 = eps / 2.0
     k = d + 1 + math.ceil(224.0 * m * eps0**-2 * math.log(8.0 * m / dl) * math.log(2.0 / dl))
-    s = math.sqrt(d) + math.sqrt(2.0 * math.log(8.0 * n / fail_prob))
-    root = math.sqrt(m * k)
+    s = math.sqrt(d) + math.sqrt(2.0 * math.log(8.0 * epochs * n / fail_prob))
+    root = math.sqrt(epochs * m * k)
     rho_min_unshifted = lt2 * (root - s) ** 2
     rho_min = 4.0 * lt2 * root * s
     rho_max = 8.0 * lt2 * root * s
     c = rho_min_unshifted - rho_min
-    gamma0 = math.sqrt(lt2) * (math.sqrt(d) + math.sqrt(2.0 * math.log(2.0 * n / fail_prob)))
+    gamma0 = math.sqrt(lt2) * (math.sqrt(d) + math.sqrt(2.0 * math.log(2.0 * epochs * n / fail_prob)))
     gamma = gamma0 * math.sqrt(rho_min_unshifted / rho_min)
     return {"m": float(m), "k": float(k), "shift": -c, "rho_min": rho_min, "rho_max": rho_max, "gamma": gamma,
             "rho_min_unshifted": rho_min_unshifted}
@@ -351,6 +362,22 @@ class SSLinUCB(PerUserLinUCB):
                                                scale=self.lt2, seed=self.seed, stream=1 + u, event=event)
                                for u in range(self.n_users)]
         self.constants = c
+        self._epoch_constants: dict[int, dict[str, float]] = {1: c}
+
+    def constants_for(self, user: int) -> dict[str, float]:
+        """The constants for ``user``'s released noise: ``self.constants`` until its tree rolls over,
+        then those of the sum of its ``epoch + 1`` epochs' noise (shift, floor and width grow)."""
+        if not self.private:
+            return self.constants
+        epochs = self.states[user].epoch + 1
+        c = self._epoch_constants.get(epochs)
+        if c is None:
+            common: dict[str, Any] = dict(d=self.d, n=self.user_horizon, epsilon=self.epsilon, delta=self.delta,
+                                          fail_prob=self.fail_prob, lt2=self.lt2, epochs=epochs)
+            c = (ss_gaussian_constants(calibration=self.calibration, **common) if self.noise_kind == "gaussian"
+                 else ss_wishart_constants(**common))
+            self._epoch_constants[epochs] = c
+        return c
 
     @property
     def event(self) -> DpEvent:
@@ -431,10 +458,11 @@ class SSLinUCB(PerUserLinUCB):
         """Released ``V``, ``u_tilde`` → serving model (only released quantities are used)."""
         d, p = self.d, self.d + 1
         released = (state.prefix + self.mechanisms[user].noise(state)).reshape(p, p)
-        V = released[:d, :d] + (self.lambda_ + self.constants["shift"]) * np.eye(d)
+        c = self.constants_for(user)
+        V = released[:d, :d] + (self.lambda_ + c["shift"]) * np.eye(d)
         V = 0.5 * (V + V.T)
         u_tilde = released[:d, d]
-        floor = self.constants["rho_min"] + self.lambda_
+        floor = c["rho_min"] + self.lambda_
         lmin = float(np.linalg.eigvalsh(V)[0])
         if lmin < floor:  # D.4: post-processing of the released V only
             V = V + (floor - lmin) * np.eye(d)
@@ -449,11 +477,11 @@ class SSLinUCB(PerUserLinUCB):
     def _width(self, user: int, logdet: float | None) -> float:
         if self.alpha != "theory":
             return float(self.alpha)
-        d, lam = self.d, self.lambda_
-        rho_min = self.constants["rho_min"] + lam
-        rho_max = self.constants["rho_max"] + lam
+        d, lam, c = self.d, self.lambda_, self.constants_for(user)
+        rho_min = c["rho_min"] + lam
+        rho_max = c["rho_max"] + lam
         if logdet is None:  # noise-free: V = lambda I + G
             sign, logdet = np.linalg.slogdet(np.linalg.inv(self.ainv_released[user]))
         inner = 2.0 * math.log(2.0 / self.fail_prob) + logdet - d * math.log(rho_min)
         return (self.reward_subgaussian * math.sqrt(max(inner, 0.0)) + self.theta_bound * math.sqrt(rho_max)
-                + self.constants["gamma"])
+                + c["gamma"])

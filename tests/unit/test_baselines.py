@@ -124,6 +124,36 @@ def test_ss_gaussian_shift_keeps_h_positive_definite(calibration: str) -> None:
     assert np.linalg.eigvalsh(V)[0] >= c["rho_min"] + pol.lambda_ - 1e-6 and pol.psd_fixes == 0
 
 
+@pytest.mark.parametrize("noise", ["gaussian", "wishart"])
+def test_ss_constants_follow_the_epochs_the_released_noise_sums(noise: str) -> None:
+    """After a rollover the released noise is carry + the new tree: shift, floor and width use the
+    constants of ``epoch + 1`` epochs, and the shifted noise stays inside their [rho_min, rho_max]."""
+    calibration = "tight" if noise == "gaussian" else "paper"
+    pol = SSLinUCB(d=4, n_users=1, noise=noise, calibration=calibration, epsilon=4.0, delta=0.1, horizon=12, seed=5,
+                   user_horizon=3, alpha="theory")  # type: ignore[arg-type]
+    mech = pol.mechanisms[0]
+    common = dict(d=4, n=3, epsilon=4.0, delta=0.1, fail_prob=pol.fail_prob, lt2=pol.lt2)
+    state = mech.init_state()
+    seen = set()
+    for _ in range(6 * mech.capacity):
+        _, state, _ = mech.step(state, np.zeros(mech.dim))
+        pol.states[0] = state
+        c = pol.constants_for(0)
+        epochs = state.epoch + 1
+        seen.add(epochs)
+        expected = (ss_gaussian_constants(calibration="tight", epochs=epochs, **common) if noise == "gaussian"
+                    else ss_wishart_constants(epochs=epochs, **common))
+        assert c == expected and (epochs > 1 or c == pol.constants)
+        H = mech.noise(state).reshape(5, 5)[:4, :4] + c["shift"] * np.eye(4)
+        ev = np.linalg.eigvalsh(0.5 * (H + H.T))
+        assert c["rho_min"] <= ev[0] and ev[-1] <= c["rho_max"], (epochs, ev, c)
+    assert seen == set(range(1, 7))
+    ups = [pol._epoch_constants[e]["rho_max"] for e in range(1, 7)]
+    assert ups == sorted(ups) and ups[-1] > ups[0]
+    if noise == "gaussian":  # the noise of e epochs is one tree's with variance x e: Upsilon grows ~ sqrt(e)
+        assert 6**0.5 <= ups[-1] / ups[0] <= 6**0.5 * 1.5
+
+
 def test_ss_symmetrised_node_variances() -> None:
     """Off-diagonal entries have variance sigma^2, diagonal ones 2 sigma^2 (spec A.3.2)."""
     pol = SSLinUCB(d=9, n_users=1, noise="gaussian", calibration="tight", epsilon=1.0, horizon=4, seed=3)
