@@ -48,14 +48,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.browser)
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: Playwright's sync API keeps an asyncio loop marked running in the
+# main thread while it is open, which breaks every later asyncio.run() (the replay tests).
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """Broker, redis, worker and web server, ready (a model is published)."""
     with local_stack(tmp_path_factory.mktemp("browser-stack"), settings=SETTINGS) as st:
         yield st
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     """Headless Debian Chromium under Playwright."""
     if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
