@@ -503,6 +503,7 @@ def _run(args: argparse.Namespace) -> int:
     verdict = "met" if doc["target_met"] else "MISSED"
     print(f"headline (C={doc['concurrency']}): p50 {doc['p50_ms']:.2f} ms, p99 {doc['p99_ms']:.2f} ms, "
           f"{doc['requests_per_s']:.0f} req/s; target p99 <= 5 ms and >= 2,000 req/s: {verdict}; "
-          f"loadavg {doc['machine']['loadavg_before']} -> {doc['machine']['loadavg_after']}")
+          f"loadavg {doc['machine']['loadavg_before']} -> {doc['machine']['loadavg_after']}; "
+          f"machine yardstick sum(range(1000)) = {doc['machine']['python_speed_us']:.1f} µs")
     print(f"wrote {args.out}/serve.json", file=sys.stderr)
     return 0

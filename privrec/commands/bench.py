@@ -47,5 +47,7 @@ def _core(args: argparse.Namespace) -> int:
     for k, v in doc.items():
         if k.endswith("_us") and isinstance(v, float):
             print(f"{k:>16}: {v:9.1f} µs per decide+update")
+    print(f"machine yardstick: sum(range(1000)) takes {doc['machine']['python_speed_us']:.1f} µs here "
+          f"(wall-clock numbers scale with it)")
     print(f"wrote {args.out}/core.json", file=sys.stderr)
     return 0

@@ -152,8 +152,20 @@ def summarize(values: Iterable[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0
 
 
+def python_speed_us(repeats: int = 5, number: int = 2000) -> float:
+    """Best time of ``sum(range(1000))`` in µs: a yardstick of this machine's single-core Python speed.
+
+    The benchmarks' wall-clock numbers move with it (the same code measured 2-3x apart on two days
+    of this project's shared machines), so every report records it beside them.
+    """
+    import timeit
+
+    return min(timeit.repeat("sum(range(1000))", number=number, repeat=repeats)) / number * 1e6
+
+
 def machine_info() -> dict[str, Any]:
     return {
+        "python_speed_us": round(python_speed_us(), 2),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "machine": platform.machine(),
