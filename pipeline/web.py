@@ -34,6 +34,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+import orjson
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -215,13 +216,14 @@ async def recommend(request: web.Request) -> web.Response:
     items = [it["item"] for it in out["items"]]
     record = {"rec_id": out["rec_id"], "user": user, "items": items, "model_version": out["model_version"],
               "ts": time.time() * 1000}
-    value = json.dumps(record).encode()
+    value = orjson.dumps(record)
     await request.app["shown"].put(out["rec_id"], value)
     producer: AIOKafkaProducer | None = request.app["log_producer"]
     if producer is not None:
         await producer.send(TOPICS["recommendations"], key=user.encode(), value=value)
     request.app["metrics"].model_version.set(out["model_version"])
-    return web.json_response(out)
+    # orjson: the same JSON (scores are finite floats, see serving._num), ~5x faster to encode
+    return web.Response(body=orjson.dumps(out), content_type="application/json")
 
 
 async def feedback(request: web.Request) -> web.Response:
@@ -383,7 +385,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("PRIVREC_LOGLEVEL", "INFO"))
     settings = Settings.from_mapping({})
     app = create_web_app(settings, load_catalog(settings))
-    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+    try:  # uvloop's event loop cuts the server's CPU per request (bench serve); asyncio's when absent
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None, loop=loop)
 
 
 if __name__ == "__main__":
