@@ -32,9 +32,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
 import redis
 import redis.asyncio as aioredis
-import orjson
+import uvloop
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -385,13 +386,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("PRIVREC_LOGLEVEL", "INFO"))
     settings = Settings.from_mapping({})
     app = create_web_app(settings, load_catalog(settings))
-    try:  # uvloop's event loop cuts the server's CPU per request (bench serve); asyncio's when absent
-        import uvloop
-
-        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    except ImportError:
-        loop = asyncio.new_event_loop()
-    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None, loop=loop)
+    # uvloop's event loop: 15-25 % less server CPU per /recommend than asyncio's (README, "Latency")
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None, loop=uvloop.new_event_loop())
 
 
 if __name__ == "__main__":

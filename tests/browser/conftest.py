@@ -48,8 +48,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.browser)
 
 
-# Package scope, not session: Playwright's sync API keeps an asyncio loop marked running in the
-# main thread while it is open, which breaks every later asyncio.run() (the replay tests).
 @pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """Broker, redis, worker and web server, ready (a model is published)."""
@@ -57,6 +55,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         yield st
 
 
+# Package scope, not session: Playwright's sync API keeps an asyncio loop marked running in the
+# main thread while it is open, which breaks every later asyncio.run() (the replay tests).
 @pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     """Headless Debian Chromium under Playwright."""
