@@ -9,20 +9,18 @@ Nothing here imports Kafka, Redis, faust, reads files, reads the clock or
 configures logging: the same objects run inside the streaming pipeline and
 in offline experiments. Time enters as a tick count and randomness as a seed.
 
-Modules
--------
-policies      LinUCB / CoLin / GOB.Lin, non-private, global-DP and local-DP
-mechanisms    continual-release trees: ``step(state, increment) -> (release, state, event)``; the registry
-honaker       Honaker's online tree estimator (the binary tree's noise, 42 % less variance)
-smooth        the smooth binary mechanism (Andersson & Pagh 2023)
-factorization buffered-linear-Toeplitz square-root factorization (log t error, bounded memory)
-userspace     user-space noise (V ⊗ I) xi for CoLin / GOB.Lin
-baselines     Shariff & Sheffet's JDP LinUCB (jdp_linucb) and DGS LinUCB (dgs), by name
-accounting    DP events, zCDP / Gaussian-DP / Laplace accountants, calibration
-noise         keyed (counter-based) noise: never redrawn, exactly restorable
-graphs        W, G^{-1/2}, sensitivities
-environment   the paper's synthetic environment with a regret oracle
-streaming     the pipeline's pure stages: exact unit statistics, release, solve, UCB scores
+Layout (one concern per subpackage; each layer imports only the ones below it,
+checked by the import contracts in ``pyproject.toml``)
+---------------------------------------------------------------------------------
+policies      the bandits: LinUCB / CoLin / GOB.Lin (Kronecker family), the per-unit
+              baselines (Shariff & Sheffet, DGS), the registry ``make_policy``
+streaming     the pipeline's pure stages: exact unit statistics, release, solve
+mechanisms    continual-release mechanisms: ``step(state, increment) -> (release, state, event)``,
+              one module each, the registry ``make_mechanism`` at the top
+accounting    DP events, accountants (zCDP, Gaussian DP, Laplace), conversions
+ground        codecs, keyed noise, small linear algebra, collaboration graphs, the synthetic environment
+
+``policies`` and ``streaming`` sit side by side: neither imports the other.
 """
 
 from .accounting import (
@@ -35,18 +33,30 @@ from .accounting import (
     WishartTreeEvent,
     ZCDPAccountant,
 )
-from .environment import SyntheticEnvironment
-from .mechanisms import MECHANISMS, BinaryTreeMechanism, TreeState, make_mechanism
-from .noise import KeyedNoise
-from .policies import ALGORITHMS, KroneckerUCB, PrivacyConfig, RandomPolicy, make_policy
-from .streaming import ReleasedStats, Releaser, UnitStats, solve, ucb_scores
-from .factorization import BLTMechanism
-from .honaker import HonakerTreeMechanism
-from .smooth import SmoothBinaryMechanism
-from .userspace import UserSpaceKroneckerUCB, UserSpaceMechanism
-from .baselines import BASELINES, make_baseline
-from .dgs import DGSLinUCB
-from .jdp_linucb import SSLinUCB
+from .ground import KeyedNoise, SyntheticEnvironment, ucb_scores
+from .mechanisms import (
+    MECHANISMS,
+    BinaryTreeMechanism,
+    BLTMechanism,
+    HonakerTreeMechanism,
+    SmoothBinaryMechanism,
+    TreeState,
+    UserSpaceMechanism,
+    make_mechanism,
+)
+from .policies import (
+    ALGORITHMS,
+    BASELINES,
+    DGSLinUCB,
+    KroneckerUCB,
+    PrivacyConfig,
+    RandomPolicy,
+    SSLinUCB,
+    UserSpaceKroneckerUCB,
+    make_baseline,
+    make_policy,
+)
+from .streaming import ReleasedStats, Releaser, UnitStats, solve
 
 __all__ = [
     "ALGORITHMS",

@@ -7,6 +7,9 @@ Redis commit of statistics + offset. On assignment, partitions are sought to
 the offset stored in Redis — the source of truth — so whatever Kafka
 redelivers after a crash is skipped, and nothing before it is re-read.
 Kafka offsets are committed too, after Redis, for lag monitoring only.
+
+:func:`register` adds the task to an app built by :mod:`pipeline.app`; this
+module never imports the app (the app imports it).
 """
 
 from __future__ import annotations
@@ -17,30 +20,33 @@ import logging
 import os
 import time
 
+import faust
 import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
-from .app import app, catalog, settings
+from .catalog import Catalog
 from .ingest import IngestProcessor
 from .records import TOPICS, dead_letter_value
+from .settings import Settings
 from .trusted import TrustedStore
 
 log = logging.getLogger("privrec.ingest")
 
-__all__ = ["ingest"]
+__all__ = ["register", "ingest"]
 
 
 class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, consumer: AIOKafkaConsumer, processor: IngestProcessor) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, processor: IngestProcessor, partitions: int) -> None:
         self.consumer = consumer
         self.processor = processor
+        self.partitions = partitions
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         for tp in revoked:
             self.processor.forget(tp.partition)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        stored = self.processor.store.offsets(settings.partitions)
+        stored = self.processor.store.offsets(self.partitions)
         for tp in assigned:
             self.processor.forget(tp.partition)
             off = stored[tp.partition] if tp.partition < len(stored) else None
@@ -51,8 +57,15 @@ class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned partitions %s (stored offsets %s)", sorted(tp.partition for tp in assigned), stored)
 
 
-@app.task
-async def ingest() -> None:
+def register(app: faust.App, settings: Settings, catalog: Catalog) -> None:
+    """Run :func:`ingest` as a task of ``app`` (every worker, leader or not)."""
+
+    @app.task
+    async def ingest_task() -> None:
+        await ingest(settings, catalog)
+
+
+async def ingest(settings: Settings, catalog: Catalog) -> None:
     """Consume ``interactions`` in batches until the worker stops."""
     client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
     processor = IngestProcessor(client, settings.namespace, catalog)
@@ -64,7 +77,7 @@ async def ingest() -> None:
         heartbeat_interval_ms=1000, max_poll_records=settings.batch_size, fetch_max_wait_ms=100)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka, linger_ms=5)
     await producer.start()
-    consumer.subscribe([TOPICS["interactions"]], listener=_SeekToStoredOffsets(consumer, processor))
+    consumer.subscribe([TOPICS["interactions"]], listener=_SeekToStoredOffsets(consumer, processor, settings.partitions))
     await consumer.start()
     worker_id = os.environ.get("PRIVREC_WORKER_ID", f"worker-{os.getpid()}")
     status_key = f"{settings.namespace}:ops:{{{settings.namespace}:ops}}:workers"

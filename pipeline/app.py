@@ -4,6 +4,9 @@
 ``privrec up`` sets them for each worker it starts). It owns the worker
 lifecycle, the leader election and the leader-only release/solve timer
 (:mod:`pipeline.timers`); ingest runs as an app task (:mod:`pipeline.agents`).
+Both are registered by :func:`build_worker_app`, which receives everything they
+need: the app imports them, never the reverse, and importing this module
+starts nothing.
 
 Why ingest is a batch consumer task rather than a per-event faust agent:
 measured on this machine (deploy/NOTES-broker.md), faust's per-event stream
@@ -26,10 +29,11 @@ from pathlib import Path
 
 import faust
 
+from . import agents, timers
 from .catalog import load_catalog
 from .settings import Settings
 
-__all__ = ["app", "settings", "catalog", "create_app"]
+__all__ = ["create_app", "build_worker_app"]
 
 
 def create_app(settings: Settings, *, state_dir: Path | None = None, web_port: int | None = None) -> faust.App:
@@ -57,10 +61,12 @@ def create_app(settings: Settings, *, state_dir: Path | None = None, web_port: i
     )
 
 
-settings = Settings.from_mapping({})
-catalog = load_catalog(settings)
-_web = os.environ.get("PRIVREC_WEB_PORT")
-app = create_app(settings, web_port=int(_web) if _web else None)
-
-# agents and timers register themselves on `app` when imported
-from . import agents, timers  # noqa: E402,F401
+def build_worker_app(settings: Settings | None = None) -> faust.App:
+    """The worker's app: settings from the environment, the catalog, ingest and the release timer."""
+    settings = settings or Settings.from_mapping({})
+    catalog = load_catalog(settings)
+    web = os.environ.get("PRIVREC_WEB_PORT")
+    app = create_app(settings, web_port=int(web) if web else None)
+    agents.register(app, settings, catalog)
+    timers.register(app, settings, catalog)
+    return app

@@ -1,11 +1,11 @@
 """Release of the per-unit baselines (Shariff & Sheffet, DGS): trusted state and the pending release.
 
 The baselines (``--algorithm ss-*`` / ``dgs-*``; :data:`pipeline.settings.BASELINE_ALGORITHMS`)
-keep one mechanism per model unit (:class:`models._peruser.PerUserLinUCB`). Each
+keep one mechanism per model unit (:class:`models.policies.peruser.PerUserLinUCB`). Each
 release tick feeds the exact per-unit prefix sums to
-:meth:`~models._peruser.PerUserLinUCB.release_from_stats`; the units whose public
+:meth:`~models.policies.peruser.PerUserLinUCB.release_from_stats`; the units whose public
 interaction count grew advance, and the result is every unit's serving model
-(:class:`~models._peruser.ServingModels`: ``theta_u``, ``C_u``, ``width_u``).
+(:class:`~models.policies.peruser.ServingModels`: ``theta_u``, ``C_u``, ``width_u``).
 
 Trusted keys (the layout of :mod:`pipeline.trusted`, same hash tag, so one
 MULTI/EXEC writes both):
@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import redis
 
-from models._peruser import PerUserLinUCB, ServingModels
-from models.baselines import make_baseline
-from models.dgs import pool_lambda_0
+from models.policies.peruser import PerUserLinUCB, ServingModels
+from models.policies.baselines import make_baseline
+from models.policies.dgs import pool_lambda_0
 
 from .catalog import Catalog
 from .settings import Settings

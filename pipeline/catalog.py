@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from models.environment import SyntheticEnvironment
+from models.ground.environment import SyntheticEnvironment
 
 from .settings import SettingsError
 

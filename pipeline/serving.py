@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from models.streaming import ucb_scores
+from models.ground.linalg import ucb_scores
 
 from .catalog import Catalog, UnknownArmError, UnknownUserError
 from .keys import PublicKeys

@@ -42,7 +42,7 @@ DEFAULT_MECHANISM = "user-blt-exact"
 #: Default kappa of the noise-scaled ridge (README, "Continual-release mechanisms").
 DEFAULT_NOISE_RIDGE = 100.0
 
-#: The other papers' private LinUCB variants (``models.baselines``), selectable as algorithms: each
+#: The other papers' private LinUCB variants (``models.policies.baselines``), selectable as algorithms: each
 #: brings its own per-unit mechanism, so the ``mechanism`` setting does not apply to them.
 BASELINE_ALGORITHMS: dict[str, str] = {
     "ss-gaussian": "SS-LinUCB-Gaussian",
@@ -84,7 +84,7 @@ class Settings:
         ``"linucb"`` (one model per unit), ``"colin"`` or ``"goblin"`` (released
         through ``mechanism``), or one of the other papers' private LinUCB
         variants, per-unit LinUCB with their own per-unit mechanism and width
-        (:data:`BASELINE_ALGORITHMS`, ``models.baselines``):
+        (:data:`BASELINE_ALGORITHMS`, ``models.policies.baselines``):
         ``"ss-gaussian"`` / ``"ss-gaussian-tight"`` (Shariff & Sheffet, joint DP,
         Gaussian tree over the augmented Gram matrix, paper / exact
         calibration), ``"ss-wishart"`` (S&S, shifted Wishart tree),
@@ -228,7 +228,7 @@ class Settings:
 
     @property
     def baseline(self) -> str | None:
-        """The ``models.baselines`` name of a baseline algorithm (``None`` for linucb / colin / goblin)."""
+        """The ``models.policies.baselines`` name of a baseline algorithm (``None`` for linucb / colin / goblin)."""
         return BASELINE_ALGORITHMS.get(self.algorithm)
 
     def model_config(self) -> dict[str, Any]:

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import redis
 
-from models._peruser import PerUserLinUCB, ServingModels
+from models.policies.peruser import PerUserLinUCB, ServingModels
 from models.accounting import describe, event_to_dict
-from models.dgs import DGSLinUCB, DGSTreeMechanism, first_positive_lambda_prime
-from models.graphs import adjacency_from_w, goblin_projection, sensitivities
-from models.jdp_linucb import SSLinUCB
+from models.policies.dgs import DGSLinUCB, DGSTreeMechanism, first_positive_lambda_prime
+from models.ground.graphs import adjacency_from_w, goblin_projection, sensitivities
+from models.policies.jdp_linucb import SSLinUCB
 from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from models.streaming import ReleasedStats, Releaser, solve
 

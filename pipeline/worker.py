@@ -15,8 +15,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 def main() -> None:
     import faust
 
-    from .app import app
+    from .app import build_worker_app
 
+    app = build_worker_app()
     level = os.environ.get("PRIVREC_LOGLEVEL", "INFO")
     faust.Worker(app, loglevel=level).execute_from_commandline()
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from models.environment import SyntheticEnvironment
+from models.ground.environment import SyntheticEnvironment
 from models.policies import make_policy
 from privrec.experiments.runner import machine_info
 

@@ -446,7 +446,7 @@ SPY_CATEGORIES = (
     ("Redis commit (Lua script, sync client)", ("commit_partition",)),
     ("IngestProcessor.prepare: rest (sort, lists, vstack, stats copy)", ("IngestProcessor.prepare",)),
     ("Kafka fetch and record decoding (aiokafka)", ("aiokafka/",)),
-    ("release/solve tick (leader timer, executor thread)", ("_tick (pipeline/timers.py",)),
+    ("release/solve tick (leader timer, executor thread)", ("tick (pipeline/timers.py",)),
     ("status report, offsets commit, loop (agents.py)", ("pipeline/agents.py",)),
 )
 

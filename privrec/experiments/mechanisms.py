@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from models.accounting import describe
-from models.baselines import BASELINES
-from models.environment import SyntheticEnvironment
+from models.policies.baselines import BASELINES
+from models.ground.environment import SyntheticEnvironment
 from models.mechanisms import MECHANISMS
 from models.policies import make_policy
 
@@ -60,7 +60,7 @@ class Row:
     """One mechanism configuration (a row of the report).
 
     ``mechanism``: a :data:`~models.mechanisms.MECHANISMS` name for DP-LinUCB
-    and DP-CoLin; or ``baseline``: a :data:`~models.baselines.BASELINES` name
+    and DP-CoLin; or ``baseline``: a :data:`~models.policies.baselines.BASELINES` name
     (DP-LinUCB only). ``tick``: interactions per release, or ``"tuned"``.
     """
 
@@ -414,7 +414,7 @@ def assemble(cfg: MechanismsConfig, results: list[JobResult], tuning: dict[str, 
         "settings": {**{k: v for k, v in asdict(cfg).items() if k not in ("rows",)},
                      "rows": list(cfg.rows), "seeds": [cfg.seed + r for r in range(cfg.runs)],
                      "horizon_counts": "interactions (round-robin users)",
-                     "environment": "collaborative paper's synthetic setting (models.environment); rewards "
+                     "environment": "collaborative paper's synthetic setting (models.ground.environment); rewards "
                                     "x^T Theta W[:,u] + N(0, reward_std^2) clipped to [0, 1]",
                      "nonprivate_twin": "LinUCB / CoLin at tick 1 with the same lambda and alpha",
                      "share_of_gain": "(private - non-private) / (random - non-private)",

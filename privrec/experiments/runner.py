@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from models.environment import SyntheticEnvironment
+from models.ground.environment import SyntheticEnvironment
 from models.policies import KroneckerUCB, make_policy
 
 __all__ = ["Job", "JobResult", "simulate", "run_jobs", "machine_info", "derive_seed", "summarize"]

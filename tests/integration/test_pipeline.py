@@ -21,7 +21,8 @@ import pytest
 import redis
 
 from models.mechanisms import make_mechanism
-from models.streaming import ReleasedStats, Releaser, solve, ucb_scores
+from models.ground.linalg import ucb_scores
+from models.streaming import ReleasedStats, Releaser, solve
 from pipeline import services
 from pipeline.serving import Recommender
 from pipeline.stages import projection

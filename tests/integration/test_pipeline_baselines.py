@@ -29,9 +29,10 @@ import numpy as np
 import pytest
 import redis
 
-from models._peruser import ServingModels
-from models.baselines import make_baseline
-from models.streaming import UnitStats, ucb_scores
+from models.policies.peruser import ServingModels
+from models.policies.baselines import make_baseline
+from models.ground.linalg import ucb_scores
+from models.streaming import UnitStats
 from pipeline import services
 from pipeline.baseline_release import build_baseline
 from pipeline.catalog import SyntheticCatalog

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from models.accounting import GaussianTreeEvent, WishartTreeEvent, describe, gdp_epsilon
-from models.baselines import BASELINES, make_baseline
-from models.dgs import DGSLinUCB, DGSTreeMechanism, dgs_lambda_prime
-from models.environment import SyntheticEnvironment
-from models.jdp_linucb import SSLinUCB, ss_gaussian_constants, ss_wishart_constants, wishart_bartlett
-from models.noise import KeyedNoise
+from models.policies.baselines import BASELINES, make_baseline
+from models.policies.dgs import DGSLinUCB, DGSTreeMechanism, dgs_lambda_prime
+from models.ground.environment import SyntheticEnvironment
+from models.policies.jdp_linucb import SSLinUCB, ss_gaussian_constants, ss_wishart_constants, wishart_bartlett
+from models.ground.noise import KeyedNoise
 from models.policies import make_policy
 
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from models._peruser import PerUserLinUCB, ServingModels
-from models.baselines import BASELINES, make_baseline
+from models.policies.peruser import PerUserLinUCB, ServingModels
+from models.policies.baselines import BASELINES, make_baseline
 from models.streaming import ReleasedStats, UnitStats, solve
 
 N, D = 3, 4

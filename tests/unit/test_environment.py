@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.environment import SyntheticEnvironment
+from models.ground.environment import SyntheticEnvironment
 
 
 def test_construction_matches_the_paper() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from models.mechanisms import MECHANISMS, BinaryTreeMechanism, TreeState, levels_for_horizon, make_mechanism
-from models.noise import KeyedNoise
+from models.ground.noise import KeyedNoise
 
 
 def _mech(name: str, *, dim: int, epsilon: float, horizon: int, seed: int = 1) -> BinaryTreeMechanism:

@@ -27,7 +27,7 @@ from models.accounting import (
     gdp_mu,
     group_guarantee,
 )
-from models.factorization import (
+from models.mechanisms.factorization import (
     BLT_TABLE,
     BLTMechanism,
     blt_coefficients,
@@ -40,11 +40,11 @@ from models.factorization import (
     sqrt_coefficients,
     toeplitz_lower,
 )
-from models.honaker import HonakerTreeMechanism, honaker_node_variance, honaker_prefix_variance
+from models.mechanisms.honaker import HonakerTreeMechanism, honaker_node_variance, honaker_prefix_variance
 from models.mechanisms import MECHANISMS, BinaryTreeMechanism, TreeState, make_mechanism
-from models.noise import KeyedNoise
-from models.smooth import SmoothBinaryMechanism, smooth_shape, weight_k_unrank
-from models.userspace import UserSpaceMechanism
+from models.ground.noise import KeyedNoise
+from models.mechanisms.smooth import SmoothBinaryMechanism, smooth_shape, weight_k_unrank
+from models.mechanisms.userspace import UserSpaceMechanism
 
 NEW = sorted(n for n in MECHANISMS if n.startswith(("honaker", "smooth", "blt", "user-")))
 EPS = (0.5, 1.0, 2.0, 5.0, 10.0)

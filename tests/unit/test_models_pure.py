@@ -8,7 +8,7 @@ import sys
 
 def test_models_imports_no_io_frameworks() -> None:
     code = (
-        "import sys, models, models.policies, models.mechanisms, models.accounting, models.environment\n"
+        "import sys, models, models.policies, models.mechanisms, models.accounting, models.ground.environment\n"
         "bad = sorted(m for m in ('faust', 'redis', 'aiokafka', 'kafka', 'aiohttp', 'matplotlib') if m in sys.modules)\n"
         "print(','.join(bad))\n"
     )

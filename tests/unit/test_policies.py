@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from models.environment import SyntheticEnvironment
-from models.graphs import (
+from models.ground.environment import SyntheticEnvironment
+from models.ground.graphs import (
     adjacency_from_w,
     column_normalize,
     complete_adjacency,

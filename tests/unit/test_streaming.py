@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from models.environment import SyntheticEnvironment
+from models.ground.environment import SyntheticEnvironment
 from models.mechanisms import make_mechanism
 from models.policies import make_policy
-from models.streaming import ReleasedStats, Releaser, UnitStats, solve, ucb_scores
+from models.ground.linalg import ucb_scores
+from models.streaming import ReleasedStats, Releaser, UnitStats, solve
 
 
 def _events(n: int, n_units: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -44,7 +44,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from .mechanisms import BinaryTreeMechanism, TreeState
+from .base import TreeState
+from .tree import BinaryTreeMechanism
 
 __all__ = ["HonakerTreeMechanism", "honaker_node_variance", "honaker_prefix_variance"]
 

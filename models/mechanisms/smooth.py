@@ -53,7 +53,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from .accounting import (
+from models.accounting import (
     DpEvent,
     GaussianTreeEvent,
     LaplaceTreeEvent,
@@ -62,7 +62,8 @@ from .accounting import (
     gdp_mu,
     rho_from_epsilon,
 )
-from .mechanisms import BinaryTreeMechanism, NoiseKind, TreeState, _check_sens
+from .base import NoiseKind, TreeState, check_sensitivity
+from .tree import BinaryTreeMechanism
 
 __all__ = ["SmoothBinaryMechanism", "smooth_shape", "weight_k_unrank"]
 
@@ -208,7 +209,7 @@ class SmoothBinaryMechanism(BinaryTreeMechanism):
         ``accounting="exact"``: ``sigma = sqrt(depth - k) Delta / mu`` with the
         exact Gaussian-DP ``mu``; ``"zcdp"``: ``sigma = Delta sqrt((depth - k) / (2 rho))``.
         """
-        eps, d2 = check_epsilon(epsilon), _check_sens(sensitivity)
+        eps, d2 = check_epsilon(epsilon), check_sensitivity(sensitivity)
         check_delta(delta)
         depth, k = smooth_shape(horizon, weight)
         if math.isinf(eps):
@@ -228,7 +229,7 @@ class SmoothBinaryMechanism(BinaryTreeMechanism):
         weight: WeightRule = "balanced",
     ) -> SmoothBinaryMechanism:
         """Valid pure ``epsilon``-DP: per-node ``Laplace(Delta_1 (depth - k) / epsilon)``."""
-        eps, d1 = check_epsilon(epsilon), _check_sens(sensitivity_l1, "sensitivity_l1")
+        eps, d1 = check_epsilon(epsilon), check_sensitivity(sensitivity_l1, "sensitivity_l1")
         depth, k = smooth_shape(horizon, weight)
         if math.isinf(eps):
             return cls(dim=dim, depth=depth, weight=k, noise="laplace", scale=0.0, seed=seed, stream=stream)

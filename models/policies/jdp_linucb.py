@@ -52,10 +52,12 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from ._peruser import PerUserLinUCB, levels_ceil
-from .accounting import DpEvent, GaussianTreeEvent, NoNoiseEvent, WishartTreeEvent, check_delta, check_epsilon, gdp_mu
-from .mechanisms import TreeState, levels_for_horizon
-from .noise import KeyedNoise
+from models.accounting import (DpEvent, GaussianTreeEvent, NoNoiseEvent, WishartTreeEvent, check_delta, check_epsilon,
+                               gdp_mu)
+from models.ground.noise import KeyedNoise
+from models.mechanisms import TreeState, levels_for_horizon
+
+from .peruser import PerUserLinUCB, levels_ceil
 
 __all__ = ["SSTreeMechanism", "SSLinUCB", "ss_gaussian_constants", "ss_wishart_constants", "wishart_bartlett"]
 
@@ -292,7 +294,7 @@ class SSLinUCB(PerUserLinUCB):
     reward_subgaussian, theta_bound
         ``sigma_r`` (1/2 for rewards in ``[0, 1]``) and ``S`` in the width.
     **kwargs
-        :class:`~models._peruser.PerUserLinUCB`'s parameters
+        :class:`~models.policies.peruser.PerUserLinUCB`'s parameters
         (``d, n_users, lambda_, epsilon, delta, horizon, tick, seed, ...``).
 
     ``lambda_`` is added to ``V`` so that the noise-free policy is exactly

@@ -67,9 +67,10 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from .accounting import DpEvent, FactorizationEvent, NoNoiseEvent, check_delta, check_epsilon, gdp_mu, rho_from_epsilon
-from .mechanisms import TreeState, _check_sens
-from .noise import KeyedNoise
+from models.accounting import DpEvent, FactorizationEvent, NoNoiseEvent, check_delta, check_epsilon, gdp_mu, rho_from_epsilon
+from models.ground.noise import KeyedNoise
+
+from .base import TreeState, check_sensitivity
 
 __all__ = [
     "BLTMechanism",
@@ -89,7 +90,7 @@ FloatArray = NDArray[np.float64]
 
 #: Fitted BLT buffers, ``p -> (theta, w)``, for epochs of ``2**p - 1`` ticks and 4 buffers:
 #: the minimiser of ``||b||**2 ||c||**2`` (:func:`fit_blt`, warm-started from ``p - 1``).
-#: Regenerate with ``python -m models.factorization``; the tests check every entry's loss.
+#: Regenerate with ``python -m models.mechanisms.factorization``; the tests check every entry's loss.
 BLT_TABLE: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {
     1: ((0.8378950576396442, 0.7273730649177839, 0.5414979747789541, 0.2288945823615599),
         (0.05332426315352866, 0.07430428661145932, 0.084045803541398, 0.10057816953925944)),
@@ -350,7 +351,7 @@ class BLTMechanism:
         Per-coordinate std ``sigma`` of ``z``; ``0`` switches noise off.
     seed, stream
         Secret key of the noise: ``z_t`` is drawn at address
-        ``(epoch, level=0, index=t)`` (:class:`~models.noise.KeyedNoise`).
+        ``(epoch, level=0, index=t)`` (:class:`~models.ground.noise.KeyedNoise`).
     event
         The privacy event this calibration spends (built by :meth:`gaussian`).
 
@@ -444,7 +445,7 @@ class BLTMechanism:
         Gaussian-DP ``mu`` (analytic Gaussian mechanism); ``"zcdp"``:
         ``sigma = Delta ||c|| / sqrt(2 rho)``.
         """
-        eps, d2 = check_epsilon(epsilon), _check_sens(sensitivity)
+        eps, d2 = check_epsilon(epsilon), check_sensitivity(sensitivity)
         check_delta(delta)
         n = _check_n(horizon)
         theta, w = blt_parameters(n, buffers)

@@ -42,11 +42,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from .accounting import DpEvent
-from .mechanisms import Mechanism, TreeState, make_mechanism
-from .policies import KroneckerUCB
+from models.accounting import DpEvent
 
-__all__ = ["UserSpaceMechanism", "UserSpaceKroneckerUCB"]
+from .base import Mechanism, TreeState
+
+__all__ = ["UserSpaceMechanism"]
 
 FloatArray = NDArray[np.float64]
 
@@ -139,24 +139,3 @@ class UserSpaceMechanism:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r}, N={self.mixing.shape[0]}, block_dim={self.block_dim})"
-
-
-class UserSpaceKroneckerUCB(KroneckerUCB):
-    """:class:`~models.policies.KroneckerUCB` whose global ``"user-*"`` mechanism gets the mixing ``V``.
-
-    ``KroneckerUCB`` builds its mechanism by name without ``V``; this subclass
-    rebuilds a global ``"user-*"`` mechanism with ``mixing=V`` and
-    ``block_dim=d`` (everything else, including the state codecs, is
-    inherited). Local mode is unchanged: each user's tree already sees only
-    that user's data. ``make_policy`` returns this class for ``"user-*"``
-    mechanisms.
-    """
-
-    def _build_mechanisms(self) -> None:
-        super()._build_mechanisms()
-        p = self.privacy
-        if p.mode == "global" and p.mechanism.startswith("user-"):
-            ticks = -(-p.horizon // p.tick)
-            self.mechanism = make_mechanism(
-                p.mechanism, dim=self.dim, sensitivity=float(self.user_sensitivity.max()), epsilon=p.epsilon,
-                delta=p.delta, horizon=ticks, seed=p.seed, stream=0, mixing=self.V, block_dim=self.d)

@@ -29,7 +29,8 @@ exactly as the streaming pipeline's serving models do.
 Examples
 --------
 >>> import numpy as np
->>> from models.graphs import uniform_w
+>>> from models.ground.graphs import uniform_w
+>>> from models.policies import make_policy
 >>> pol = make_policy("CoLin", d=2, W=uniform_w(3), seed=0)
 >>> X = np.array([[1.0, 0.0], [0.0, 1.0]])
 >>> pol.select(0, X)
@@ -43,26 +44,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.linalg.blas import dger
 
-from ._codec import decode_arrays, encode_arrays
-from .graphs import adjacency_from_w, goblin_projection, sensitivities, validate_w
-from .mechanisms import Mechanism, TreeState, make_mechanism, noise_std
-from .streaming import check_interaction, ucb_scores
+from models.ground.codec import decode_arrays, encode_arrays
+from models.ground.graphs import sensitivities
+from models.ground.linalg import check_interaction, sherman_morrison, ucb_scores
+from models.mechanisms import Mechanism, TreeState, make_mechanism, noise_std
 
-__all__ = [
-    "Policy",
-    "KroneckerUCB",
-    "RandomPolicy",
-    "PrivacyConfig",
-    "ALGORITHMS",
-    "make_policy",
-    "projection_for",
-]
+__all__ = ["Policy", "KroneckerUCB", "RandomPolicy", "PrivacyConfig", "PrivacyMode"]
 
 FloatArray = NDArray[np.float64]
 PrivacyMode = Literal["none", "global", "local"]
@@ -300,7 +293,7 @@ class KroneckerUCB:
         x, r = check_interaction(context, reward, self.d)
         d = self.d
         if self.block:
-            _sherman_morrison(self.ainv[user], x)
+            sherman_morrison(self.ainv[user], x)
             if self.gram is not None:
                 dger(1.0, x, x, a=self.gram[user].T, overwrite_a=1)
             sl = slice(user * d, (user + 1) * d)
@@ -310,7 +303,7 @@ class KroneckerUCB:
                 self.user_tick_counts[user] += 1
         else:
             xt = (self.V[:, user, None] * x).ravel()  # = kron(V[:, user], x)
-            _sherman_morrison(self.ainv, xt)
+            sherman_morrison(self.ainv, xt)
             if self.gram is not None:
                 dger(1.0, xt, xt, a=self.gram.T, overwrite_a=1)
             z = r * xt
@@ -453,12 +446,6 @@ def _sub(mapping: dict[str, bytes], prefix: str) -> dict[str, bytes]:
     return {k[len(prefix):]: v for k, v in mapping.items() if k.startswith(prefix)}
 
 
-def _sherman_morrison(ainv: FloatArray, x: FloatArray) -> None:
-    """In place: ``ainv <- (A + x x^T)^{-1}`` for symmetric ``ainv = A^{-1}``."""
-    ax = ainv @ x
-    denom = 1.0 + float(x @ ax)
-    # dger on the F-ordered view of the C-ordered symmetric matrix updates it in place.
-    dger(-1.0 / denom, ax, ax, a=ainv.T, overwrite_a=1)
 
 
 def _ridge_inverse(gram: FloatArray, lam: float) -> FloatArray:
@@ -476,81 +463,3 @@ def _tree_noise_bound(mech: Mechanism, step: int, dim: int, zeta: float) -> floa
     if getattr(mech, "noise_kind", "gaussian") == "gaussian":
         return scale * math.sqrt(k) * (math.sqrt(dim) + math.sqrt(2 * math.log(1 / zeta)))
     return math.sqrt(dim) * k * scale * math.log(k * dim / zeta)
-
-
-# --------------------------------------------------------------------------- registry
-
-#: The algorithms of the collaborative paper: name -> (structure, privacy mode).
-ALGORITHMS: dict[str, tuple[str, PrivacyMode]] = {
-    "LinUCB": ("linucb", "none"),
-    "CoLin": ("colin", "none"),
-    "GOBLin": ("goblin", "none"),
-    "DP-LinUCB": ("linucb", "global"),
-    "DP-CoLin": ("colin", "global"),
-    "DP-GOBLin": ("goblin", "global"),
-    "LDP-CoLin": ("colin", "local"),
-    "LDP-GOBLin": ("goblin", "local"),
-}
-
-
-def projection_for(structure: str, W: FloatArray, goblin_scale: float = 1.0) -> FloatArray:
-    """``V`` for ``"linucb"`` (identity), ``"colin"`` (``W``) or ``"goblin"`` (``G^{-1/2}``)."""
-    W = validate_w(W)
-    if structure == "linucb":
-        return np.eye(W.shape[0])
-    if structure == "colin":
-        return W
-    if structure == "goblin":
-        return goblin_projection(adjacency_from_w(W), goblin_scale)
-    raise ValueError(f"`structure` must be 'linucb', 'colin' or 'goblin', got {structure!r}.")
-
-
-def make_policy(
-    name: str,
-    *,
-    d: int,
-    W: FloatArray,
-    lambda_: float = 0.1,
-    alpha: float | Literal["theory"] = 0.3,
-    epsilon: float = math.inf,
-    delta: float = 1e-5,
-    mechanism: str = "paper",
-    horizon: int = 10_000,
-    tick: int = 1,
-    seed: int = 0,
-    V: FloatArray | None = None,
-    options: dict[str, Any] | None = None,
-    noise_ridge: float = 0.0,
-) -> KroneckerUCB:
-    """Build one of :data:`ALGORITHMS` by name.
-
-    ``V`` overrides the projection derived from ``W`` (e.g. a precomputed
-    ``G^{-1/2}``). Non-private names ignore ``epsilon``.
-
-    The other papers' LinUCB variants (:data:`models.baselines.BASELINES`,
-    e.g. ``"SS-LinUCB-Gaussian"``, ``"DGS-LinUCB-Laplace"``) are built by
-    :func:`models.baselines.make_baseline` with ``n_users = len(W)``;
-    ``mechanism`` does not apply to them, ``options`` are passed on.
-    ``noise_ridge`` is :class:`KroneckerUCB`'s noise-scaled ridge ``kappa``.
-    """
-    from .baselines import BASELINES, make_baseline
-
-    if name in BASELINES:
-        return make_baseline(name, d=d, n_users=validate_w(W).shape[0], lambda_=lambda_, alpha=alpha,  # type: ignore[return-value]
-                             epsilon=epsilon, delta=delta, horizon=horizon, tick=tick, seed=seed, **(options or {}))
-    if name not in ALGORITHMS:
-        raise ValueError(f"`name` must be one of {list(ALGORITHMS)}, got {name!r}.")
-    structure, mode = ALGORITHMS[name]
-    proj = projection_for(structure, W) if V is None else V
-    W = validate_w(W)
-    if proj.shape != W.shape:
-        raise ValueError(f"`V` must have the shape of `W` {W.shape}, got {proj.shape}.")
-    privacy = PrivacyConfig(mode=mode, mechanism=mechanism, epsilon=epsilon if mode != "none" else math.inf,
-                            delta=delta, horizon=horizon, tick=tick, seed=seed)
-    if mode == "global" and mechanism.startswith("user-"):
-        # user-space noise needs V at the mechanism (models.userspace)
-        from .userspace import UserSpaceKroneckerUCB
-
-        return UserSpaceKroneckerUCB(d=d, V=proj, lambda_=lambda_, alpha=alpha, privacy=privacy,
-                                     noise_ridge=noise_ridge)
-    return KroneckerUCB(d=d, V=proj, lambda_=lambda_, alpha=alpha, privacy=privacy, noise_ridge=noise_ridge)

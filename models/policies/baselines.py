@@ -11,7 +11,7 @@ DGS-LinUCB-Gaussian        LinUCB-DGS with Gaussian noise on theta (zCDP, spec D
 =========================  ==========================================================================
 
 Both papers define single-model LinUCB only; here every user has its own
-model and its own mechanism (see :mod:`models._peruser`). Their DP-CoLin /
+model and its own mechanism (see :mod:`models.policies.peruser`). Their DP-CoLin /
 DP-GOB.Lin variants are not defined by the papers and are not provided.
 
 Examples
@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from ._peruser import PerUserLinUCB
+from .peruser import PerUserLinUCB
 from .dgs import DGSLinUCB
 from .jdp_linucb import SSLinUCB
 

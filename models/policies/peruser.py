@@ -29,7 +29,7 @@ Examples
 Without noise, a streamed release is LinUCB's estimate ``(lambda I + G)^{-1} b``:
 
 >>> import numpy as np
->>> from models.dgs import DGSLinUCB
+>>> from models.policies.dgs import DGSLinUCB
 >>> pol = DGSLinUCB(d=2, n_users=2, epsilon=float("inf"), lambda_=1.0)
 >>> gram = np.array([[[1.0, 0.0], [0.0, 0.0]], np.zeros((2, 2))])
 >>> rel = pol.release_from_stats(gram, np.array([[1.0, 0.0], [0.0, 0.0]]), np.array([1, 0]))
@@ -46,11 +46,10 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.linalg.blas import dger
 
-from ._codec import decode_arrays, encode_arrays
-from .mechanisms import Mechanism, TreeState
-from .streaming import check_interaction, ucb_scores
+from models.ground.codec import decode_arrays, encode_arrays
+from models.ground.linalg import check_interaction, sherman_morrison, ucb_scores
+from models.mechanisms import Mechanism, TreeState
 
 FloatArray = NDArray[np.float64]
 
@@ -62,7 +61,7 @@ class ServingModels:
     """Per-unit serving models of one streamed release (public: post-processing of released values).
 
     A unit's UCB score of a candidate ``x`` is ``x^T theta_u + width_u sqrt(x^T C_u x)``
-    (:func:`models.streaming.ucb_scores` with ``alpha = width_u``).
+    (:func:`models.ground.linalg.ucb_scores` with ``alpha = width_u``).
 
     Attributes
     ----------
@@ -259,7 +258,7 @@ class PerUserLinUCB:
         if norm > self.context_bound:
             x = x * (self.context_bound / norm)
         r = min(max(r, 0.0), self.reward_bound)
-        _sherman_morrison(self.ainv[user], x)
+        sherman_morrison(self.ainv[user], x)
         self.pending[user] += r * x
         self._accumulate(user, x, r)
         self.counts[user] += 1
@@ -448,13 +447,6 @@ class PerUserLinUCB:
     def _check_user(self, user: int) -> None:
         if not (isinstance(user, (int, np.integer)) and 0 <= user < self.n_users):
             raise ValueError(f"`user` must be an integer in [0, {self.n_users}), got {user!r}.")
-
-
-def _sherman_morrison(ainv: FloatArray, x: FloatArray) -> None:
-    """In place: ``ainv <- (A + x x^T)^{-1}`` (same float operations as ``models.policies``)."""
-    ax = ainv @ x
-    denom = 1.0 + float(x @ ax)
-    dger(-1.0 / denom, ax, ax, a=ainv.T, overwrite_a=1)
 
 
 def levels_ceil(n: int) -> int:

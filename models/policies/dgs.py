@@ -45,10 +45,11 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from ._peruser import PerUserLinUCB, levels_ceil
-from .accounting import DGSEvent, DpEvent, NoNoiseEvent, rho_from_epsilon
-from .mechanisms import TreeState
-from .noise import KeyedNoise
+from models.accounting import DGSEvent, DpEvent, NoNoiseEvent, rho_from_epsilon
+from models.ground.noise import KeyedNoise
+from models.mechanisms import TreeState
+
+from .peruser import PerUserLinUCB, levels_ceil
 
 __all__ = ["DGSTreeMechanism", "DGSLinUCB", "dgs_lambda_prime", "first_positive_lambda_prime", "pool_lambda_0"]
 
@@ -215,7 +216,7 @@ class DGSLinUCB(PerUserLinUCB):
     fail_prob, reward_subgaussian, theta_bound
         ``zeta``, ``R`` and ``S`` of the theory width.
     **kwargs
-        :class:`~models._peruser.PerUserLinUCB`'s parameters.
+        :class:`~models.policies.peruser.PerUserLinUCB`'s parameters.
 
     Privacy
     -------

@@ -1,0 +1,57 @@
+"""Small linear algebra shared by every bandit: input checks, UCB scores, rank-one updates.
+
+Examples
+--------
+>>> import numpy as np
+>>> mean, bonus = ucb_scores(np.array([1.0, 0.0]), np.eye(2), np.eye(2), alpha=0.5)
+>>> mean.tolist(), bonus.tolist()
+([1.0, 0.0], [0.5, 0.5])
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy.linalg.blas import dger
+
+__all__ = ["check_interaction", "ucb_scores", "sherman_morrison"]
+
+FloatArray = NDArray[np.float64]
+
+
+def check_interaction(context: object, reward: float, d: int) -> tuple[NDArray[np.float64], float]:
+    """``(x, r)``: ``context`` as a float vector of shape ``(d,)`` and a finite ``reward``, or a ``ValueError``."""
+    x = np.asarray(context, dtype=np.float64)
+    if x.shape != (d,):
+        raise ValueError(f"`context` must have shape ({d},), got {x.shape}.")
+    r = float(reward)
+    if not math.isfinite(r):
+        raise ValueError(f"`reward` must be finite, got {reward}.")
+    return x, r
+
+
+def ucb_scores(theta: FloatArray, M: FloatArray, contexts: FloatArray, alpha: float
+               ) -> tuple[FloatArray, FloatArray]:
+    """``(mean, bonus)`` per candidate row: ``x^T theta`` and ``alpha sqrt(x^T M x)``."""
+    X = np.asarray(contexts, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] != theta.shape[0]:
+        raise ValueError(f"`contexts` must have shape (K, {theta.shape[0]}), got {X.shape}.")
+    mean = X @ theta
+    bonus = alpha * np.sqrt(np.maximum(((X @ M) * X).sum(axis=1), 0.0))
+    return mean, bonus
+
+
+def sherman_morrison(ainv: FloatArray, x: FloatArray) -> None:
+    """In place: ``ainv <- (A + x x^T)^{-1}`` for symmetric ``ainv = A^{-1}``.
+
+    >>> a = np.eye(2)
+    >>> sherman_morrison(a, np.array([1.0, 0.0]))
+    >>> a.tolist()
+    [[0.5, 0.0], [0.0, 1.0]]
+    """
+    ax = ainv @ x
+    denom = 1.0 + float(x @ ax)
+    # dger on the F-ordered view of the C-ordered symmetric matrix updates it in place.
+    dger(-1.0 / denom, ax, ax, a=ainv.T, overwrite_a=1)

@@ -1,0 +1,43 @@
+"""Bandit policies: ``select(user, contexts) -> arm`` and ``update(user, context, reward)``.
+
+Layers, bottom to top:
+
+``kronecker``    LinUCB / CoLin / GOB.Lin as one Kronecker family, non-private, global-DP, local-DP
+``userspace``    the same with user-space noise ``(V ⊗ I) xi`` (the global default)
+``peruser``      the skeleton of the per-unit private LinUCB baselines
+``jdp_linucb``   Shariff & Sheffet's joint-DP LinUCB (Gaussian or Wishart tree)
+``dgs``          LinUCB with dynamic global sensitivity (Wang et al. 2022)
+``baselines``    :data:`BASELINES`: the per-unit baselines by name
+``registry``     :data:`ALGORITHMS` and :func:`make_policy`: every policy by name
+
+A new bandit is one module here (below ``registry``) that takes a mechanism by
+name from :mod:`models.mechanisms` and gets a name in ``registry``.
+"""
+
+from __future__ import annotations
+
+from .baselines import BASELINES, make_baseline
+from .dgs import DGSLinUCB
+from .jdp_linucb import SSLinUCB
+from .kronecker import KroneckerUCB, Policy, PrivacyConfig, PrivacyMode, RandomPolicy
+from .peruser import PerUserLinUCB, ServingModels
+from .registry import ALGORITHMS, make_policy, projection_for
+from .userspace import UserSpaceKroneckerUCB
+
+__all__ = [
+    "ALGORITHMS",
+    "BASELINES",
+    "DGSLinUCB",
+    "KroneckerUCB",
+    "PerUserLinUCB",
+    "Policy",
+    "PrivacyConfig",
+    "PrivacyMode",
+    "RandomPolicy",
+    "SSLinUCB",
+    "ServingModels",
+    "UserSpaceKroneckerUCB",
+    "make_baseline",
+    "make_policy",
+    "projection_for",
+]
