@@ -30,13 +30,8 @@ Events are 25-dimensional synthetic interactions with an explicit ``context`` (r
 4 decimals, norm <= 1, ~320 bytes of JSON, like deploy/NOTES-broker.md), LinUCB, keyed by
 user, on 4 partitions.
 
-Examples
---------
->>> ev = synthetic_values(3, n_users=10, d=25, seed=0)
->>> len(ev), ev[0][0], 250 < len(ev[0][1]) < 400
-(3, b'8', True)
->>> rate(10_000, 0.5)
-20000.0
+The workload and raw Kafka rates are in :mod:`privrec.bench.workload`, the observation of
+the worker in :mod:`privrec.bench.observe`, the profilers in :mod:`privrec.bench.profiling`.
 """
 
 from __future__ import annotations
@@ -44,10 +39,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import cProfile
 import json
 import os
-import pstats
 import shutil
 import sys
 import tempfile
@@ -58,191 +51,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
-__all__ = ["bench_ingest", "register", "synthetic_values", "rate", "spy_summary", "py_spy_binary",
-           "TARGET_EVENTS_PER_S"]
+from .observe import Poller, cpu_seconds
+from .profiling import cprofile_summary, py_spy_binary, spy_summary, start_py_spy, stop_py_spy
+from .workload import TOPIC, consume, produce, rate, synthetic_values
+
+__all__ = ["bench_ingest", "register", "TARGET_EVENTS_PER_S"]
 
 #: Issue 3's target for one worker (LinUCB, d = 25).
 TARGET_EVENTS_PER_S = 20_000
-_POLL_SECONDS = 0.01
-_TOPIC = "interactions"
-
-
-def rate(events: int, seconds: float | None) -> float | None:
-    """Events per second, ``None`` when the time is unknown or zero."""
-    if seconds is None or seconds <= 0:
-        return None
-    return round(events / seconds, 1)
-
-
-def synthetic_values(n: int, *, n_users: int, d: int, n_arms: int = 1000, seed: int = 0) -> list[tuple[bytes, bytes]]:
-    """``n`` ``(key, value)`` pairs of valid ``interactions`` events with an explicit context."""
-    rng = np.random.default_rng(seed)
-    users = rng.integers(0, n_users, size=n)
-    arms = rng.integers(0, n_arms, size=n)
-    rewards = rng.integers(0, 2, size=n)
-    ctx = rng.uniform(-1.0, 1.0, size=(n, d)) / np.sqrt(d)  # norm <= 1: no clipping needed
-    ctx = np.round(ctx, 4).tolist()
-    out = []
-    ts0 = 1.7e12
-    for i in range(n):
-        u = str(int(users[i]))
-        value = json.dumps({"event_id": f"b{seed}-{i}", "user": u, "arm": str(int(arms[i])), "context": ctx[i],
-                            "reward": float(rewards[i]), "ts": ts0 + i, "rec_id": None})
-        out.append((u.encode(), value.encode()))
-    return out
-
-
-# --- Kafka clients (aiokafka, the worker's client) --------------------------------------
-
-
-async def _produce(address: str, values: list[tuple[bytes, bytes]], started: threading.Event | None = None) -> float:
-    """Produce all ``values`` (keyed); return the seconds from the first send to the last ack."""
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=address, linger_ms=5, max_batch_size=256 * 1024)
-    await producer.start()
-    try:
-        t0 = time.perf_counter()
-        if started is not None:
-            started.set()
-        futures = [await producer.send(_TOPIC, key=k, value=v) for k, v in values]
-        await asyncio.gather(*futures)
-        return time.perf_counter() - t0
-    finally:
-        await producer.stop()
-
-
-async def _consume(address: str, n: int, settings: Any, work: str) -> float:
-    """Seconds to ``getmany`` all ``n`` records of the topic from the beginning, doing ``work`` per value.
-
-    ``work``: ``"none"``, ``"json"`` (``json.loads``) or ``"parse"`` (the pipeline's parser).
-    Partitions and batch size are the worker's (``settings``).
-    """
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    partitions, max_records = settings.partitions, settings.batch_size
-    parse: Any = None
-    if work == "parse":
-        from pipeline.catalog import load_catalog
-        from pipeline.records import parse_interaction
-
-        catalog = load_catalog(settings)
-
-        def parse(v: bytes) -> Any:
-            return parse_interaction(v, catalog)  # type: ignore[arg-type]  # adapters satisfy Catalog
-    elif work == "json":
-        parse = json.loads
-    consumer = AIOKafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, group_id=None,
-                                max_poll_records=max_records, fetch_max_wait_ms=100)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(_TOPIC, p) for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        seen = 0
-        t0 = time.perf_counter()
-        while seen < n:
-            batches = await consumer.getmany(timeout_ms=50, max_records=max_records)
-            for records in batches.values():
-                seen += len(records)
-                if parse is not None:
-                    for r in records:
-                        parse(r.value)
-        return time.perf_counter() - t0
-    finally:
-        await consumer.stop()
-
-
-# --- observing the worker ---------------------------------------------------------------
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` (``/proc/PID/stat`` fields 14 and 15)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class _Poller:
-    """Polls every 10 ms: committed offsets (ingested), released and solved counts, worker CPU.
-
-    A sample is ``(perf_counter, ingested, released, solved, worker_cpu_seconds)``; the
-    offsets are the worker's durable counters (written with the statistics, atomically).
-    """
-
-    redis_url: str
-    namespace: str
-    partitions: int
-    pid: int | None = None
-    samples: list[tuple[float, int, int, int, float]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        import redis
-
-        from pipeline.keys import PublicKeys
-        from pipeline.trusted import TrustedKeys
-
-        self.client = redis.Redis.from_url(self.redis_url)
-        tk, pk = TrustedKeys(self.namespace), PublicKeys(self.namespace)
-        self.offset_keys = [tk.offset(p) for p in range(self.partitions)]
-        self.released_key, self.meta_key = pk.released, pk.model_meta
-        self.thread = threading.Thread(target=self._run, name="bench-poller", daemon=True)
-
-    def sample(self) -> tuple[float, int, int, int, float]:
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.mget(self.offset_keys)
-            pipe.hget(self.released_key, "count")
-            pipe.hget(self.meta_key, "events")
-            offsets, released, solved = pipe.execute()
-        cpu = (_cpu_seconds(self.pid) or 0.0) if self.pid is not None else 0.0
-        return (time.perf_counter(), sum(int(o) for o in offsets if o is not None), int(released or 0),
-                int(solved or 0), cpu)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(self.sample())
-            time.sleep(_POLL_SECONDS)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.thread.join()
-
-    def wait(self, predicate: Any, timeout: float, what: str) -> None:
-        deadline = time.perf_counter() + timeout
-        while time.perf_counter() < deadline:
-            if self.samples and predicate(self.samples[-1]):
-                return
-            time.sleep(_POLL_SECONDS)
-        raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}; last sample "
-                           f"(t, ingested, released, solved) = {self.samples[-1] if self.samples else None}")
-
-    def first(self, column: int, threshold: int) -> tuple[float, int, float] | None:
-        """``(time, value, worker cpu)`` of the first sample whose ``column`` reaches ``threshold``."""
-        for s in self.samples:
-            if s[column] >= threshold:
-                return s[0], int(s[column]), s[4]
-        return None
-
-    def timeline(self, t0: float, every: float = 0.25) -> list[list[float]]:
-        """Samples about every ``every`` seconds: ``[seconds since t0, ingested, released, solved]``."""
-        out: list[list[float]] = []
-        for s in self.samples:
-            if s[0] >= t0 and (not out or s[0] - t0 - out[-1][0] >= every):
-                out.append([round(s[0] - t0, 3), s[1], s[2], s[3]])
-        return out
-
-
-# --- the run ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -271,7 +88,7 @@ def _start_worker(env: _Env, kafka: str, namespace: str, *, profile_path: Path |
 
 
 def _cpu_snapshot(env: _Env) -> dict[str, float | None]:
-    out = {name: _cpu_seconds(h.pid) for name, h in env.handles.items()}
+    out = {name: cpu_seconds(h.pid) for name, h in env.handles.items()}
     out["bench"] = time.process_time()
     return out
 
@@ -299,36 +116,36 @@ def _phase_preproduced(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *
     broker = services.start_broker(env.state, name=f"kafka-{tag}")
     env.handles[broker.name] = broker
     try:
-        services.create_topics(broker.address, {_TOPIC: s.partitions, "dead-letters": 1, "recommendations": 1})
-        produce_s = asyncio.run(_produce(broker.address, values))
+        services.create_topics(broker.address, {TOPIC: s.partitions, "dead-letters": 1, "recommendations": 1})
+        produce_s = asyncio.run(produce(broker.address, values))
         out: dict[str, Any] = {"what": "events produced before the worker starts; rates over the worker's own "
                                        "processing (first commit seen -> all committed / model covers all)",
                                "events": n, "produce_events_per_s": rate(n, produce_s)}
         if raw:
             for work, key in (("none", "raw_consume"), ("json", "consume_json"), ("parse", "consume_parse")):
-                secs = asyncio.run(_consume(broker.address, n, s, work))
+                secs = asyncio.run(consume(broker.address, n, s, work))
                 out[f"{key}_events_per_s"] = rate(n, secs)
         ns = f"bench{tag}"
         t_spawn = time.perf_counter()
         cpu0 = _cpu_snapshot(env)
         worker = _start_worker(env, broker.address, ns, profile_path=profile_path)
         cpu0[worker.name] = 0.0
-        poller = _Poller(env.redis_url, ns, s.partitions, pid=worker.pid)
+        poller = Poller(env.redis_url, ns, s.partitions, pid=worker.pid)
         poller.start()
         spy = None
         try:
             if spy_path is not None:  # sample the ingest only: from the first commit to the last
                 poller.wait(lambda x: x[1] >= 1, timeout, "the first commit")
-                spy = _start_py_spy(worker.pid, spy_path)
+                spy = start_py_spy(worker.pid, spy_path)
             poller.wait(lambda x: x[1] >= n, timeout, f"all {n} events ingested")
             if spy is not None:
-                _stop_py_spy(spy)
+                stop_py_spy(spy)
                 spy = None
             poller.wait(lambda x: x[3] >= n, timeout, f"a solved model covering all {n} events")
             cpu1 = _cpu_snapshot(env)
         finally:
             if spy is not None:
-                _stop_py_spy(spy)
+                stop_py_spy(spy)
             poller.stop()
         first = poller.first(1, 1)
         assert first is not None
@@ -371,19 +188,19 @@ def _phase_concurrent(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *,
     env.handles[broker.name] = broker
     ns = f"bench{tag}"
     try:
-        services.create_topics(broker.address, {_TOPIC: s.partitions, "dead-letters": 1, "recommendations": 1})
+        services.create_topics(broker.address, {TOPIC: s.partitions, "dead-letters": 1, "recommendations": 1})
         worker = _start_worker(env, broker.address, ns)
         client = redis.Redis.from_url(env.redis_url)
         wait_workers(client, ns, [worker], s.partitions, timeout=120)
         client.close()
         time.sleep(1.0)  # let the first (empty) release tick pass
-        poller = _Poller(env.redis_url, ns, s.partitions, pid=worker.pid)
+        poller = Poller(env.redis_url, ns, s.partitions, pid=worker.pid)
         poller.start()
         try:
             cpu0 = _cpu_snapshot(env)
             started = threading.Event()
             t_before = time.perf_counter()
-            produce_s = asyncio.run(_produce(broker.address, values, started))
+            produce_s = asyncio.run(produce(broker.address, values, started))
             t_produced = time.perf_counter()
             poller.wait(lambda x: x[3] >= n, timeout, f"a solved model covering all {n} events")
             cpu1 = _cpu_snapshot(env)
@@ -416,119 +233,6 @@ def _phase_concurrent(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *,
     finally:
         _stop(env, f"worker-{ns}")
         _stop(env, broker.name)
-
-
-def _cprofile_summary(path: Path, top: int = 30) -> dict[str, Any]:
-    """Top functions of a cProfile dump by own and cumulative time."""
-    stats = pstats.Stats(str(path))
-    rows = []
-    for (file, line, func), (_cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        rows.append({"function": f"{Path(file).name}:{line}({func})", "calls": nc, "tottime_s": round(tt, 3),
-                     "cumtime_s": round(ct, 3)})
-    return {"tool": "cProfile (main thread only)", "total_s": round(stats.total_tt, 3),  # type: ignore[attr-defined]
-            "by_tottime": sorted(rows, key=lambda r: -r["tottime_s"])[:top],
-            "by_cumtime": sorted(rows, key=lambda r: -r["cumtime_s"])[:top]}
-
-
-#: py-spy sampling rate (Hz) of ``--profile``.
-SPY_RATE = 250
-
-#: Leaf frames of a thread that waits (py-spy's own idle detection does not see them here).
-SPY_IDLE = ("EpollSelector.select (selectors.py", "_worker (concurrent/futures/thread.py", "wait (threading.py",
-            "select (selectors.py")
-
-#: Where the worker's ingest time goes: the first category whose marker is in a sample's
-#: stack wins, so the more specific markers come first.
-SPY_CATEGORIES = (
-    ("JSON decoding (json.loads)", ("json/decoder.py", "json/__init__.py", "_loads (pipeline/records.py")),
-    ("parsing and validation (records.py): checks, numpy conversion, norm", ("parse_interaction", "parse_batch")),
-    ("UnitStats.add (rank-1 updates of the statistics)", ("UnitStats.add",)),
-    ("Redis commit (Lua script, sync client)", ("commit_partition",)),
-    ("IngestProcessor.prepare: rest (sort, lists, vstack, stats copy)", ("IngestProcessor.prepare",)),
-    ("Kafka fetch and record decoding (aiokafka)", ("aiokafka/",)),
-    ("release/solve tick (leader timer, executor thread)", ("tick (pipeline/timers.py",)),
-    ("status report, offsets commit, loop (agents.py)", ("pipeline/agents.py",)),
-)
-
-
-def py_spy_binary() -> str | None:
-    """``py-spy`` next to our interpreter or on ``PATH`` (``pip install py-spy``), else ``None``."""
-    local = Path(sys.executable).parent / "py-spy"
-    return str(local) if local.exists() else shutil.which("py-spy")
-
-
-def _start_py_spy(pid: int, path: Path) -> Any:
-    import subprocess
-
-    binary = py_spy_binary()
-    assert binary is not None
-    # raw (collapsed) stacks, every thread, on-CPU samples only (no --idle)
-    return subprocess.Popen([binary, "record", "--pid", str(pid), "--rate", str(SPY_RATE), "--format", "raw",
-                             "--threads", "--output", str(path)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-
-
-def _stop_py_spy(proc: Any) -> None:
-    import signal
-
-    proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-    try:
-        proc.wait(timeout=30)
-    except Exception:
-        proc.kill()
-        proc.wait()
-
-
-def spy_summary(path: Path, *, rate_hz: int = SPY_RATE, top: int = 25) -> dict[str, Any]:
-    """Summarize a py-spy raw file: sampled seconds per thread, per category and per leaf frame.
-
-    Samples are wall-clock stacks; those whose leaf frame waits (:data:`SPY_IDLE`) are
-    dropped. A busy thread that the OS has descheduled (other jobs on the machine) still
-    counts, so the shares within the main thread are the meaningful numbers.
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> p = Path(tempfile.mkdtemp()) / "s.raw"
-    >>> _ = p.write_text("thread (1): MainThread;run (a.py:1);loads (json/__init__.py:346) 30\\n"
-    ...                  "thread (1): MainThread;run (a.py:1);UnitStats.add (models/streaming.py:103) 10\\n")
-    >>> s = spy_summary(p, rate_hz=100)
-    >>> s["threads"], s["main_thread_categories"][0]
-    ({'MainThread': 0.4}, {'category': 'JSON decoding (json.loads)', 'seconds': 0.3, 'share': 0.75})
-    """
-    from collections import Counter
-
-    threads: Counter[str] = Counter()
-    cats: Counter[str] = Counter()
-    leaves: Counter[str] = Counter()
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        frames = stack.split(";")
-        if frames[-1].startswith(SPY_IDLE):
-            continue
-        thread = frames[0].split(": ", 1)[-1]
-        threads[thread] += n
-        if thread != "MainThread":
-            continue
-        leaves[frames[-1]] += n
-        for name, markers in SPY_CATEGORIES:
-            if any(m in stack for m in markers):
-                cats[name] += n
-                break
-        else:
-            cats["other (faust, mode, asyncio loop)"] += n
-    main = threads.get("MainThread", 0) or 1
-    return {
-        "tool": f"py-spy record --rate {rate_hz} --threads, ingest window only, waiting frames dropped",
-        "threads": {t: round(c / rate_hz, 2) for t, c in threads.most_common()},
-        "main_thread_categories": [{"category": c, "seconds": round(k / rate_hz, 2), "share": round(k / main, 3)}
-                                   for c, k in cats.most_common()],
-        "main_thread_top_frames": [{"frame": f, "seconds": round(k / rate_hz, 2), "share": round(k / main, 3)}
-                                   for f, k in leaves.most_common(top)],
-    }
 
 
 @contextlib.contextmanager
@@ -602,7 +306,7 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
                 prof = profile_dir.resolve() / "worker.prof"
                 note(f"profiled phase: py-spy not found (pip install py-spy); the worker under cProfile -> {prof}")
                 prof_doc = _phase_preproduced(env, values, "p", raw=False, profile_path=prof)
-                summary = _cprofile_summary(prof) if prof.exists() else None
+                summary = cprofile_summary(prof) if prof.exists() else None
             doc["profiled"] = {"note": "a separate pre-produced run with a profiler attached: its rates are "
                                        "not the benchmark's",
                                "ingest_events_per_s": prof_doc["ingest_events_per_s"],

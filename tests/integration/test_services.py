@@ -139,7 +139,8 @@ def test_redis_retries_on_a_fresh_port_when_the_picked_one_is_taken(
         squatter.listen()
         taken = squatter.getsockname()[1]
         picks = iter([taken, services.free_port()])
-        monkeypatch.setattr(services, "free_port", lambda host=services.LOOPBACK: next(picks))
+        # start_on_free_port (pipeline.services.process) picks the ports
+        monkeypatch.setattr(services.process, "free_port", lambda host=services.LOOPBACK: next(picks))
 
         handle = services.start_redis(tmp_path)
         try:

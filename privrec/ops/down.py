@@ -1,0 +1,43 @@
+"""``privrec down``: stop exactly the processes ``stack.json`` lists, last started first."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pipeline import services
+from pipeline.services import ServiceHandle
+
+from .stackfile import STACK_FILE, locked, read_stack, recorded_handles
+
+__all__ = ["down"]
+
+def down(state_dir: str | os.PathLike[str], *, grace_seconds: float = 10.0) -> list[tuple[str, int]]:
+    """Stop what ``up`` started in ``state_dir``, last started first; return ``(name, pid)`` stopped.
+
+    Only processes ``stack.json`` lists are touched, each only if :mod:`pipeline.services`
+    recognises it as the process it started (same executable and start time). Workers
+    stop together (each takes about a second to leave its consumer groups); the web server
+    stops before them and the broker and redis after them. ``stack.json`` and the PID
+    files are removed; the redis data (``redis/``) and logs stay.
+    """
+    state = Path(state_dir).resolve()
+    if not state.is_dir():
+        return []
+    with locked(state, "`privrec down`"):
+        stack = read_stack(state)
+        handles = recorded_handles(state, stack)
+        stopped: list[tuple[str, int]] = []
+        groups: list[list[ServiceHandle]] = []
+        for h in reversed(handles):  # consecutive workers form one group, stopped in parallel
+            if h.name.startswith("worker-") and groups and groups[-1][0].name.startswith("worker-"):
+                groups[-1].append(h)
+            else:
+                groups.append([h])
+        for group in groups:
+            with ThreadPoolExecutor(max_workers=len(group)) as pool:
+                results = list(pool.map(lambda h: services.stop(h, grace_seconds=grace_seconds), group))
+            stopped += [(h.name, h.pid) for h, was in zip(group, results) if was]
+        (state / STACK_FILE).unlink(missing_ok=True)
+        return stopped

@@ -1,0 +1,82 @@
+"""``privrec status``: what runs where, read from ``stack.json``, the PID handles and Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from .stackfile import STACK_FILE, http_probe, read_stack, recorded_handles, running_processes, worker_status_key
+
+__all__ = ["status"]
+
+def status(state_dir: str | os.PathLike[str], *, probe: bool = True) -> dict[str, Any]:
+    """What runs where in ``state_dir``, as a JSON-ready dict.
+
+    Keys ``kafka`` (``host:port``), ``redis`` (``redis://…``), ``http`` (``http://host:port``)
+    and ``processes`` (``{name: pid}`` of the processes that run) are a contract; the others
+    are informational: ``running`` (every recorded process runs), ``stopped`` (recorded
+    processes that do not run), ``external``, ``namespace``, ``settings``, ``phase``, and
+    with ``probe`` the live view: ``model_version``, ``released_events``, ``workers``
+    (their Redis reports) and ``health`` (the ``/healthz`` answer).
+    """
+    state = Path(state_dir).resolve()
+    stack = read_stack(state)
+    out: dict[str, Any] = {"state_dir": str(state), "running": False, "kafka": None, "redis": None,
+                           "http": None, "processes": {}, "stopped": {}}
+    if stack is None:
+        out["error"] = f"no stack recorded in {state} ({STACK_FILE} missing)"
+        return out
+    handles = recorded_handles(state, stack)
+    running = running_processes(handles)
+    out.update(kafka=stack.get("kafka"), redis=stack.get("redis"), http=stack.get("http"),
+               page=(stack["http"] + "/") if stack.get("http") else None,
+               processes=running, stopped={h.name: h.pid for h in handles if h.name not in running},
+               running=bool(running) and len(running) == len(stack.get("processes", [])),
+               phase=stack.get("phase"), external=stack.get("external"), namespace=stack.get("namespace"),
+               started_at=stack.get("started_at"), settings=stack.get("settings"),
+               logs={h.name: str(h.log_path) for h in handles})
+    if stack.get("offsets_reset"):
+        out["offsets_reset"] = stack["offsets_reset"]
+    missing = [n for n in stack.get("processes", []) if n not in running and n not in out["stopped"]]
+    out["stopped"].update(dict.fromkeys(missing))
+    if probe and running:
+        out.update(_probe_redis(stack))
+        if stack.get("http"):
+            answer = http_probe(stack["http"] + "/healthz")
+            out["health"] = None if answer is None else {"http_status": answer[0], **answer[1]}
+    return out
+
+
+def _probe_redis(stack: Mapping[str, Any]) -> dict[str, Any]:
+    from pipeline.keys import PublicKeys
+
+    ns = stack["namespace"]
+    keys = PublicKeys(ns)
+    client = redis.Redis.from_url(stack["redis"], socket_timeout=2, socket_connect_timeout=2)
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            pipe.hget(keys.model_meta, "version")
+            pipe.hget(keys.released, "version")
+            pipe.hget(keys.released, "count")
+            pipe.hgetall(worker_status_key(ns))
+            model_version, released_version, released_events, reports = pipe.execute()
+    except redis.RedisError as exc:
+        return {"redis_error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        client.close()
+    now_ms = time.time() * 1000
+    workers = {}
+    for name, raw in sorted(reports.items()):
+        report = json.loads(raw)
+        report["age_s"] = round((now_ms - report.get("at_ms", 0)) / 1000, 1)
+        workers[name.decode()] = report
+    return {"model_version": None if model_version is None else int(model_version),
+            "released_version": None if released_version is None else int(released_version),
+            "released_events": None if released_events is None else int(released_events),
+            "workers": workers}

@@ -1,0 +1,310 @@
+"""``privrec up``: check everything, start the broker, Redis, topics, workers and web, wait until ready."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+from kafka.errors import KafkaError
+
+from pipeline import services
+from pipeline.services import ServiceError, ServiceHandle
+from pipeline.settings import Settings
+
+from .stackfile import (KAFKA, REDIS, STACK_FILE, STACK_SCHEMA, TOPIC_PARTITIONS, WEB, POLL_SECONDS,
+                        AlreadyRunningError, OpsError, child_env, http_probe, locked, read_stack, recorded_handles,
+                        running_processes, settings_dict, worker_status_key, write_stack)
+from .status import status
+
+__all__ = ["up", "wait_workers"]
+
+def _check_topic(address: str, topic: str, partitions: int) -> None:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=address, client_id="privrec-ops")
+    try:
+        (desc,) = admin.describe_topics([topic])
+    finally:
+        admin.close()
+    found = len(desc.get("partitions") or [])
+    if found != partitions:
+        raise OpsError(
+            f"topic {topic!r} on {address} has {found} partitions but setting `partitions` "
+            f"(PRIVREC_PARTITIONS) is {partitions}; ingest offsets are kept per partition, so "
+            f"they must agree: use --partitions {found} or another broker")
+
+
+def _check_namespace(client: redis.Redis, settings: Settings, fingerprint: str) -> dict[str, Any] | None:
+    """Refuse settings that differ from those the namespace was created with (read-only).
+
+    The worker enforces the same rule when it starts (``TrustedStore.ensure_config``);
+    checking here fails before any worker runs, with the same information.
+    """
+    from pipeline.trusted import TrustedKeys
+
+    raw = client.get(TrustedKeys(settings.namespace).config)
+    if raw is None:
+        return None
+    stored: dict[str, Any] = json.loads(raw)
+    wanted = json.loads(json.dumps(settings.model_config() | {"catalog_fingerprint": fingerprint},
+                                   sort_keys=True))
+    if stored != wanted:
+        diff = {k: {"stored": stored.get(k), "requested": wanted.get(k)}
+                for k in sorted(set(stored) | set(wanted)) if stored.get(k) != wanted.get(k)}
+        raise OpsError(
+            f"namespace {settings.namespace!r} in {settings.redis_url} was created with other "
+            f"model/privacy settings: {json.dumps(diff)}; start with the stored settings, "
+            f"or use another --namespace")
+    return stored
+
+
+def _reset_offsets(client: redis.Redis, settings: Settings) -> tuple[int, list[int | None]]:
+    """Forget the namespace's stored ingest offsets (see :meth:`pipeline.trusted.TrustedStore.reset_offsets`).
+
+    Called only right after starting the embedded broker, which is memory-only.
+    """
+    from pipeline.trusted import TrustedStore
+
+    return TrustedStore(client, settings.namespace).reset_offsets(settings.partitions)
+
+
+def wait_workers(client: redis.Redis, namespace: str, workers: list[ServiceHandle], partitions: int,
+                  timeout: float) -> dict[str, list[int]]:
+    """Wait until every worker has registered and their partitions cover the topic exactly once."""
+    key = worker_status_key(namespace)
+    deadline = time.monotonic() + timeout
+    while True:
+        for h in workers:
+            if not services.is_running(h):
+                raise OpsError(f"{h.name} (pid {h.pid}) exited while starting; {h.log_path}:\n"
+                               f"{services.tail(h.log_path)}")
+        raw = client.hmget(key, [h.name for h in workers])
+        assigned: dict[str, list[int]] = {}
+        for h, value in zip(workers, raw):
+            if value is None:
+                continue
+            report = json.loads(value)
+            if report.get("pid") == h.pid and report.get("partitions"):
+                assigned[h.name] = sorted(report["partitions"])
+        owned = [p for ps in assigned.values() for p in ps]
+        if len(assigned) == len(workers) and sorted(owned) == list(range(partitions)):
+            return assigned
+        if time.monotonic() > deadline:
+            missing = [h.name for h in workers if h.name not in assigned]
+            h = next((w for w in workers if w.name in missing), workers[0])
+            raise OpsError(f"workers not ready after {timeout:g} s (registered with partitions: {assigned}; "
+                           f"waiting for {missing or 'a rebalance to settle'}); {h.log_path}:\n"
+                           f"{services.tail(h.log_path)}")
+        time.sleep(POLL_SECONDS)
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be bound right now (checked before starting anything)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host or "0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _start_web(state_dir: Path, env: dict[str, str], host: str, port: int, timeout: float) -> ServiceHandle:
+    probe_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    attempts = 1 if port else 5
+    for attempt in range(attempts):
+        p = port or services.free_port(probe_host)
+        url = f"http://{probe_host}:{p}"
+        try:
+            return services.start_process(
+                WEB, [sys.executable, "-m", "pipeline.web", "--host", host, "--port", str(p)], state_dir,
+                address=f"{probe_host}:{p}", url=url, env=env, timeout=timeout,
+                ready=lambda: http_probe(f"{url}/healthz") is not None)
+        except services.PortInUseError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 1, http_port: int = 0,
+       http_host: str = services.LOOPBACK, loglevel: str | None = None, timeout: float = 120.0,
+       say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Start a stack in ``state_dir`` and wait until it is ready; return :func:`status`.
+
+    Parameters
+    ----------
+    settings
+        Pipeline settings (already validated by :class:`~pipeline.settings.Settings`).
+        ``settings.kafka`` / ``settings.redis_url`` name external services, which are then
+        used and not started.
+    state_dir
+        Directory for ``stack.json``, PID files, logs and redis data; created if missing.
+    workers
+        Number of faust workers, between 1 and ``settings.partitions`` (a worker without a
+        partition would never be ready).
+    http_port
+        Port of the HTTP server; ``0`` picks a free one.
+    http_host
+        Bind address of the HTTP server (loopback by default).
+    loglevel
+        ``PRIVREC_LOGLEVEL`` of workers and web (``None``: theirs, INFO).
+    timeout
+        Seconds to wait for each step to be ready.
+    say
+        Called with one line per step (progress); ``None`` is silent.
+
+    Returns
+    -------
+    dict
+        :func:`status` of the started stack.
+
+    Raises
+    ------
+    OpsError
+        Before anything starts: a bad ``workers`` count, a catalog that cannot be loaded, a
+        stack already running in ``state_dir`` (:class:`AlreadyRunningError`). After: a
+        service or process that fails or is not ready in time, external services that do
+        not answer, a topic with another partition count, a namespace created with other
+        model settings. Whatever this call started is stopped before it raises.
+    """
+    note = say or (lambda _line: None)
+    state = Path(state_dir).resolve()
+    if not 1 <= workers <= settings.partitions:
+        raise OpsError(f"`--workers` must be between 1 and the partition count ({settings.partitions}, "
+                       f"setting `partitions`), got {workers}.")
+    if not 0 <= http_port < 65536:
+        raise OpsError(f"`--http-port` must be a port number (0 = a free one), got {http_port}.")
+    if http_port and not _port_free(http_host, http_port):
+        raise OpsError(f"`--http-port` {http_port} is already in use on {http_host}; pick another port, "
+                       f"or 0 for a free one.")
+    if state.exists() and not state.is_dir():
+        raise OpsError(f"state directory {state} exists and is not a directory")
+    from pipeline.catalog import load_catalog
+    from pipeline.settings import SettingsError
+
+    try:  # a bad data directory or catalog setting fails here, before anything starts
+        catalog = load_catalog(settings)
+    except SettingsError:  # e.g. `default_pool` names an arm the catalog lacks: exit 2, as for any setting
+        raise
+    except (OSError, ValueError) as exc:
+        raise OpsError(f"cannot load the {settings.catalog!r} catalog (setting `catalog`): {exc}") from exc
+
+    with locked(state, "`privrec up`"):
+        previous = read_stack(state)
+        old = recorded_handles(state, previous)
+        alive = running_processes(old)
+        if alive:
+            raise AlreadyRunningError(state, alive)
+        for h in old:  # a stack that died without `down` (crash, reboot): forget its files
+            services.stop(h)
+        if previous is not None:
+            note(f"previous stack in {state} was not running; cleaned up its files")
+            (state / STACK_FILE).unlink(missing_ok=True)
+        note(f"starting a stack in {state} (namespace {settings.namespace!r}, {workers} worker(s))")
+        t0 = time.monotonic()
+
+        def took() -> str:
+            return f"[{time.monotonic() - t0:.1f} s]"
+
+        external = {"kafka": settings.kafka is not None, "redis": settings.redis_url is not None}
+        stack: dict[str, Any] = {
+            "schema": STACK_SCHEMA, "state_dir": str(state), "namespace": settings.namespace,
+            "external": external, "kafka": settings.kafka, "redis": settings.redis_url, "http": None,
+            "workers": workers, "processes": [], "phase": "starting",
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "up_pid": os.getpid(),
+            "settings": settings_dict(settings),
+        }
+        started: list[ServiceHandle] = []
+
+        def record(name: str) -> None:
+            # recorded *before* the launch, so `down` finds a process even if up dies mid-start
+            stack["processes"].append(name)
+            write_stack(state, stack)
+
+        try:
+            write_stack(state, stack)
+            if external["kafka"]:
+                if not services.kafka_ready(settings.kafka or "", timeout=5.0):
+                    raise OpsError(f"Kafka at {settings.kafka} (setting `kafka`, KAFKA_BOOTSTRAP / --kafka) does "
+                                   f"not answer a metadata request")
+                note(f"kafka    {settings.kafka} (external)")
+            else:
+                record(KAFKA)
+                kafka = services.start_broker(state, timeout=timeout)
+                started.append(kafka)
+                settings = settings.replace(kafka=kafka.address)
+                note(f"kafka    {kafka.address}  pid {kafka.pid}  (embedded Tansu, memory-only) {took()}")
+            if external["redis"]:
+                if not services.redis_ready(settings.redis_url or "", timeout=5.0):
+                    raise OpsError(f"Redis at {settings.redis_url} (setting `redis_url`, REDIS_URL / --redis-url) "
+                                   f"does not answer PING")
+                note(f"redis    {settings.redis_url} (external)")
+            else:
+                record(REDIS)
+                rds = services.start_redis(state, timeout=timeout)
+                started.append(rds)
+                settings = settings.replace(redis_url=rds.url)
+                note(f"redis    {rds.url}  pid {rds.pid}  (AOF in {state / REDIS}) {took()}")
+            stack.update(kafka=settings.kafka, redis=settings.redis_url, settings=settings_dict(settings))
+            write_stack(state, stack)
+            assert settings.kafka is not None and settings.redis_url is not None
+
+            topics = {"interactions": settings.partitions, **TOPIC_PARTITIONS}
+            created = services.create_topics(settings.kafka, topics)
+            _check_topic(settings.kafka, "interactions", settings.partitions)
+            listed = ", ".join(f"{t} ({n})" for t, n in topics.items())
+            kept = [t for t in topics if t not in created]
+            note(f"topics   {listed}" + (f"; already there: {', '.join(kept)}" if kept else ""))
+
+            client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
+            try:
+                _check_namespace(client, settings, catalog.fingerprint)
+                if not external["kafka"]:
+                    counted, old_offsets = _reset_offsets(client, settings)
+                    if any(o is not None for o in old_offsets):
+                        stack["offsets_reset"] = {"previous": old_offsets, "events_kept": counted}
+                        note(f"namespace {settings.namespace!r} keeps {counted} events counted by an earlier "
+                             f"run; the new (memory-only) broker's log starts at offset 0, so the stored "
+                             f"ingest offsets {old_offsets} were reset")
+                env = child_env(settings, state, loglevel=loglevel)
+                wk: list[ServiceHandle] = []
+                names = [f"worker-{i}" for i in range(workers)]
+                client.hdel(worker_status_key(settings.namespace), *names)
+                for name in names:
+                    record(name)
+                    h = services.start_process(name, [sys.executable, "-m", "pipeline.worker"], state,
+                                               env={**env, "PRIVREC_WORKER_ID": name}, timeout=timeout)
+                    started.append(h)
+                    wk.append(h)
+                assigned = wait_workers(client, settings.namespace, wk, settings.partitions, timeout)
+                for h in wk:
+                    note(f"{h.name:<8} pid {h.pid}  partitions {assigned[h.name]} {took()}")
+            finally:
+                client.close()
+
+            record(WEB)
+            web = _start_web(state, env, http_host, http_port, timeout)
+            started.append(web)
+            stack["http"] = web.url
+            note(f"web      {web.url}/  pid {web.pid} {took()}")
+            stack["phase"] = "running"
+            write_stack(state, stack)
+        except BaseException as exc:
+            for h in reversed(started):
+                with contextlib.suppress(Exception):
+                    services.stop(h, grace_seconds=5)
+            (state / STACK_FILE).unlink(missing_ok=True)
+            if isinstance(exc, ServiceError):
+                raise OpsError(str(exc)) from exc
+            if isinstance(exc, (OSError, redis.RedisError, KafkaError)) and not isinstance(exc, OpsError):
+                raise OpsError(f"{type(exc).__name__}: {exc}") from exc
+            raise
+    return status(state)
