@@ -2,8 +2,12 @@
 # Run the tests: unit tests, doctests and integration tests against a real Tansu broker and
 # redis-server and a headless-Chromium test of the web page (benchmarks are excluded; see pyproject.toml).
 # Extra arguments go to pytest, e.g.  ./scripts/test.sh tests/integration -x -k redis
+#
+# Two pytest-xdist workers by default (PRIVREC_TEST_WORKERS; 0 runs in this process): most
+# integration tests wait on the broker and the release tick, so two workers on two cores take
+# ~0.6x the serial time. `--dist loadscope` keeps each module (and its shared stack) on one worker.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/bootstrap.sh"
 cd "$root"
-exec "${PRIVREC_VENV:-$root/.venv}/bin/python" -m pytest "$@"
+exec "${PRIVREC_VENV:-$root/.venv}/bin/python" -m pytest -n "${PRIVREC_TEST_WORKERS:-2}" --dist loadscope "$@"
