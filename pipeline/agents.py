@@ -57,16 +57,16 @@ class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned partitions %s (stored offsets %s)", sorted(tp.partition for tp in assigned), stored)
 
 
-def register(app: faust.App, settings: Settings, catalog: Catalog) -> None:
-    """Run :func:`ingest` as a task of ``app`` (every worker, leader or not)."""
+def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str | None = None) -> None:
+    """Run :func:`ingest` as a task of ``app`` (every worker, leader or not); ``topic`` defaults to ``interactions``."""
 
     @app.task
     async def ingest_task() -> None:
-        await ingest(settings, catalog)
+        await ingest(settings, catalog, topic=topic or TOPICS["interactions"])
 
 
-async def ingest(settings: Settings, catalog: Catalog) -> None:
-    """Consume ``interactions`` in batches until the worker stops."""
+async def ingest(settings: Settings, catalog: Catalog, *, topic: str) -> None:
+    """Consume ``topic`` (``interactions``, or a federated site's own topic) in batches until the worker stops."""
     client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
     processor = IngestProcessor(client, settings.namespace, catalog)
     TrustedStore(client, settings.namespace).ensure_config(
@@ -77,7 +77,7 @@ async def ingest(settings: Settings, catalog: Catalog) -> None:
         heartbeat_interval_ms=1000, max_poll_records=settings.batch_size, fetch_max_wait_ms=100)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka, linger_ms=5)
     await producer.start()
-    consumer.subscribe([TOPICS["interactions"]], listener=_SeekToStoredOffsets(consumer, processor, settings.partitions))
+    consumer.subscribe([topic], listener=_SeekToStoredOffsets(consumer, processor, settings.partitions))
     await consumer.start()
     worker_id = os.environ.get("PRIVREC_WORKER_ID", f"worker-{os.getpid()}")
     status_key = f"{settings.namespace}:ops:{{{settings.namespace}:ops}}:workers"

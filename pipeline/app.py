@@ -29,7 +29,7 @@ from pathlib import Path
 
 import faust
 
-from . import agents, timers
+from . import agents, sites, timers
 from .catalog import load_catalog
 from .settings import Settings
 
@@ -67,6 +67,13 @@ def build_worker_app(settings: Settings | None = None) -> faust.App:
     catalog = load_catalog(settings)
     web = os.environ.get("PRIVREC_WEB_PORT")
     app = create_app(settings, web_port=int(web) if web else None)
+    if settings.mode == "federated":
+        # a site: ingest and release on its own users, then share (pipeline.sites); the star's
+        # coordinator is its own process (pipeline.coordinator)
+        if settings.site is None:
+            raise ValueError("setting `site` (PRIVREC_SITE) is required to run a federated site's worker")
+        sites.register(app, settings, catalog)
+        return app
     agents.register(app, settings, catalog)
     timers.register(app, settings, catalog)
     return app

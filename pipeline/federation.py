@@ -167,8 +167,13 @@ class FedKeys:
 
     @property
     def site(self) -> str:
-        """Hash (site): ``sent_version`` (last release sent), ``round`` and the current view."""
+        """Hash (site, decentralized): the consensus round, the view ``y_i(r)`` and the open round's message."""
         return self._key("site")
+
+    @property
+    def sync(self) -> str:
+        """Hash (site): ``ticks`` (the site's share clock) and ``sent_version`` (last release sent, star)."""
+        return self._key("sync")
 
     @property
     def inbox(self) -> str:
@@ -232,6 +237,8 @@ class Coordinator:
         with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(self.public.released)
             pipe.hset(self.public.released, mapping=mapping)
+            pipe.xadd(self.public.released_log, {"version": str(version), "count": str(int(agg.count.sum()))},
+                      maxlen=10_000, approximate=True)
             pipe.execute()
         return version
 

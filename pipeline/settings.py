@@ -52,7 +52,10 @@ BASELINE_ALGORITHMS: dict[str, str] = {
     "dgs-gaussian": "DGS-LinUCB-Gaussian",
 }
 ALGORITHMS = ("linucb", "colin", "goblin", *BASELINE_ALGORITHMS)
-MODES = ("global",)
+MODES = ("global", "federated")
+#: Site graphs of the federated mode (or a path to an edge-list file: one "i j" pair per line).
+TOPOLOGIES = ("star", "ring", "complete")
+FED_SCHEDULES = ("tick", "doubling")
 CATALOGS = ("synthetic", "lastfm")
 
 
@@ -79,7 +82,25 @@ class Settings:
     Attributes
     ----------
     mode
-        Trust model; ``"global"`` (the server adds the noise).
+        Trust model: ``"global"`` (the server adds the noise) or ``"federated"``
+        (``sites`` sites, each adding the noise to its own users' statistics and
+        sharing only its releases; see :mod:`pipeline.federation`).
+    sites
+        Federated mode: number of sites ``M``; unit ``u`` belongs to site ``u mod M``
+        (public and stable).
+    site
+        Federated mode: which site this worker is (set by ``privrec up`` per worker;
+        ``None`` for the web process and the coordinator).
+    topology
+        Federated mode: ``"star"`` (a coordinator sums the sites' releases and serves
+        everyone), ``"ring"`` or ``"complete"`` (decentralized: each site mixes its
+        neighbours' states and serves its own users), or the path of an edge-list file.
+    fed_schedule
+        Federated mode: when sites share — every release tick (``"tick"``) or at release
+        ticks 1, 2, 4, 8, ... (``"doubling"``, the federated paper's schedule).
+    consensus_kappa
+        Decentralized federated mode: step ``kappa`` of the mixing matrix
+        ``P = I - (kappa / d_max) L`` (in ``(0, 1]``; 0.5 converges on every graph).
     algorithm
         ``"linucb"`` (one model per unit), ``"colin"`` or ``"goblin"`` (released
         through ``mechanism``), or one of the other papers' private LinUCB
@@ -137,6 +158,11 @@ class Settings:
     """
 
     mode: str = "global"
+    sites: int = 1
+    site: int | None = None
+    topology: str = "star"
+    fed_schedule: str = "tick"
+    consensus_kappa: float = 0.5
     algorithm: str = "linucb"
     mechanism: str = DEFAULT_MECHANISM
     epsilon: float = 2.0
@@ -162,8 +188,22 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise SettingsError("mode", f"must be one of {MODES} (local and federated modes are not served yet), "
-                                        f"got {self.mode!r}.")
+            raise SettingsError("mode", f"must be one of {MODES}, got {self.mode!r}.")
+        if not 1 <= self.sites <= 64:
+            raise SettingsError("sites", f"must be an integer in [1, 64], got {self.sites}.")
+        if self.site is not None and not 0 <= self.site < self.sites:
+            raise SettingsError("site", f"must be in [0, {self.sites - 1}] (setting `sites` is {self.sites}), "
+                                        f"got {self.site}.")
+        if self.topology not in TOPOLOGIES and not os.path.isfile(self.topology):
+            raise SettingsError("topology", f"must be one of {TOPOLOGIES} or the path of an edge-list file, "
+                                            f"got {self.topology!r} (no such file).")
+        if self.fed_schedule not in FED_SCHEDULES:
+            raise SettingsError("fed_schedule", f"must be one of {FED_SCHEDULES}, got {self.fed_schedule!r}.")
+        if not 0 < self.consensus_kappa <= 1:
+            raise SettingsError("consensus_kappa", f"must be in (0, 1], got {self.consensus_kappa}.")
+        if self.mode == "federated" and self.baseline is not None:
+            raise SettingsError("algorithm", f"the federated mode runs linucb, colin or goblin (a site shares its "
+                                             f"released statistics), got {self.algorithm!r}.")
         if self.algorithm not in ALGORITHMS:
             raise SettingsError("algorithm", f"must be one of {ALGORITHMS}, got {self.algorithm!r}.")
         if self.mechanism not in MECHANISMS:
@@ -249,7 +289,7 @@ class Settings:
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
 MAX_DEFAULT_POOL = 1000
 
-MODEL_FIELDS = ("mode", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
+MODEL_FIELDS = ("mode", "sites", "topology", "fed_schedule", "consensus_kappa", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "partitions")
 
 
@@ -275,6 +315,9 @@ _HELP = {
                  "LinUCB variants, per-unit, with their own mechanism and width (--mechanism does not apply): "
                  "ss-gaussian, ss-gaussian-tight, ss-wishart (Shariff & Sheffet, joint DP, contexts protected "
                  "too), dgs-laplace, dgs-gaussian (dynamic global sensitivity; claimed guarantee, not a proof)",
+    "topology": "federated mode: star (a coordinator), ring, complete, or the path of an edge-list file "
+                "(one 'i j' pair of sites per line)",
+    "fed_schedule": "federated mode: share every release tick ('tick') or at ticks 1, 2, 4, ... ('doubling')",
     "mechanism": "continual-release mechanism of linucb/colin/goblin, one of: " + ", ".join(sorted(MECHANISMS))
                  + " (ignored by the ss-*/dgs-* algorithms)",
 }

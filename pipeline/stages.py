@@ -183,7 +183,6 @@ class ReleaseStage:
         self.store = TrustedStore(self.client, s.namespace)
         self.store.ensure_config(s.model_config() | {"catalog_fingerprint": self.catalog.fingerprint})
         self.structure, self.V = projection(s.algorithm, self.catalog.W)
-        dim = self.catalog.n_units * self.catalog.d
         self.mechanism: Mechanism | None = None
         self.baseline: PerUserLinUCB | None = None
         if s.baseline is not None:
@@ -192,13 +191,20 @@ class ReleaseStage:
             self.baseline_store = BaselineStateStore(self.client, s.namespace)
             self._baseline_version: int | None = -1  # which stored state the in-memory policy holds (-1: none)
         elif s.private:
-            self.mechanism = make_mechanism(
-                s.mechanism, dim=dim, sensitivity=float(sensitivities(self.V).max()), epsilon=s.epsilon,
-                delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
-                sensitivity_l1=float(np.abs(self.V).sum(axis=0).max() * math.sqrt(self.catalog.d)),
-                mixing=self.V, block_dim=self.catalog.d)  # used by the user-space ("user-*") mechanisms
+            self.mechanism = self.make_mechanism(np.ones(self.catalog.n_units, dtype=bool))
         self.releaser = Releaser(structure=self.structure, V=self.V, d=self.catalog.d, mechanism=self.mechanism)
         self.statement = privacy_statement(s, self.mechanism, self.baseline)
+
+    def make_mechanism(self, units: np.ndarray) -> Mechanism:
+        """The mechanism over the statistics of ``units`` (a mask; all units in global mode, a site's own units in
+        federated mode): calibrated to their largest sensitivity; user-space noise only on their blocks."""
+        s = self.settings
+        V = self.V * units[None, :]
+        return make_mechanism(
+            s.mechanism, dim=self.catalog.n_units * self.catalog.d, sensitivity=float(sensitivities(self.V)[units].max()),
+            epsilon=s.epsilon, delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
+            sensitivity_l1=float(np.abs(self.V[:, units]).sum(axis=0).max() * math.sqrt(self.catalog.d)),
+            mixing=V, block_dim=self.catalog.d)  # `mixing` is used by the user-space ("user-*") mechanisms
 
     def recover(self) -> int:
         """Publish a release that was persisted but not yet published (after a crash)."""
@@ -277,13 +283,28 @@ class SolveStage:
             theta, M = solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge)
             extra = {"lambda": repr(s.lambda_ + s.noise_ridge * released.noise_std)}
             count = released.count
-        solve_ms = (time.perf_counter() - t0) * 1e3
+        self._write(version, theta, M, width, count, (time.perf_counter() - t0) * 1e3, extra,
+                    (raw.get(b"event") or b'{"kind": "none"}').decode())
+        return version
+
+    def solve_released(self, released: ReleasedStats, version: int, event: str = '{"kind": "none"}') -> int:
+        """Solve given statistics (e.g. a federated site's view) into this namespace's serving models."""
+        s = self.settings
+        t0 = time.perf_counter()
+        theta, M = solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge)
+        self._write(version, theta, M, None, released.count, (time.perf_counter() - t0) * 1e3,
+                    {"lambda": repr(s.lambda_ + s.noise_ridge * released.noise_std)}, event)
+        return version
+
+    def _write(self, version: int, theta: np.ndarray, M: np.ndarray, width: np.ndarray | None, count: np.ndarray,
+               solve_ms: float, extra: dict[str, str], event: str) -> None:
+        s = self.settings
         meta = {
             "version": str(version), "algorithm": s.algorithm, "alpha": repr(s.alpha), "d": str(theta.shape[1]),
             "n_units": str(theta.shape[0]), "events": str(int(count.sum())),
             "solved_at_ms": str(int(time.time() * 1000)), "solve_ms": f"{solve_ms:.1f}",
             "privacy": json.dumps(self.statement),
-            "event": (raw.get(b"event") or b'{"kind": "none"}').decode(),  # what every release spends
+            "event": event,  # what every release spends
             **extra,
         }
         with self.client.pipeline(transaction=True) as pipe:
@@ -295,4 +316,3 @@ class SolveStage:
                 pipe.hset(self.keys.model_unit(u), mapping=unit)
             pipe.hset(self.keys.model_meta, mapping=meta)
             pipe.execute()
-        return version

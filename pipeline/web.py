@@ -44,6 +44,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from models.accounting import event_from_dict, group_guarantee
 
 from .catalog import Catalog, UnknownUserError, load_catalog
+from .federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
+from .federation import site_namespace
 from .keys import PublicKeys
 from .records import TOPICS
 from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
@@ -85,7 +87,10 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app["settings"] = settings
     app["catalog"] = catalog
     app["keys"] = PublicKeys(settings.namespace)
-    app["recommender"] = Recommender(sync, settings.namespace, catalog, meta_ttl=0.2)
+    # the namespaces users are served from: this one, or (federated, decentralized) each site's own
+    app["model_keys"] = [PublicKeys(ns) for ns in model_namespaces(settings)]
+    app["recommender"] = (SiteRouter(sync, settings, catalog, meta_ttl=0.2) if settings.mode == "federated"
+                          else Recommender(sync, settings.namespace, catalog, meta_ttl=0.2))
     app["sync"] = sync
     app["metrics"] = _Metrics()
     app.router.add_get("/recommend", recommend)
@@ -206,7 +211,7 @@ async def recommend(request: web.Request) -> web.Response:
         if any(not p.strip() for p in parts):
             return _error(400, "candidates", "must be a comma-separated list of item ids without empty entries")
         candidates = [p.strip() for p in parts]
-    rec: Recommender = request.app["recommender"]
+    rec: Recommender | SiteRouter = request.app["recommender"]
     try:
         out = rec.recommend(user, candidates, k)
     except BadRequest as exc:
@@ -272,8 +277,8 @@ async def feedback(request: web.Request) -> web.Response:
     event = {"event_id": f"{rec_id}:{item}", "user": shown["user"], "arm": item, "context": None,
              "reward": reward, "ts": time.time() * 1000, "rec_id": rec_id}
     try:
-        await producer.send_and_wait(TOPICS["interactions"], key=shown["user"].encode(),
-                                     value=json.dumps(event).encode())
+        topic = interactions_topic(request.app["settings"], request.app["catalog"], shown["user"])
+        await producer.send_and_wait(topic, key=shown["user"].encode(), value=json.dumps(event).encode())
     except Exception:
         await r.delete(answered)  # not recorded: the list may be answered again
         raise
@@ -283,7 +288,7 @@ async def feedback(request: web.Request) -> web.Response:
 
 async def budget(request: web.Request) -> web.Response:
     s: Settings = request.app["settings"]
-    keys: PublicKeys = request.app["keys"]
+    keys: PublicKeys = request.app["model_keys"][0]
     r = request.app["redis"]
     meta = {k.decode(): v.decode() for k, v in (await r.hgetall(keys.model_meta)).items()}
     if not meta:
@@ -313,6 +318,8 @@ async def budget(request: web.Request) -> web.Response:
     }
     if "trees" in statement:  # per-unit trees (the baselines): their own sizes, not the global tick count
         out["tree"] = statement["trees"]
+    if s.mode == "federated":
+        out["federated"] = await federated_budget(r, s)
     user = request.query.get("user")
     if user is not None:
         catalog: Catalog = request.app["catalog"]
@@ -320,6 +327,8 @@ async def budget(request: web.Request) -> web.Response:
             catalog.unit_of(user)
         except UnknownUserError as exc:
             return _error(404, "user", str(exc))
+        if s.mode == "federated":  # the user's interactions are counted at their own site
+            keys = PublicKeys(site_namespace(s.namespace, request.app["recommender"].site_of(user)))
         counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(s.partitions)))
         k = sum(int(c) for c in counts if c is not None)
         g = group_guarantee(event, k, s.delta)
@@ -332,7 +341,7 @@ async def budget(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     m: _Metrics = request.app["metrics"]
-    keys: PublicKeys = request.app["keys"]
+    keys: PublicKeys = request.app["model_keys"][0]
     r = request.app["redis"]
     v = await r.hget(keys.model_meta, "version")
     if v is not None:
@@ -350,11 +359,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    keys: PublicKeys = request.app["keys"]
-    v = await request.app["redis"].hget(keys.model_meta, "version")
-    if v is None:
+    versions = [await request.app["redis"].hget(k.model_meta, "version") for k in request.app["model_keys"]]
+    if any(v is None for v in versions):  # every user must be servable (federated: every site's view)
         return web.json_response({"status": "starting", "model_version": None}, status=503)
-    return web.json_response({"status": "ok", "model_version": int(v)})
+    return web.json_response({"status": "ok", "model_version": int(versions[0])})
 
 
 async def users(request: web.Request) -> web.Response:

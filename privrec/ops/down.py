@@ -13,11 +13,14 @@ from .stackfile import STACK_FILE, locked, read_stack, recorded_handles
 
 __all__ = ["down"]
 
+#: Processes stopped together (each takes about a second to leave its consumer groups).
+_PARALLEL = ("worker-", "site-")
+
 def down(state_dir: str | os.PathLike[str], *, grace_seconds: float = 10.0) -> list[tuple[str, int]]:
     """Stop what ``up`` started in ``state_dir``, last started first; return ``(name, pid)`` stopped.
 
     Only processes ``stack.json`` lists are touched, each only if :mod:`pipeline.services`
-    recognises it as the process it started (same executable and start time). Workers
+    recognises it as the process it started (same executable and start time). Workers (and sites)
     stop together (each takes about a second to leave its consumer groups); the web server
     stops before them and the broker and redis after them. ``stack.json`` and the PID
     files are removed; the redis data (``redis/``) and logs stay.
@@ -31,7 +34,7 @@ def down(state_dir: str | os.PathLike[str], *, grace_seconds: float = 10.0) -> l
         stopped: list[tuple[str, int]] = []
         groups: list[list[ServiceHandle]] = []
         for h in reversed(handles):  # consecutive workers form one group, stopped in parallel
-            if h.name.startswith("worker-") and groups and groups[-1][0].name.startswith("worker-"):
+            if h.name.startswith(_PARALLEL) and groups and groups[-1][0].name.startswith(_PARALLEL):
                 groups[-1].append(h)
             else:
                 groups.append([h])

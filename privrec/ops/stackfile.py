@@ -25,6 +25,7 @@ __all__ = [
     "STACK_FILE",
     "TOPIC_PARTITIONS",
     "WEB",
+    "admin_redis_url",
     "child_env",
     "default_state_dir",
     "http_probe",
@@ -179,6 +180,18 @@ def http_probe(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]] | N
         return exc.code, body
     except (OSError, ValueError):
         return None
+
+
+def admin_redis_url(stack: Mapping[str, Any]) -> str:
+    """The Redis URL with the administrator's credentials when ``privrec up`` set ACL users (federated mode)."""
+    url = str(stack["redis"])
+    if stack.get("redis_acl"):
+        from pipeline import acl
+
+        creds = acl.load_credentials(Path(stack["state_dir"]))
+        if creds is not None:
+            return acl.role_url(url, "default", creds["default"])
+    return url
 
 
 def settings_dict(settings: Settings) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from .stackfile import STACK_FILE, http_probe, read_stack, recorded_handles, running_processes, worker_status_key
+from .stackfile import STACK_FILE, admin_redis_url, http_probe, read_stack, recorded_handles, running_processes, worker_status_key
 
 __all__ = ["status"]
 
@@ -58,7 +58,7 @@ def _probe_redis(stack: Mapping[str, Any]) -> dict[str, Any]:
 
     ns = stack["namespace"]
     keys = PublicKeys(ns)
-    client = redis.Redis.from_url(stack["redis"], socket_timeout=2, socket_connect_timeout=2)
+    client = redis.Redis.from_url(admin_redis_url(stack), socket_timeout=2, socket_connect_timeout=2)
     try:
         with client.pipeline(transaction=False) as pipe:
             pipe.hget(keys.model_meta, "version")

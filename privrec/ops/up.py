@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -18,92 +17,12 @@ from pipeline import services
 from pipeline.services import ServiceError, ServiceHandle
 from pipeline.settings import Settings
 
-from .stackfile import (KAFKA, REDIS, STACK_FILE, STACK_SCHEMA, TOPIC_PARTITIONS, WEB, POLL_SECONDS,
-                        AlreadyRunningError, OpsError, child_env, http_probe, locked, read_stack, recorded_handles,
+from .stackfile import (KAFKA, REDIS, STACK_FILE, STACK_SCHEMA, TOPIC_PARTITIONS, WEB, AlreadyRunningError, OpsError, child_env, http_probe, locked, read_stack, recorded_handles,
                         running_processes, settings_dict, worker_status_key, write_stack)
 from .status import status
+from .workers import check_namespace, check_topic, reset_offsets, wait_workers
 
 __all__ = ["up", "wait_workers"]
-
-def _check_topic(address: str, topic: str, partitions: int) -> None:
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=address, client_id="privrec-ops")
-    try:
-        (desc,) = admin.describe_topics([topic])
-    finally:
-        admin.close()
-    found = len(desc.get("partitions") or [])
-    if found != partitions:
-        raise OpsError(
-            f"topic {topic!r} on {address} has {found} partitions but setting `partitions` "
-            f"(PRIVREC_PARTITIONS) is {partitions}; ingest offsets are kept per partition, so "
-            f"they must agree: use --partitions {found} or another broker")
-
-
-def _check_namespace(client: redis.Redis, settings: Settings, fingerprint: str) -> dict[str, Any] | None:
-    """Refuse settings that differ from those the namespace was created with (read-only).
-
-    The worker enforces the same rule when it starts (``TrustedStore.ensure_config``);
-    checking here fails before any worker runs, with the same information.
-    """
-    from pipeline.trusted import TrustedKeys
-
-    raw = client.get(TrustedKeys(settings.namespace).config)
-    if raw is None:
-        return None
-    stored: dict[str, Any] = json.loads(raw)
-    wanted = json.loads(json.dumps(settings.model_config() | {"catalog_fingerprint": fingerprint},
-                                   sort_keys=True))
-    if stored != wanted:
-        diff = {k: {"stored": stored.get(k), "requested": wanted.get(k)}
-                for k in sorted(set(stored) | set(wanted)) if stored.get(k) != wanted.get(k)}
-        raise OpsError(
-            f"namespace {settings.namespace!r} in {settings.redis_url} was created with other "
-            f"model/privacy settings: {json.dumps(diff)}; start with the stored settings, "
-            f"or use another --namespace")
-    return stored
-
-
-def _reset_offsets(client: redis.Redis, settings: Settings) -> tuple[int, list[int | None]]:
-    """Forget the namespace's stored ingest offsets (see :meth:`pipeline.trusted.TrustedStore.reset_offsets`).
-
-    Called only right after starting the embedded broker, which is memory-only.
-    """
-    from pipeline.trusted import TrustedStore
-
-    return TrustedStore(client, settings.namespace).reset_offsets(settings.partitions)
-
-
-def wait_workers(client: redis.Redis, namespace: str, workers: list[ServiceHandle], partitions: int,
-                  timeout: float) -> dict[str, list[int]]:
-    """Wait until every worker has registered and their partitions cover the topic exactly once."""
-    key = worker_status_key(namespace)
-    deadline = time.monotonic() + timeout
-    while True:
-        for h in workers:
-            if not services.is_running(h):
-                raise OpsError(f"{h.name} (pid {h.pid}) exited while starting; {h.log_path}:\n"
-                               f"{services.tail(h.log_path)}")
-        raw = client.hmget(key, [h.name for h in workers])
-        assigned: dict[str, list[int]] = {}
-        for h, value in zip(workers, raw):
-            if value is None:
-                continue
-            report = json.loads(value)
-            if report.get("pid") == h.pid and report.get("partitions"):
-                assigned[h.name] = sorted(report["partitions"])
-        owned = [p for ps in assigned.values() for p in ps]
-        if len(assigned) == len(workers) and sorted(owned) == list(range(partitions)):
-            return assigned
-        if time.monotonic() > deadline:
-            missing = [h.name for h in workers if h.name not in assigned]
-            h = next((w for w in workers if w.name in missing), workers[0])
-            raise OpsError(f"workers not ready after {timeout:g} s (registered with partitions: {assigned}; "
-                           f"waiting for {missing or 'a rebalance to settle'}); {h.log_path}:\n"
-                           f"{services.tail(h.log_path)}")
-        time.sleep(POLL_SECONDS)
-
 
 def _port_free(host: str, port: int) -> bool:
     """Whether ``host:port`` can be bound right now (checked before starting anything)."""
@@ -132,6 +51,40 @@ def _start_web(state_dir: Path, env: dict[str, str], host: str, port: int, timeo
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: dict[str, bool], stack: dict[str, Any],
+                   workers: int, record: Callable[[str], None], started: list[ServiceHandle],
+                   note: Callable[[str], None], took: Callable[[], str], loglevel: str | None,
+                   timeout: float) -> dict[str, str]:
+    """Global mode: check the namespace, reset offsets after a new broker, start the workers; the web's env."""
+    assert settings.redis_url is not None
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
+    try:
+        check_namespace(client, settings, catalog.fingerprint)
+        if not external["kafka"]:
+            counted, old_offsets = reset_offsets(client, settings)
+            if any(o is not None for o in old_offsets):
+                stack["offsets_reset"] = {"previous": old_offsets, "events_kept": counted}
+                note(f"namespace {settings.namespace!r} keeps {counted} events counted by an earlier "
+                     f"run; the new (memory-only) broker's log starts at offset 0, so the stored "
+                     f"ingest offsets {old_offsets} were reset")
+        env = child_env(settings, state, loglevel=loglevel)
+        wk: list[ServiceHandle] = []
+        names = [f"worker-{i}" for i in range(workers)]
+        client.hdel(worker_status_key(settings.namespace), *names)
+        for name in names:
+            record(name)
+            h = services.start_process(name, [sys.executable, "-m", "pipeline.worker"], state,
+                                       env={**env, "PRIVREC_WORKER_ID": name}, timeout=timeout)
+            started.append(h)
+            wk.append(h)
+        assigned = wait_workers(client, settings.namespace, wk, settings.partitions, timeout)
+        for h in wk:
+            note(f"{h.name:<8} pid {h.pid}  partitions {assigned[h.name]} {took()}")
+    finally:
+        client.close()
+    return env
 
 
 def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 1, http_port: int = 0,
@@ -259,36 +212,22 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
 
             topics = {"interactions": settings.partitions, **TOPIC_PARTITIONS}
             created = services.create_topics(settings.kafka, topics)
-            _check_topic(settings.kafka, "interactions", settings.partitions)
+            check_topic(settings.kafka, "interactions", settings.partitions)
             listed = ", ".join(f"{t} ({n})" for t, n in topics.items())
             kept = [t for t in topics if t not in created]
             note(f"topics   {listed}" + (f"; already there: {', '.join(kept)}" if kept else ""))
 
-            client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
-            try:
-                _check_namespace(client, settings, catalog.fingerprint)
-                if not external["kafka"]:
-                    counted, old_offsets = _reset_offsets(client, settings)
-                    if any(o is not None for o in old_offsets):
-                        stack["offsets_reset"] = {"previous": old_offsets, "events_kept": counted}
-                        note(f"namespace {settings.namespace!r} keeps {counted} events counted by an earlier "
-                             f"run; the new (memory-only) broker's log starts at offset 0, so the stored "
-                             f"ingest offsets {old_offsets} were reset")
-                env = child_env(settings, state, loglevel=loglevel)
-                wk: list[ServiceHandle] = []
-                names = [f"worker-{i}" for i in range(workers)]
-                client.hdel(worker_status_key(settings.namespace), *names)
-                for name in names:
-                    record(name)
-                    h = services.start_process(name, [sys.executable, "-m", "pipeline.worker"], state,
-                                               env={**env, "PRIVREC_WORKER_ID": name}, timeout=timeout)
-                    started.append(h)
-                    wk.append(h)
-                assigned = wait_workers(client, settings.namespace, wk, settings.partitions, timeout)
-                for h in wk:
-                    note(f"{h.name:<8} pid {h.pid}  partitions {assigned[h.name]} {took()}")
-            finally:
-                client.close()
+            if settings.mode == "federated":
+                # one worker per site, a coordinator (star), Redis ACL users (privrec/ops/federated.py)
+                from .federated import start_federated
+
+                env = start_federated(settings, state, catalog=catalog, external=external, stack=stack,
+                                      record=record, started=started, note=note, took=took, loglevel=loglevel,
+                                      timeout=timeout)
+            else:
+                env = _start_workers(settings, state, catalog=catalog, external=external, stack=stack, workers=workers,
+                                     record=record, started=started, note=note, took=took, loglevel=loglevel,
+                                     timeout=timeout)
 
             record(WEB)
             web = _start_web(state, env, http_host, http_port, timeout)

@@ -1,0 +1,119 @@
+"""``privrec up --mode federated``: one worker per site, the star's coordinator, Redis ACL users.
+
+Processes (besides the broker, Redis and web, which :mod:`privrec.ops.up` starts):
+
+* ``site-0`` … ``site-{M-1}``: ``python -m pipeline.worker`` with ``PRIVREC_SITE=i`` — each ingests its
+  own topic ``interactions-site-<i>`` into its own namespace ``<ns>-site<i>`` and shares its releases
+  on ``federated-updates`` (:mod:`pipeline.sites`);
+* ``coordinator`` (star only): ``python -m pipeline.coordinator``.
+
+With the embedded Redis, every process connects as its own ACL user (:mod:`pipeline.acl`): a site can
+read only its own namespace, the coordinator only its public keys, the web only public kinds; the
+``default`` user gets a password, kept with the others in ``<state>/redis-users.json`` (0600). With an
+external Redis (``--redis-url``) the users are the operator's to create (the README lists the rules).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from pipeline import acl, services
+from pipeline.federation import site_namespace, site_topic
+from pipeline.records import TOPICS
+from pipeline.services import ServiceHandle
+from pipeline.settings import Settings
+
+from .stackfile import child_env, worker_status_key
+from .workers import check_namespace, check_topic, reset_offsets, wait_workers
+
+__all__ = ["start_federated", "federated_topics", "COORDINATOR"]
+
+COORDINATOR = "coordinator"
+
+
+def federated_topics(settings: Settings) -> dict[str, int]:
+    """Each site's input topic (``partitions`` each) and ``federated-updates`` (one partition)."""
+    return {**{site_topic(i): settings.partitions for i in range(settings.sites)}, TOPICS["federated_updates"]: 1}
+
+
+def start_federated(settings: Settings, state: Path, *, catalog: Any, external: dict[str, bool],
+                    stack: dict[str, Any], record: Callable[[str], None], started: list[ServiceHandle],
+                    note: Callable[[str], None], took: Callable[[], str], loglevel: str | None,
+                    timeout: float) -> dict[str, str]:
+    """Start the sites (and the coordinator); return the web process's environment."""
+    assert settings.kafka is not None and settings.redis_url is not None
+    topics = federated_topics(settings)
+    services.create_topics(settings.kafka, topics)
+    for t, n in topics.items():
+        check_topic(settings.kafka, t, n)
+    note(f"topics   {', '.join(f'{t} ({n})' for t, n in topics.items())}")
+    star = settings.topology == "star"
+    admin_url = settings.redis_url
+    urls: dict[str, str] = {}
+    if not external["redis"]:
+        rules = acl.acl_rules(settings.namespace, sites=settings.sites, star=star)
+        creds = acl.load_credentials(state) or acl.new_credentials(list(rules))
+        if set(creds) != {"default", *rules}:
+            creds = acl.new_credentials(list(rules))
+        client = redis.Redis.from_url(_admin(settings.redis_url, creds), socket_timeout=10)
+        try:
+            client.ping()
+        except redis.AuthenticationError:  # a fresh redis-server: no password yet
+            client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
+        acl.apply_acl(client, rules, creds)
+        client.close()
+        acl.save_credentials(state, creds)
+        admin_url = _admin(settings.redis_url, creds)
+        urls = {role: acl.role_url(settings.redis_url, role, pw) for role, pw in creds.items() if role != "default"}
+        stack["redis_acl"] = {"users": sorted(rules), "credentials": acl.ROLES_FILE}
+        note(f"redis    ACL users {', '.join(sorted(rules))} (passwords in {state / acl.ROLES_FILE})")
+    client = redis.Redis.from_url(admin_url, socket_timeout=10)
+    try:
+        site_handles: list[tuple[ServiceHandle, str]] = []
+        for i in range(settings.sites):
+            own = settings.replace(namespace=site_namespace(settings.namespace, i))
+            check_namespace(client, own, catalog.fingerprint)
+            if not external["kafka"]:
+                counted, old = reset_offsets(client, own)
+                if any(o is not None for o in old):
+                    note(f"site {i} keeps {counted} events counted by an earlier run; its ingest offsets {old} "
+                         f"were reset for the new (memory-only) broker")
+        for i in range(settings.sites):
+            name = f"site-{i}"
+            env = child_env(settings.replace(site=i, redis_url=urls.get(f"site{i}", settings.redis_url)), state,
+                            loglevel=loglevel)
+            ns = site_namespace(settings.namespace, i)
+            client.hdel(worker_status_key(ns), name)
+            record(name)
+            h = services.start_process(name, [sys.executable, "-m", "pipeline.worker"], state,
+                                       env={**env, "PRIVREC_WORKER_ID": name}, timeout=timeout)
+            started.append(h)
+            site_handles.append((h, ns))
+        for h, ns in site_handles:
+            assigned = wait_workers(client, ns, [h], settings.partitions, timeout)
+            note(f"{h.name:<8} pid {h.pid}  {site_topic(int(h.name.split('-')[1]))} partitions "
+                 f"{assigned[h.name]} {took()}")
+        if star:
+            env = child_env(settings.replace(redis_url=urls.get(COORDINATOR, settings.redis_url)), state,
+                            loglevel=loglevel)
+            key = worker_status_key(settings.namespace)
+            client.hdel(key, COORDINATOR)
+            record(COORDINATOR)
+            h = services.start_process(COORDINATOR, [sys.executable, "-m", "pipeline.coordinator"], state, env=env,
+                                       timeout=timeout, ready=lambda: client.hget(key, COORDINATOR) is not None)
+            started.append(h)
+            note(f"{COORDINATOR} pid {h.pid}  sums the sites' releases {took()}")
+    finally:
+        client.close()
+    stack["admin_redis_url_in"] = acl.ROLES_FILE if urls else None
+    return child_env(settings.replace(redis_url=urls.get("web", settings.redis_url)), state, loglevel=loglevel)
+
+
+def _admin(url: str, creds: dict[str, str]) -> str:
+    return acl.role_url(url, "default", creds["default"])
+

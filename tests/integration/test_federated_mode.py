@@ -1,0 +1,280 @@
+"""Federated mode end to end: ``privrec up --mode federated`` against the real broker and redis-server.
+
+* star, noise on: every message on ``federated-updates`` differs from the site's exact statistics by the
+  site's released noise (recomputed here from the site's secret seed); Redis itself refuses the
+  coordinator and the other sites a site's exact statistics; kill -9 of a site: the others keep serving,
+  the restarted site resumes — nothing counted twice, no noise redrawn;
+* star, noise off: the coordinator's aggregate equals the global mode's exact statistics of the same events;
+* ring, noise off: the sites' consensus views converge to the network average at the spectral rate of P.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+from kafka import KafkaConsumer, KafkaProducer
+
+from models.ground.consensus import mixing_matrix, second_eigenvalue_modulus, topology_adjacency
+from models.ground.graphs import sensitivities
+from models.mechanisms import make_mechanism
+from models.streaming import Releaser, UnitStats
+from models.streaming.federated import assign_sites
+from pipeline import acl, services
+from pipeline.catalog import SyntheticCatalog
+from pipeline.federation import decode_message, site_namespace, site_topic
+from pipeline.keys import PublicKeys
+from pipeline.records import parse_interaction
+from pipeline.settings import Settings
+from pipeline.trusted import TrustedKeys
+from privrec import ops
+from privrec.ops.stackfile import child_env
+
+from pipeline_support import wait_for
+
+WORLD = {"PRIVREC_D": "4", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "30", "PRIVREC_TICK_SECONDS": "0.25",
+         "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PARTITIONS": "1"}
+NS = "fed"
+
+
+class FedStack:
+    def __init__(self, state: Path, settings: Settings) -> None:
+        self.state, self.settings = state, settings
+        self.status = ops.up(settings, state, timeout=90)
+        self.stack = ops.read_stack(state)
+        assert self.stack is not None
+        self.creds = acl.load_credentials(state)
+        assert self.creds is not None
+        self.catalog = SyntheticCatalog(n_users=settings.n_users, d=settings.d, n_arms=settings.n_arms,
+                                        seed=settings.world_seed)
+        self.site_of_unit = assign_sites(self.catalog.n_units, settings.sites)
+        self.produced: dict[int, list[bytes]] = {i: [] for i in range(settings.sites)}
+
+    def client(self, role: str = "default") -> redis.Redis:
+        return redis.Redis.from_url(acl.role_url(self.stack["redis"], role, self.creds[role]))
+
+    def produce(self, n: int, seed: int) -> None:
+        rng = random.Random(seed)
+        prod = KafkaProducer(bootstrap_servers=self.stack["kafka"], linger_ms=5)
+        for i in range(n):
+            user = str(rng.randrange(self.catalog.n_units))
+            ev = {"event_id": f"f{seed}-{i}", "user": user, "arm": str(rng.randrange(self.settings.n_arms)),
+                  "reward": float(rng.randrange(2)) if i % 3 else rng.random(), "ts": 1.7e12 + i}
+            site = int(self.site_of_unit[self.catalog.unit_of(user)])
+            value = json.dumps(ev).encode()
+            prod.send(site_topic(site), key=user.encode(), value=value)
+            self.produced[site].append(value)
+        prod.flush()
+        prod.close()
+
+    def site_stats(self, site: int, n: int | None = None) -> UnitStats:
+        """Exact statistics of the first ``n`` events of a site's topic (one partition: offset order)."""
+        s = UnitStats.zeros(n_units=self.catalog.n_units, d=self.catalog.d)
+        for value in self.produced[site][:n]:
+            u, x, r, _ = parse_interaction(value, self.catalog)
+            s.add(np.array([u]), x[None, :], np.array([r]))
+        return s
+
+    def messages(self) -> list[tuple[bytes, Any]]:
+        """Every message on ``federated-updates`` up to its current end (the sites keep writing)."""
+        from kafka import TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.stack["kafka"], auto_offset_reset="earliest",
+                                 enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
+        tp = TopicPartition("federated-updates", 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]
+        out: list[tuple[bytes, Any]] = []
+        deadline = time.monotonic() + 30
+        while consumer.position(tp) < end and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                for m in records:
+                    if m.offset < end:
+                        out.append((m.value, decode_message(m.value, n_units=self.catalog.n_units,
+                                                            d=self.catalog.d, sites=self.settings.sites)))
+        consumer.close()
+        return out
+
+    def site_noise(self, site: int, version: int) -> np.ndarray:
+        """The noise of a site's release ``version``, recomputed from its secret seed and its calibration."""
+        admin = self.client()
+        seed = int(admin.get(TrustedKeys(site_namespace(NS, site)).secret))
+        V = np.eye(self.catalog.n_units)
+        own = self.site_of_unit == site
+        mech = make_mechanism(self.settings.mechanism, dim=self.catalog.n_units * self.catalog.d,
+                              sensitivity=float(sensitivities(V)[own].max()), epsilon=self.settings.epsilon,
+                              delta=self.settings.delta, horizon=self.settings.tree_ticks, seed=seed,
+                              sensitivity_l1=float(np.abs(V[:, own]).sum(axis=0).max() * np.sqrt(self.catalog.d)),
+                              mixing=V * own[None, :], block_dim=self.catalog.d)
+        state = mech.init_state()
+        for _ in range(version):
+            _, state, _ = mech.step(state, np.zeros(mech.dim))
+        return mech.noise(state)
+
+    def down(self) -> None:
+        ops.down(self.state)
+
+
+def _settings(**kw: Any) -> Settings:
+    return Settings.from_mapping({k: str(v) for k, v in kw.items()}, environ={**WORLD, "PRIVREC_NAMESPACE": NS})
+
+
+@pytest.fixture(scope="module")
+def star(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FedStack]:
+    s = FedStack(tmp_path_factory.mktemp("fed-star"), _settings(mode="federated", sites=3, topology="star",
+                                                                 epsilon=2.0))
+    try:
+        yield s
+    finally:
+        s.down()
+
+
+def test_star_messages_differ_from_exact_by_each_sites_released_noise(star: FedStack) -> None:
+    star.produce(60, seed=1)
+    total = sum(len(v) for v in star.produced.values())
+    pub = PublicKeys(NS)
+    admin = star.client()
+    wait_for(lambda: int(admin.hget(pub.released, "count") or 0) == total, 60, "the aggregate to count every event")
+    msgs = [m for _, m in star.messages() if m.kind == "release"]
+    assert {m.site for m in msgs} == {0, 1, 2}
+    rel = Releaser(structure="linucb", V=np.eye(star.catalog.n_units), d=star.catalog.d, mechanism=None)
+    for m in msgs:
+        n = int(round(float(np.sum(m.release.count))))
+        exact = rel.release(star.site_stats(m.site, n), None)[0]
+        np.testing.assert_array_equal(np.asarray(m.release.count), exact.count)
+        np.testing.assert_allclose(m.release.gram, exact.gram, atol=1e-12)  # public, exact
+        noise = m.release.b_tilde - exact.b_tilde
+        assert np.abs(noise).max() > 0  # noise on
+        np.testing.assert_allclose(noise, star.site_noise(m.site, m.version), atol=1e-9)
+        # a site's noise sits on its own units only
+        blocks = noise.reshape(star.catalog.n_units, star.catalog.d)
+        assert np.all(blocks[star.site_of_unit != m.site] == 0)
+
+
+def test_redis_refuses_a_sites_exact_statistics_to_the_coordinator_other_sites_and_web(star: FedStack) -> None:
+    site0 = site_namespace(NS, 0)
+    trusted = TrustedKeys(site0)
+    assert star.client("site0").hgetall(trusted.stats(0))  # the site itself reads its own statistics
+    for role in ("coordinator", "site1", "site2", "web"):
+        client = star.client(role)
+        for key in (trusted.stats(0), trusted.secret, trusted.noise_state):
+            with pytest.raises(redis.exceptions.NoPermissionError, match="no permissions"):
+                client.dump(key)
+    with pytest.raises(redis.exceptions.NoPermissionError):  # nor write them
+        star.client("coordinator").hset(trusted.stats(0), "x", "1")
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis.from_url(star.stack["redis"]).ping()  # no credentials, no access
+    # the coordinator reads and writes its own public keys; the web only reads the model
+    assert star.client("coordinator").hget(PublicKeys(NS).released, "version") is not None
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        star.client("web").hset(PublicKeys(NS).model_meta, "version", "0")
+
+
+def test_kill9_of_a_site_others_keep_serving_and_the_restart_redraws_nothing(star: FedStack) -> None:
+    handles = services.read_handles(star.state)
+    victim = handles["site-1"]
+    os.kill(victim.pid, 9)
+    wait_for(lambda: not services.is_running(victim), 10, "site-1 to exit")
+    before = {m.site: m.version for _, m in star.messages() if m.kind == "release"}
+    star.produce(40, seed=2)  # site 1's events wait in its topic
+    pub = PublicKeys(NS)
+    admin = star.client()
+    others = sum(len(star.produced[s]) for s in (0, 2))
+    # the other sites go on: their new events reach the served model while site 1 is down
+    wait_for(lambda: sum(json.loads(admin.hget(pub.released, "sites") or "{}").get(str(s), 0) for s in (0, 2))
+             > before[0] + before[2], 30, "sites 0 and 2 to keep releasing")
+    import urllib.request
+    with urllib.request.urlopen(f"{star.stack['http']}/recommend?user=0&k=2", timeout=5) as resp:
+        assert resp.status == 200
+    # restart site 1 exactly as `privrec up` started it
+    s1 = star.settings.replace(kafka=star.stack["kafka"],
+                               redis_url=acl.role_url(star.stack["redis"], "site1", star.creds["site1"]), site=1)
+    env = {**child_env(s1, star.state, loglevel="WARNING"), "PRIVREC_WORKER_ID": "site-1"}
+    services.start_process("site-1", [sys.executable, "-m", "pipeline.worker"], star.state, env=env, timeout=60)
+    total = sum(len(v) for v in star.produced.values())
+    wait_for(lambda: int(admin.hget(pub.released, "count") or 0) == total, 60,
+             "the aggregate to count every event once, site 1's included")
+    assert others > 0
+    msgs = star.messages()
+    by_version: dict[tuple[int, int], bytes] = {}
+    rel = Releaser(structure="linucb", V=np.eye(star.catalog.n_units), d=star.catalog.d, mechanism=None)
+    for raw, m in msgs:
+        if m.kind != "release":
+            continue
+        key = (m.site, m.version)
+        if key in by_version:  # a re-sent release is the same bytes: the same noise, never a new draw
+            assert by_version[key] == raw
+        by_version[key] = raw
+        if m.site == 1:
+            n = int(round(float(np.sum(m.release.count))))
+            noise = m.release.b_tilde - rel.release(star.site_stats(1, n), None)[0].b_tilde
+            np.testing.assert_allclose(noise, star.site_noise(1, m.version), atol=1e-9)
+    versions = sorted(v for s, v in by_version if s == 1)
+    assert versions == list(range(1, versions[-1] + 1))  # site 1's releases continue its sequence, no gap
+    assert versions[-1] > before[1]
+
+
+def test_noise_off_star_aggregate_equals_the_global_exact_statistics(tmp_path: Path) -> None:
+    stack = FedStack(tmp_path, _settings(mode="federated", sites=3, topology="star", epsilon="inf"))
+    try:
+        stack.produce(50, seed=3)
+        total = sum(len(v) for v in stack.produced.values())
+        admin = stack.client()
+        pub = PublicKeys(NS)
+        wait_for(lambda: int(admin.hget(pub.released, "count") or 0) == total, 60, "the aggregate")
+        from models.streaming import ReleasedStats
+
+        agg = ReleasedStats.from_mapping(admin.hgetall(pub.released))
+        # the global mode's exact statistics of the same events, in any order (sums)
+        whole = UnitStats.merged([stack.site_stats(s) for s in range(3)])
+        exact = Releaser(structure="linucb", V=np.eye(stack.catalog.n_units), d=stack.catalog.d,
+                         mechanism=None).release(whole, None)[0]
+        assert agg.count.tolist() == exact.count.tolist()
+        np.testing.assert_allclose(agg.gram, exact.gram, atol=1e-12)
+        np.testing.assert_allclose(agg.b_tilde, exact.b_tilde, atol=1e-12)
+    finally:
+        stack.down()
+
+
+def test_ring_views_converge_to_the_average_at_the_spectral_rate(tmp_path: Path) -> None:
+    m = 4
+    stack = FedStack(tmp_path, _settings(mode="federated", sites=m, topology="ring", epsilon="inf",
+                                         n_users=8, consensus_kappa=0.5))
+    try:
+        stack.produce(40, seed=4)
+        admin = stack.client()
+        counts = {s: len(stack.produced[s]) for s in range(m)}
+        wait_for(lambda: all(int(admin.hget(PublicKeys(site_namespace(NS, s)).released, "count") or 0) == counts[s]
+                             for s in range(m)), 60, "every site to release all of its events")
+        time.sleep(0.25 * 16)  # about 16 rounds of mixing with nothing new
+        states: dict[tuple[int, int], np.ndarray] = {}
+        for _, msg in stack.messages():
+            if msg.kind == "consensus":
+                states[(msg.site, msg.round)] = msg.state.b_tilde
+        rounds = sorted({r for (_, r) in states if all((s, r) in states for s in range(m))})
+        total = sum(stack.site_stats(s).b.reshape(-1) for s in range(m))
+        P = mixing_matrix(topology_adjacency("ring", m), kappa=0.5)
+        lam = second_eigenvalue_modulus(P)
+        # rounds after every site's last new data: s_i(r) = y_i(r), and y(r + 1) = P y(r) exactly
+        quiet = [r for r in rounds if np.allclose(np.mean([states[(s, r)] for s in range(m)], axis=0), total / m,
+                                                  atol=1e-12)]
+        assert len(quiet) >= 8, f"too few quiet rounds: {quiet}"
+        r0 = quiet[0]
+        Y0 = np.stack([states[(s, r0)] for s in range(m)])
+        dist0 = np.linalg.norm(Y0 - Y0.mean(axis=0))
+        for r in quiet[1:]:
+            Y = np.stack([states[(s, r)] for s in range(m)])
+            np.testing.assert_allclose(Y.mean(axis=0), total / m, atol=1e-12)  # the average is preserved
+            assert np.linalg.norm(Y - Y.mean(axis=0)) <= lam ** (r - r0) * dist0 * (1 + 1e-9) + 1e-12
+    finally:
+        stack.down()
