@@ -78,6 +78,33 @@ def register(sub: Any) -> None:
     m.add_argument("--no-progress", action="store_true", help="no progress bar")
     m.set_defaults(func=_mechanisms)
 
+    from privrec.experiments.modes import ROWS as MODE_ROWS
+
+    o = esub.add_parser(
+        "modes",
+        help="the trust modes side by side: regret against epsilon, LastFM reward ratio, communication",
+        description="Run LinUCB per unit under each trust mode (global, federated star and ring, ...) with the "
+                    "default mechanism on the synthetic environment (regret against epsilon) and on the first "
+                    "LastFM replay events (reward ratio to random play, offline), same seeds. Federated rows "
+                    "report bytes per site per release tick. Writes modes.json, modes.md and modes.png to --out.",
+    )
+    o.add_argument("--out", type=Path, required=True, help="output directory")
+    o.add_argument("--runs", type=int, default=None, help="seeded synthetic runs (default 5; --quick: 2)")
+    o.add_argument("--horizon", type=int, default=None, help="synthetic interactions per run (default 50000; --quick: 10000)")
+    o.add_argument("--tick", type=int, default=None, help="synthetic interactions per release (default 2000; --quick: 500)")
+    o.add_argument("--lastfm-events", type=int, default=None, help="LastFM events (default 5000; --quick: 2000)")
+    o.add_argument("--lastfm-runs", type=int, default=None, help="LastFM noise seeds (default 3; --quick: 1)")
+    o.add_argument("--no-lastfm", action="store_true", help="skip the LastFM part (no data needed)")
+    o.add_argument("--data-dir", default=None, help="LastFM data directory (default: PRIVREC_DATA_DIR or ../shared/data/lastfm-2k)")
+    o.add_argument("--sites", type=int, default=4, help="federated sites M (default 4)")
+    o.add_argument("--seed", type=int, default=0, help="seed of synthetic run 0 (run r uses seed+r)")
+    o.add_argument("--rows", default=None,
+                   help="comma-separated subset of modes (default all): " + ", ".join(r.name for r in MODE_ROWS))
+    o.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    o.add_argument("--quick", action="store_true", help="a small grid, under five minutes")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.set_defaults(func=_modes)
+
 
 def _table1(args: argparse.Namespace) -> int:
     from privrec.experiments.table1 import Table1Config, run_table1
@@ -106,4 +133,25 @@ def _mechanisms(args: argparse.Namespace) -> int:
     print((args.out / "mechanisms.md").read_text())
     print(f"wrote {args.out}/mechanisms.json, mechanisms.md, mechanisms.png ({doc['timings']['total_seconds']:.0f} s)",
           file=sys.stderr)
+    return 0
+
+
+def _modes(args: argparse.Namespace) -> int:
+    from privrec.experiments.modes import ModesConfig, run_modes
+
+    kw: dict[str, Any] = {"sites": args.sites, "seed": args.seed, "data_dir": args.data_dir, "lastfm": not args.no_lastfm}
+    for name in ("runs", "horizon", "tick", "lastfm_events", "lastfm_runs"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"`--{name.replace('_', '-')}` must be positive, got {value}.")
+            kw[name] = value
+    if args.sites < 1:
+        raise ValueError(f"`--sites` must be positive, got {args.sites}.")
+    if args.rows:
+        kw["rows"] = tuple(r.strip() for r in args.rows.split(","))
+    cfg = ModesConfig.quick(**kw) if args.quick else ModesConfig(**kw)
+    doc = run_modes(cfg, args.out, jobs=args.jobs, progress=not args.no_progress)
+    print((args.out / "modes.md").read_text())
+    print(f"wrote {args.out}/modes.json, modes.md, modes.png ({doc['seconds']:.0f} s)", file=sys.stderr)
     return 0

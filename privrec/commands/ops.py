@@ -151,8 +151,11 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  model version {info['model_version']}, released version {info['released_version']}, "
               f"released events {info['released_events']}")
         for wid, rep in info.get("workers", {}).items():
-            print(f"  {wid}: counted {rep.get('counted')} events, partitions {rep.get('partitions')}, "
-                  f"reported {rep.get('age_s')} s ago")
+            if "counted" in rep:
+                print(f"  {wid}: counted {rep.get('counted')} events, partitions {rep.get('partitions')}, "
+                      f"reported {rep.get('age_s')} s ago")
+            else:  # a process without ingest (the federated coordinator)
+                print(f"  {wid}: reported {rep.get('age_s')} s ago")
     if info.get("health"):
         print(f"  /healthz: {info['health'].get('status')} {info['health'].get('model_version', '')}".rstrip())
     if "redis_error" in info:

@@ -67,9 +67,16 @@ def _probe_redis(stack: Mapping[str, Any]) -> dict[str, Any]:
             pipe.hgetall(worker_status_key(ns))
             model_version, released_version, released_events, reports = pipe.execute()
     except redis.RedisError as exc:
-        return {"redis_error": f"{type(exc).__name__}: {exc}"}
-    finally:
         client.close()
+        return {"redis_error": f"{type(exc).__name__}: {exc}"}
+    settings = stack.get("settings") or {}
+    if settings.get("mode") == "federated":  # each site reports in its own namespace
+        try:
+            for i in range(int(settings.get("sites", 1))):
+                reports.update(client.hgetall(worker_status_key(f"{ns}-site{i}")))
+        except redis.RedisError:
+            pass
+    client.close()
     now_ms = time.time() * 1000
     workers = {}
     for name, raw in sorted(reports.items()):

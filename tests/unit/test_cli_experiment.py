@@ -57,3 +57,31 @@ def test_bad_alpha_is_an_argparse_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["experiment", "table1", "--out", str(tmp_path), "--alpha", "wide"])
     assert exc.value.code == 2
+
+
+def test_modes_writes_every_output_with_the_schema(tmp_path: Path) -> None:
+    out = tmp_path / "modes"
+    rc = main(["experiment", "modes", "--out", str(out), "--runs", "1", "--horizon", "400", "--tick", "100",
+               "--no-lastfm", "--jobs", "1", "--no-progress"])
+    assert rc == 0
+    doc = json.loads((out / "modes.json").read_text())
+    assert doc["epsilons"] == [0.5, 1.0, 2.0, 5.0, 10.0]
+    assert {"global", "federated-star", "federated-ring"} <= set(doc["modes"])
+    for name, m in doc["modes"].items():
+        assert len(m["regret"]) == 5 and m["lastfm_ratio"] == []
+        assert all(r >= 0 for r in m["regret"])
+        if name.startswith("federated"):
+            assert m["bytes_per_site_per_tick"] > 0
+    # a 4-site ring sends each release to two neighbours, a star's site to one coordinator
+    assert doc["modes"]["federated-ring"]["bytes_per_site_per_tick"] == pytest.approx(
+        2 * doc["modes"]["federated-star"]["bytes_per_site_per_tick"])
+    assert "ratio" in doc["target"] and isinstance(doc["target"]["met"], bool)
+    for f in ("modes.md", "modes.png"):
+        assert (out / f).stat().st_size > 0
+
+
+def test_modes_refuses_an_unknown_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["experiment", "modes", "--out", str(tmp_path), "--rows", "global,telepathic", "--no-lastfm",
+               "--no-progress"])
+    assert rc == 2
+    assert "telepathic" in capsys.readouterr().err
