@@ -120,6 +120,7 @@
       state.ranks = new Map();
     }
     state.rec = rec;
+    state.site = rec.site ?? null;  // federated mode: the site that serves (and learns from) this user
     setVersion(rec.model_version);
     renderItems();
     return rec;
@@ -290,7 +291,8 @@
         : `Covers all ${k} of your listens and skips together${validity}. It grows with each one you give ` +
           `(group privacy: ${k} × one interaction).`;
       $("guarantee-plain").textContent =
-        `Your listens and skips stay inside the server; only noisy statistics are published, and the ` +
+        (b.federated ? "Your listens and skips stay at your site; only its noisy statistics leave it, and the "
+                     : "Your listens and skips stay inside the server; only noisy statistics are published, and the ") +
         `recommendations are computed from those. For any one answer you give, every published result is ` +
         `almost as likely whether you listened or skipped: at most ${Math.exp(p.epsilon).toFixed(1)}× more ` +
         `likely (e^ε, ε = ${fmtEps(p.epsilon)}), except with probability ${fmtDelta(p.delta)}. ` +
@@ -300,6 +302,7 @@
       $("neighbours").textContent = p.neighbours;
       $("accounting").textContent = p.note + (p.valid === false ? " (not a valid (ε, δ) bound)" : "");
     }
+    renderMode(b, p);
     const t = b.tree || {};
     $("releases").textContent = `${b.releases}, covering ${b.events_released} interactions`;
     $("tree").textContent = t.per_unit
@@ -315,6 +318,26 @@
       // the page's list may be older than the latest release: the badge says so
       $("model-version").title = `latest release v${b.releases}`;
     }
+  }
+
+  function renderMode(b, p) {
+    const fed = b.federated;
+    if (!fed) {
+      $("trust-mode").textContent = "global: this server adds the noise before anything is published";
+      $("sites-row").hidden = true;
+      return;
+    }
+    const star = fed.topology === "star";
+    $("trust-mode").textContent = `federated, ${fed.sites.length} sites (${star ? "a coordinator sums their " +
+      "releases" : `${fed.topology}: sites mix their neighbours' releases`}): your feedback stays at your site; ` +
+      "the others see only its noisy releases";
+    $("sites-row").hidden = false;
+    $("sites").textContent = fed.sites.map((s) => {
+      const g = s.privacy || p;
+      const eps = g.private ? `ε = ${fmtEps(g.epsilon)}, δ = ${fmtDelta(g.delta)}` : "ε = ∞";
+      const yours = state.site === s.site ? " (yours)" : "";
+      return `site ${s.site}${yours}: ${eps}, ${s.releases ?? 0} releases of ${s.events_released ?? 0} interactions`;
+    }).join(" · ");
   }
 
   function renderSpark(history, noisy) {

@@ -161,6 +161,25 @@ def test_star_messages_differ_from_exact_by_each_sites_released_noise(star: FedS
         assert np.all(blocks[star.site_of_unit != m.site] == 0)
 
 
+def test_budget_and_recommend_name_the_mode_the_sites_and_their_guarantees(star: FedStack) -> None:
+    import urllib.request
+
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(f"{star.stack['http']}{path}", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    b = get("/budget?user=3")
+    assert b["privacy"]["mode"] == "federated" and b["privacy"]["topology"] == "star"
+    assert b["privacy"]["private"] and b["privacy"]["epsilon"] == pytest.approx(2.0, rel=1e-6)
+    assert "one interaction of one of its users" in b["privacy"]["per_site"]
+    assert [s["site"] for s in b["federated"]["sites"]] == [0, 1, 2]
+    assert all(s["releases"] >= 1 for s in b["federated"]["sites"])
+    assert b["user"]["user"] == "3"
+    site = int(star.site_of_unit[star.catalog.unit_of("3")])
+    rec = get("/recommend?user=3&k=2")
+    assert rec["site"] == site
+
+
 def test_redis_refuses_a_sites_exact_statistics_to_the_coordinator_other_sites_and_web(star: FedStack) -> None:
     site0 = site_namespace(NS, 0)
     trusted = TrustedKeys(site0)
