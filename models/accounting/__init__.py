@@ -55,6 +55,7 @@ from .conversions import (
     gdp_epsilon,
     gdp_mu,
     rho_from_epsilon,
+    split_epsilon,
 )
 from .events import (
     DGSEvent,
@@ -94,4 +95,5 @@ __all__ = [
     "gdp_mu",
     "check_epsilon",
     "check_delta",
+    "split_epsilon",
 ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 __all__ = ["check_epsilon", "check_delta", "rho_from_epsilon", "epsilon_from_rho", "gdp_delta", "gdp_epsilon",
-           "gdp_mu"]
+           "gdp_mu", "split_epsilon"]
 
 
 def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
@@ -111,3 +111,26 @@ def gdp_mu(epsilon: float, delta: float) -> float:
         else:
             hi = mid
     return lo
+
+
+def split_epsilon(epsilon: float, delta: float, share: float) -> tuple[float, float]:
+    """Split an ``(epsilon, delta)`` budget between two Gaussian-DP releases of the same data.
+
+    Two releases that are ``mu_1``- and ``mu_2``-GDP compose to ``sqrt(mu_1**2 + mu_2**2)``-GDP
+    (Dong, Roth & Su 2022, Cor. 3.3). With ``mu = gdp_mu(epsilon, delta)``, the first gets
+    ``mu_1 = mu sqrt(share)`` and the second ``mu_2 = mu sqrt(1 - share)``; returned as the
+    epsilons (at the same ``delta``) that calibrate each with exact Gaussian-DP accounting, so
+    that together they are exactly ``(epsilon, delta)``-DP. ``epsilon = inf`` stays ``inf``.
+
+    >>> e1, e2 = split_epsilon(2.0, 1e-5, 0.5)
+    >>> mu = gdp_mu(2.0, 1e-5)
+    >>> round((gdp_mu(e1, 1e-5) ** 2 + gdp_mu(e2, 1e-5) ** 2) ** 0.5 / mu, 9)
+    1.0
+    """
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"`share` must be in (0, 1), got {share}.")
+    check_epsilon(epsilon)
+    if math.isinf(epsilon):
+        return math.inf, math.inf
+    mu = gdp_mu(epsilon, delta)
+    return gdp_epsilon(mu * math.sqrt(share), delta), gdp_epsilon(mu * math.sqrt(1.0 - share), delta)

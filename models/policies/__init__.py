@@ -9,6 +9,7 @@ Layers, bottom to top:
 ``dgs``          LinUCB with dynamic global sensitivity (Wang et al. 2022)
 ``baselines``    :data:`BASELINES`: the per-unit baselines by name
 ``registry``     :data:`ALGORITHMS` and :func:`make_policy`: every policy by name
+``popularity``   the popularity counter, and any bandit plus a privately released item term
 
 A new bandit is one module here (below ``registry``) that takes a mechanism by
 name from :mod:`models.mechanisms` and gets a name in ``registry``.
@@ -21,6 +22,7 @@ from .dgs import DGSLinUCB
 from .jdp_linucb import SSLinUCB
 from .kronecker import KroneckerUCB, Policy, PrivacyConfig, PrivacyMode, RandomPolicy
 from .peruser import PerUserLinUCB, ServingModels
+from .popularity import OnlinePopularity, PopularityUCB, make_popularity_policy
 from .registry import ALGORITHMS, make_policy, projection_for
 from .userspace import UserSpaceKroneckerUCB
 
@@ -29,7 +31,9 @@ __all__ = [
     "BASELINES",
     "DGSLinUCB",
     "KroneckerUCB",
+    "OnlinePopularity",
     "PerUserLinUCB",
+    "PopularityUCB",
     "Policy",
     "PrivacyConfig",
     "PrivacyMode",
@@ -39,5 +43,6 @@ __all__ = [
     "UserSpaceKroneckerUCB",
     "make_baseline",
     "make_policy",
+    "make_popularity_policy",
     "projection_for",
 ]

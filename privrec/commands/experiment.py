@@ -78,6 +78,35 @@ def register(sub: Any) -> None:
     m.add_argument("--no-progress", action="store_true", help="no progress bar")
     m.set_defaults(func=_mechanisms)
 
+    from privrec.experiments.lastfm import ROWS as LASTFM_ROWS
+
+    lf = esub.add_parser(
+        "lastfm",
+        help="the LastFM replay offline: every model against popularity (seeded, several runs)",
+        description="Replay the first LastFM events offline with the same models code as the pipeline: random play, "
+                    "online popularity (global and per cluster), privately released popularity, and LinUCB, CoLin, "
+                    "GOB.Lin alone and with the item term, non-private and at each epsilon, mean and sd over seeded "
+                    "runs. Writes lastfm.json, lastfm.md and lastfm.png to --out.",
+    )
+    lf.add_argument("--out", type=Path, required=True, help="output directory")
+    lf.add_argument("--events", default=None, help="comma-separated event counts (default 5000,20000; --quick: 2000)")
+    lf.add_argument("--epsilons", default=None, help="comma-separated epsilons (default 1,2,5)")
+    lf.add_argument("--runs", type=int, default=None, help="seeded runs (default 5; --quick: 2)")
+    lf.add_argument("--rows", default=None,
+                    help="comma-separated subset of rows (default all): " + ", ".join(r.name for r in LASTFM_ROWS))
+    lf.add_argument("--weight", type=float, default=None, help="weight of the item term (default 1)")
+    lf.add_argument("--listen-weight", type=float, default=None,
+                    help="weight of an organic listen in the bandit, in [0, 1] (default: 0.2 non-private, 1 private)")
+    lf.add_argument("--start", type=int, default=0,
+                    help="first event (default 0, the replay's; a later window is a held-out set for tuning)")
+    lf.add_argument("--share", type=float, default=None,
+                    help="the bandit's share of the budget (of mu**2; default 0.5); the item sums get the rest")
+    lf.add_argument("--data-dir", default=None, help="LastFM data directory (default: PRIVREC_DATA_DIR or ../shared/data/lastfm-2k)")
+    lf.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    lf.add_argument("--quick", action="store_true", help="2 runs x 2,000 events, LinUCB rows only (about a minute)")
+    lf.add_argument("--no-progress", action="store_true", help="no progress bar")
+    lf.set_defaults(func=_lastfm)
+
     from privrec.experiments.modes import ROWS as MODE_ROWS
 
     o = esub.add_parser(
@@ -154,4 +183,47 @@ def _modes(args: argparse.Namespace) -> int:
     doc = run_modes(cfg, args.out, jobs=args.jobs, progress=not args.no_progress)
     print((args.out / "modes.md").read_text())
     print(f"wrote {args.out}/modes.json, modes.md, modes.png ({doc['seconds']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def _numbers(text: str, name: str, kind: type) -> tuple[Any, ...]:
+    try:
+        values = tuple(kind(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"`--{name}` must be comma-separated numbers, got {text!r}.") from None
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f"`--{name}` must be positive numbers, got {text!r}.")
+    return values
+
+
+def _lastfm(args: argparse.Namespace) -> int:
+    from privrec.experiments.lastfm import LastFMConfig, run_lastfm
+
+    kw: dict[str, Any] = {"data_dir": args.data_dir, "start": args.start}
+    if args.listen_weight is not None:
+        if not 0 <= args.listen_weight <= 1:
+            raise ValueError(f"`--listen-weight` must be in [0, 1], got {args.listen_weight}.")
+        kw["listen_weight"] = args.listen_weight
+    if args.events:
+        kw["events"] = _numbers(args.events, "events", int)
+    if args.epsilons:
+        kw["epsilons"] = _numbers(args.epsilons, "epsilons", float)
+    if args.runs is not None:
+        if args.runs < 1:
+            raise ValueError(f"`--runs` must be at least 1, got {args.runs}.")
+        kw["runs"] = args.runs
+    if args.rows:
+        kw["rows"] = tuple(r.strip() for r in args.rows.split(","))
+    if args.weight is not None:
+        if not args.weight >= 0:
+            raise ValueError(f"`--weight` must be non-negative, got {args.weight}.")
+        kw["weight"] = args.weight
+    if args.share is not None:
+        if not 0 < args.share < 1:
+            raise ValueError(f"`--share` must be in (0, 1), got {args.share}.")
+        kw["share"] = args.share
+    cfg = LastFMConfig.quick(**kw) if args.quick else LastFMConfig(**kw)
+    doc = run_lastfm(cfg, args.out, jobs=args.jobs, progress=not args.no_progress)
+    print((args.out / "lastfm.md").read_text())
+    print(f"wrote {args.out}/lastfm.json, lastfm.md, lastfm.png ({doc['seconds']:.0f} s)", file=sys.stderr)
     return 0

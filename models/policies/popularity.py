@@ -1,0 +1,259 @@
+"""Popularity: the obvious baseline, its private release, and bandits that use it.
+
+A recommender that learns only from the 25-d tag features of the artists cannot know which artist
+is popular, and on LastFM a plain counter of positives beats every such model. This module gives
+
+* :class:`OnlinePopularity` — the counter (non-private): recommend the candidate with the most
+  positives seen so far, over all users or per unit (cluster); ties at random;
+* :class:`PopularityUCB` — a bandit of :mod:`models.policies` plus an *item term*: every candidate
+  ``a`` scores ``x_a^T theta_u + alpha ||x_a||_{C_u} + weight * pop_a``, where ``pop_a`` is
+  :func:`models.ground.items.popularity_feature` of the item's **released** reward sum. The sums are
+  released through a continual-release mechanism every ``item_tick`` interactions; with
+  ``base=None`` it is the *privately released popularity* baseline (the item term alone).
+
+Information: every interaction gives the recommended item's reward to the bandit (bandit feedback)
+and to the item sums; :meth:`observe` adds an *organic* positive — a logged listen of an item that
+was not recommended — to the item sums (the same information the counter uses) and, with weight
+``listen_weight``, to the bandit as a positive example of the listener's unit.
+
+The item term's weight shrinks with the noise of the released sums, ``weight / (1 + (std / noise_scale)**2)``
+(``std`` is public: a function of the calibration and the tick count): noisy item sums would only
+mislead, so under strong privacy the model leans on the bandit.
+
+Privacy (event level, replace-one): one interaction changes one item's sum by at most 1 (L2
+sensitivity 1 for the ``K``-vector) and the bandit statistic by its own sensitivity. The two releases
+are Gaussian with exact Gaussian-DP accounting and compose to ``sqrt(mu_b**2 + mu_s**2)``-GDP;
+:func:`make_popularity_policy` splits the ``(epsilon, delta)`` budget with
+:func:`models.accounting.split_epsilon` so that the pair is exactly ``(epsilon, delta)``-DP.
+
+Examples
+--------
+>>> import numpy as np
+>>> pop = OnlinePopularity(n_items=3, seed=0)
+>>> pop.observe(0, 2); pop.observe(1, 2); pop.observe(0, 1)
+>>> pop.select(0, np.zeros((3, 1)), np.array([0, 1, 2]))
+2
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from models.accounting import split_epsilon
+from models.ground.items import popularity_feature
+from models.mechanisms import Mechanism, TreeState, make_mechanism, noise_std
+
+from .kronecker import KroneckerUCB
+
+__all__ = ["OnlinePopularity", "PopularityUCB", "make_popularity_policy", "EXACT_MECHANISMS", "LISTEN_WEIGHT"]
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+#: Default weight of an organic positive in the bandit, by privacy (chosen on held-out LastFM events).
+LISTEN_WEIGHT = {"none": 0.2, "private": 1.0}
+
+#: Mechanisms with exact Gaussian-DP accounting: their releases compose by ``sqrt(sum mu**2)``.
+EXACT_MECHANISMS = ("gaussian-exact", "honaker-exact", "smooth-exact", "blt-exact", "user-gaussian-exact",
+                    "user-honaker-exact", "user-blt-exact")
+
+
+def _argmax_random(scores: FloatArray, rng: np.random.Generator) -> int:
+    best = np.flatnonzero(scores >= scores.max() - 1e-12)
+    return int(best[0] if len(best) == 1 else rng.choice(best))
+
+
+class OnlinePopularity:
+    """Recommend the candidate with the most positives seen so far (no model, no privacy).
+
+    Parameters
+    ----------
+    n_items
+        Catalog size ``K`` (items are ``0..K-1``).
+    n_units
+        Units (e.g. clusters) when ``per_unit``; ignored otherwise.
+    per_unit
+        Count each unit's positives apart (popularity per cluster).
+    seed
+        Seed of the random tie-breaking.
+    """
+
+    def __init__(self, n_items: int, *, n_units: int = 1, per_unit: bool = False, seed: int = 0) -> None:
+        if int(n_items) < 1:
+            raise ValueError(f"`n_items` must be positive, got {n_items}.")
+        self.per_unit = bool(per_unit)
+        self.counts = np.zeros((int(n_units) if per_unit else 1, int(n_items)))
+        self.rng = np.random.default_rng(seed)
+
+    def _row(self, user: int) -> int:
+        return int(user) if self.per_unit else 0
+
+    def select(self, user: int, contexts: FloatArray, items: IntArray) -> int:
+        return _argmax_random(self.counts[self._row(user), np.asarray(items)], self.rng)
+
+    def update(self, user: int, context: FloatArray, reward: float, item: int) -> None:
+        self.counts[self._row(user), int(item)] += float(reward)
+
+    def observe(self, user: int, item: int, reward: float = 1.0) -> None:
+        self.counts[self._row(user), int(item)] += float(reward)
+
+
+class PopularityUCB:
+    """A bandit plus an item term from privately released item reward sums (see the module docstring).
+
+    Parameters
+    ----------
+    base
+        The bandit (``KroneckerUCB``: LinUCB, CoLin, GOB.Lin, private or not), or ``None`` for the
+        item term alone (private popularity).
+    n_items
+        Catalog size ``K``.
+    weight
+        Weight of the item term (the bandit's scores are rewards in ``[0, 1]`` plus a bonus).
+    item_mechanism
+        Mechanism over the ``K`` item sums (sensitivity 1), or ``None`` for no noise.
+    item_tick
+        Interactions (calls of :meth:`update`) per release of the item sums.
+    threshold_stds
+        ``tau`` of the feature in units of the release's noise std (public): released sums within
+        ``tau`` of zero count as zero.
+    listen_weight
+        Weight (in ``[0, 1]``) of an organic positive in the bandit: it updates the listener's unit
+        with ``sqrt(w) x`` and reward ``sqrt(w)`` (a weighted ridge sample; the sensitivity stays ``Lx``).
+    noise_scale
+        The item term's weight is ``weight / (1 + (std / noise_scale)**2)``.
+    seed
+        Seed of the random tie-breaking.
+    """
+
+    def __init__(self, base: KroneckerUCB | None, n_items: int, *, weight: float = 1.0,
+                 item_mechanism: Mechanism | None = None, item_tick: int = 100, threshold_stds: float = 1.0,
+                 listen_weight: float = 0.0, noise_scale: float = 2.0, features: FloatArray | None = None,
+                 seed: int = 0) -> None:
+        if int(n_items) < 1:
+            raise ValueError(f"`n_items` must be positive, got {n_items}.")
+        if not (weight >= 0 and math.isfinite(weight)):
+            raise ValueError(f"`weight` must be a non-negative number, got {weight}.")
+        if int(item_tick) < 1:
+            raise ValueError(f"`item_tick` must be a positive number of interactions, got {item_tick}.")
+        if item_mechanism is not None and item_mechanism.dim != int(n_items):
+            raise ValueError(f"`item_mechanism` must release {n_items} values, got dim {item_mechanism.dim}.")
+        if not (threshold_stds >= 0 and math.isfinite(threshold_stds)):
+            raise ValueError(f"`threshold_stds` must be non-negative, got {threshold_stds}.")
+        if not 0.0 <= listen_weight <= 1.0:
+            raise ValueError(f"`listen_weight` must be in [0, 1], got {listen_weight}.")
+        if not noise_scale > 0:
+            raise ValueError(f"`noise_scale` must be positive, got {noise_scale}.")
+        if listen_weight > 0 and (base is None or features is None):
+            raise ValueError("`listen_weight` > 0 needs a `base` bandit and the items' `features`.")
+        self.listen_weight, self.noise_scale = float(listen_weight), float(noise_scale)
+        self.features = None if features is None else np.asarray(features, dtype=np.float64)
+        self.base, self.n_items, self.weight = base, int(n_items), float(weight)
+        self.item_mechanism, self.item_tick, self.threshold_stds = item_mechanism, int(item_tick), float(threshold_stds)
+        self.rng = np.random.default_rng(seed)
+        self.sums = np.zeros(self.n_items)
+        self.released = np.zeros(self.n_items)
+        self.released_total = 0
+        self.released_std = 0.0
+        self.item_state: TreeState | None = None if item_mechanism is None else item_mechanism.init_state()
+        self.t = 0
+        self._pop = np.zeros(self.n_items)
+
+    @property
+    def item_weight(self) -> float:
+        """The item term's weight now: ``weight / (1 + (std / noise_scale)**2)`` (public)."""
+        return self.weight / (1.0 + (self.released_std / self.noise_scale) ** 2)
+
+    def scores(self, user: int, contexts: FloatArray, items: IntArray) -> FloatArray:
+        """``mean + bonus + item_weight * pop`` per candidate (just the item term without a base)."""
+        item_term = self.item_weight * self._pop[np.asarray(items)]
+        if self.base is None:
+            return item_term
+        mean, bonus = self.base.scores(user, contexts)
+        out: FloatArray = mean + bonus + item_term
+        return out
+
+    def select(self, user: int, contexts: FloatArray, items: IntArray) -> int:
+        return _argmax_random(self.scores(user, contexts, items), self.rng)
+
+    def update(self, user: int, context: FloatArray, reward: float, item: int) -> None:
+        """Bandit feedback: the recommended ``item`` got ``reward``."""
+        if self.base is not None:
+            self.base.update(user, context, reward)
+        self.sums[int(item)] += float(reward)
+        self.t += 1
+        if self.t % self.item_tick == 0:
+            self.release_items()
+
+    def observe(self, user: int, item: int, reward: float = 1.0) -> None:
+        """An organic positive (a logged listen of an item that was not recommended).
+
+        It adds to the item sums, and to the bandit with weight ``listen_weight``.
+        """
+        self.sums[int(item)] += float(reward)
+        if self.listen_weight > 0:
+            assert self.base is not None and self.features is not None
+            w = math.sqrt(self.listen_weight)
+            self.base.update(user, w * self.features[int(item)], w * float(reward))
+
+    def release_items(self) -> None:
+        """One release of the item sums (noisy prefix sums; the noise is never redrawn)."""
+        if self.item_mechanism is None:
+            self.released = self.sums.copy()
+            self.released_std = 0.0
+        else:
+            assert self.item_state is not None
+            self.released, self.item_state, _ = self.item_mechanism.step_to(self.item_state, self.sums.copy())
+            self.released_std = noise_std(self.item_mechanism, self.item_state)
+        self.released_total = self.t
+        self._pop = popularity_feature(self.released, total=self.released_total,
+                                       threshold=self.threshold_stds * self.released_std)
+
+
+def make_popularity_policy(base: str | None, *, d: int, W: FloatArray, n_items: int, epsilon: float = math.inf,
+                           delta: float = 1e-5, share: float = 0.5, mechanism: str = "user-blt-exact",
+                           item_mechanism: str = "blt-exact", weight: float = 1.0, item_tick: int = 100,
+                           threshold_stds: float = 2.0, horizon: int = 10_000, item_horizon: int | None = None,
+                           listen_weight: float | None = None, noise_scale: float = 2.0,
+                           features: FloatArray | None = None, seed: int = 0, **base_kw: Any) -> PopularityUCB:
+    """A :class:`PopularityUCB` whose two releases together are ``(epsilon, delta)``-DP.
+
+    ``base`` is a name of :data:`models.policies.ALGORITHMS` (its private twin is used when
+    ``epsilon`` is finite: ``"LinUCB"`` → ``"DP-LinUCB"``), or ``None`` for private popularity alone
+    (the whole budget goes to the items). ``share`` is the bandit's part of ``mu**2``
+    (:func:`models.accounting.split_epsilon`). ``item_horizon`` is the item releases per epoch
+    (default ``horizon // item_tick``). Both mechanisms must have exact Gaussian-DP accounting
+    (:data:`EXACT_MECHANISMS`): that is what makes the composition exact.
+
+    ``listen_weight`` ``None`` chooses by privacy (:data:`LISTEN_WEIGHT`): noisy statistics need every
+    positive; without noise the item term carries popularity and listens mostly bias the content term.
+    """
+    from .registry import make_policy
+
+    private = not math.isinf(epsilon)
+    if private and (mechanism not in EXACT_MECHANISMS or item_mechanism not in EXACT_MECHANISMS):
+        raise ValueError(f"`mechanism` and `item_mechanism` must be among {EXACT_MECHANISMS} (exact Gaussian-DP "
+                         f"accounting composes them exactly), got {mechanism!r} and {item_mechanism!r}.")
+    if base is None:
+        eps_base, eps_items = math.inf, epsilon
+    else:
+        eps_base, eps_items = split_epsilon(epsilon, delta, share) if private else (math.inf, math.inf)
+    policy: KroneckerUCB | None = None
+    if base is not None:
+        name = base if not private or base.startswith(("DP-", "LDP-")) else f"DP-{base}"
+        policy = make_policy(name, d=d, W=W, epsilon=eps_base, delta=delta, mechanism=mechanism, horizon=horizon,
+                             seed=seed, **base_kw)
+    items: Mechanism | None = None
+    if private:
+        ticks = item_horizon or max(1, -(-horizon // item_tick))
+        items = make_mechanism(item_mechanism, dim=n_items, sensitivity=1.0, epsilon=eps_items, delta=delta,
+                               horizon=ticks, seed=seed, stream=7)
+    if listen_weight is None:
+        listen_weight = 0.0 if base is None else LISTEN_WEIGHT["private" if private else "none"]
+    return PopularityUCB(policy, n_items, weight=weight, item_mechanism=items, item_tick=item_tick,
+                         threshold_stds=threshold_stds, listen_weight=listen_weight, noise_scale=noise_scale,
+                         features=features, seed=seed)
