@@ -68,7 +68,8 @@ def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str
 async def ingest(settings: Settings, catalog: Catalog, *, topic: str) -> None:
     """Consume ``topic`` (``interactions``, or a federated site's own topic) in batches until the worker stops."""
     client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
-    processor = IngestProcessor(client, settings.namespace, catalog)
+    processor = IngestProcessor(client, settings.namespace, catalog, item_sums=settings.item_term,
+                                listen_weight=settings.listen_weight_in_force)
     TrustedStore(client, settings.namespace).ensure_config(
         settings.model_config() | {"catalog_fingerprint": catalog.fingerprint})
     consumer = AIOKafkaConsumer(

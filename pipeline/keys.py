@@ -49,6 +49,11 @@ class PublicKeys:
         """Hash: ``version``, algorithm, alpha, d, units, and the privacy statement."""
         return self._key("model", "model", "meta")
 
+    @property
+    def model_items(self) -> str:
+        """Hash: the item term — ``pop`` (the items' popularity feature, float64 bytes), ``weight``, ``version``."""
+        return self._key("model", "model", "items")
+
     def model_unit(self, unit: int) -> str:
         """Hash: ``theta``, ``M`` and ``version`` of one unit's serving model."""
         return self._key("model", "model", f"u{unit}")

@@ -148,6 +148,14 @@ class ParsedBatch(NamedTuple):
     rewards: NDArray[np.float64]
     users: list[str]
     dead: list[tuple[int, str]]
+    #: catalog row of each event's arm (-1: an arm outside the catalog, with an explicit context)
+    items: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+    #: whether each event is an organic listen (``"kind": "listen"``) rather than feedback on a recommendation
+    listens: NDArray[np.bool_] = np.zeros(0, dtype=bool)
+
+
+#: Values of the optional ``kind`` field: feedback on a shown item (default) or an organic listen.
+KINDS = ("feedback", "listen")
 
 
 def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
@@ -157,6 +165,8 @@ def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
     rows: list[Any] = []
     rewards: list[float] = []
     users: list[str] = []
+    items: list[int] = []
+    listens: list[bool] = []
     explicit: list[bool] = []
     keep: list[int] = []
     dead: list[tuple[int, str]] = []
@@ -188,12 +198,20 @@ def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
                 unit = catalog.unit_of(obj["user"])
             except UnknownUserError as exc:
                 raise MalformedEvent(str(exc)) from None
+            kind = obj.get("kind", "feedback")
+            if kind not in KINDS:
+                raise MalformedEvent(f"kind must be one of {KINDS} (or absent), got {kind!r}")
+            try:
+                item = catalog.arm_row(obj["arm"])
+            except UnknownArmError:
+                item = -1
             ctx = obj.get("context")
+            if kind == "listen" and item < 0:
+                raise MalformedEvent(f"a listen must name a catalog arm, got {obj['arm']!r}")
             if ctx is None:
-                try:
-                    x: Any = fm[catalog.arm_row(obj["arm"])]
-                except UnknownArmError as exc:
-                    raise MalformedEvent(f"{exc} (and no context given)") from None
+                if item < 0:
+                    raise MalformedEvent(f"unknown arm {obj['arm']!r} in catalog {catalog.name!r} (and no context given)")
+                x: Any = fm[item]
             else:
                 types = set(map(type, ctx)) if type(ctx) is list else None
                 if types is None or not _NUM.issuperset(types):
@@ -214,6 +232,8 @@ def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
         rows.append(x)
         rewards.append(r)
         users.append(obj["user"])
+        items.append(item)
+        listens.append(kind == "listen")
         explicit.append(ctx is not None)
         keep.append(i)
     X = np.array(rows, dtype=np.float64).reshape(len(rows), d)
@@ -235,8 +255,11 @@ def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
             units = [u for u, o in zip(units, ok) if o]
             rewards = [w for w, o in zip(rewards, ok) if o]
             users = [u for u, o in zip(users, ok) if o]
+            items = [a for a, o in zip(items, ok) if o]
+            listens = [a for a, o in zip(listens, ok) if o]
             dead.sort()
-    return ParsedBatch(np.asarray(units, dtype=np.int64), X, np.asarray(rewards, dtype=np.float64), users, dead)
+    return ParsedBatch(np.asarray(units, dtype=np.int64), X, np.asarray(rewards, dtype=np.float64), users, dead,
+                       np.asarray(items, dtype=np.int64), np.asarray(listens, dtype=bool))
 
 
 def dead_letter_value(raw: bytes, reason: str, topic: str, partition: int, offset: int) -> bytes:

@@ -81,6 +81,7 @@ class Recommender:
         self.catalog = catalog
         self.meta_ttl = float(meta_ttl)
         self._cache: dict[int, _UnitModel] = {}
+        self._items: tuple[int, float, np.ndarray] | None = None  # (version, weight, popularity) of the item term
         self._meta: dict[str, str] = {}
         self._meta_at = -math.inf
         self._lock = threading.Lock()
@@ -127,6 +128,19 @@ class Recommender:
             raise ModelNotReadyError(f"no serving model for unit {unit}")
         return model
 
+    def item_term(self, version: int) -> tuple[float, np.ndarray] | None:
+        """``(weight, popularity per catalog row)`` of the served item term at ``version``, or ``None`` (off)."""
+        hit = self._items
+        if hit is not None and hit[0] == version:
+            return hit[1], hit[2]
+        raw = self.r.hgetall(self.keys.model_items)
+        if not raw:
+            return None
+        entry = (int(raw[b"version"]), float(raw[b"weight"]), np.frombuffer(raw[b"pop"], dtype="<f8").copy())
+        with self._lock:
+            self._items = entry
+        return entry[1], entry[2]
+
     def recommend(self, user: str, candidates: Sequence[str] | None = None, k: int = 10) -> dict[str, Any]:
         """Top-``k`` of ``candidates`` (default: the catalog's default pool) by UCB score."""
         if not isinstance(user, str) or not user:
@@ -152,7 +166,9 @@ class Recommender:
         X = self.catalog.feature_matrix[rows]
         alpha = model.width if model.width is not None else float(meta["alpha"])
         mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
-        score = mean + bonus
+        term = self.item_term(version)
+        popular = np.zeros(len(rows)) if term is None else term[0] * term[1][rows]
+        score = mean + bonus + popular
         order = np.argsort(-score, kind="stable")[: min(k, len(pool))]
         return {
             "user": user,
@@ -160,7 +176,8 @@ class Recommender:
             "rec_id": uuid.uuid4().hex,
             "model_version": model.version,
             "items": [{"item": pool[i], "name": self.catalog.arm_name(pool[i]), "score": _num(score[i]),
-                       "mean": _num(mean[i]), "bonus": _num(bonus[i])} for i in order],
+                       "mean": _num(mean[i]), "bonus": _num(bonus[i]),
+                       **({} if term is None else {"popularity": _num(popular[i])})} for i in order],
         }
 
 

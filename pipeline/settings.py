@@ -142,6 +142,19 @@ class Settings:
         models are solved with ``lambda_ + kappa * s``, ``s`` the release's
         noise std (public). Tuned on held-out seeds by ``privrec experiment
         mechanisms``; ``0`` keeps ``lambda_`` fixed; no effect without noise.
+    item_weight
+        Weight of the *item term* (linucb / colin / goblin): each candidate's score gets
+        ``item_weight / (1 + (s / 2)**2) * pop_a``, where ``pop_a`` is the normalized released reward
+        sum of the item (its positives, released through ``blt-exact`` beside the bandit statistic)
+        and ``s`` that release's noise std (public). ``None``: 1 for the LastFM catalog, 0 (off) for
+        the synthetic one; 0 releases no item sums and gives the bandit the whole budget.
+    listen_weight
+        Weight in ``[0, 1]`` of an organic listen (an ``interactions`` event with ``"kind": "listen"``)
+        in the bandit statistic; it always counts in the item sums. ``None``: 1 with noise, 0.2
+        without (chosen on held-out LastFM events, ``privrec experiment lastfm``).
+    item_share
+        With the item term on, the bandit's share of the budget (of ``mu**2`` in Gaussian DP); the item
+        sums get the rest; together exactly ``(epsilon, delta)``-DP (exact mechanisms only).
     default_pool
         Comma-separated arm ids that ``/recommend`` ranks when the request
         names no candidates (``None``: the catalog's default, the 25 most
@@ -178,6 +191,9 @@ class Settings:
     lambda_: float = 1.0
     alpha: float = 0.3
     noise_ridge: float = DEFAULT_NOISE_RIDGE
+    item_weight: float | None = None
+    listen_weight: float | None = None
+    item_share: float = 0.5
     default_pool: str | None = None
     namespace: str = "privrec"
     kafka: str | None = None
@@ -227,6 +243,15 @@ class Settings:
             raise SettingsError("alpha", f"must be non-negative, got {self.alpha}.")
         if not (self.noise_ridge >= 0 and math.isfinite(self.noise_ridge)):
             raise SettingsError("noise_ridge", f"must be non-negative, got {self.noise_ridge}.")
+        if self.item_weight is not None and not (self.item_weight >= 0 and math.isfinite(self.item_weight)):
+            raise SettingsError("item_weight", f"must be a non-negative number, got {self.item_weight}.")
+        if self.listen_weight is not None and not 0 <= self.listen_weight <= 1:
+            raise SettingsError("listen_weight", f"must be in [0, 1], got {self.listen_weight}.")
+        if not 0 < self.item_share < 1:
+            raise SettingsError("item_share", f"must be in (0, 1), got {self.item_share}.")
+        if self.item_term and self.private and not self.mechanism.endswith("-exact"):
+            raise SettingsError("mechanism", f"the item term composes two releases by exact Gaussian-DP accounting: "
+                                             f"use an '-exact' mechanism or --item-weight 0, got {self.mechanism!r}.")
         if self.default_pool is not None:
             ids = [a.strip() for a in self.default_pool.split(",")]
             if not all(ids) or len(set(ids)) != len(ids) or len(ids) > MAX_DEFAULT_POOL:
@@ -242,6 +267,37 @@ class Settings:
     def default_pool_ids(self) -> list[str] | None:
         """The ``default_pool`` setting as a list of arm ids (``None``: the catalog's default)."""
         return None if self.default_pool is None else [a.strip() for a in self.default_pool.split(",")]
+
+    @property
+    def item_term_weight(self) -> float:
+        """The item term's weight in force (0: off): ``item_weight``, or by catalog when unset.
+
+        Off for the per-unit baselines (their own mechanisms) and in federated mode (sites release the
+        bandit statistic only).
+        """
+        if self.baseline is not None or self.mode == "federated":
+            return 0.0
+        if self.item_weight is not None:
+            return self.item_weight
+        return 1.0 if self.catalog == "lastfm" else 0.0
+
+    @property
+    def item_term(self) -> bool:
+        return self.item_term_weight > 0
+
+    @property
+    def listen_weight_in_force(self) -> float:
+        if self.listen_weight is not None:
+            return self.listen_weight
+        return 1.0 if self.private else 0.2
+
+    def epsilons(self) -> tuple[float, float]:
+        """``(bandit epsilon, item epsilon)``: the split of ``epsilon`` when the item term is on."""
+        from models.accounting import split_epsilon
+
+        if not self.item_term or not self.private:
+            return self.epsilon, self.epsilon
+        return split_epsilon(self.epsilon, self.delta, self.item_share)
 
     @property
     def private(self) -> bool:
@@ -289,7 +345,8 @@ class Settings:
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
 MAX_DEFAULT_POOL = 1000
 
-MODEL_FIELDS = ("mode", "sites", "topology", "fed_schedule", "consensus_kappa", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
+MODEL_FIELDS = ("mode", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
+                "item_share", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "partitions")
 
 

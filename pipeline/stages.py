@@ -30,11 +30,12 @@ import numpy as np
 import redis
 
 from models.policies.peruser import PerUserLinUCB, ServingModels
-from models.accounting import describe, event_to_dict
+from models.accounting import GDPAccountant, describe, event_to_dict
+from models.ground.items import ReleasedItems, popularity_feature
 from models.policies.dgs import DGSLinUCB, DGSTreeMechanism, first_positive_lambda_prime
 from models.ground.graphs import adjacency_from_w, goblin_projection, sensitivities
 from models.policies.jdp_linucb import SSLinUCB
-from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
+from models.mechanisms import MECHANISMS, Mechanism, TreeState, make_mechanism, noise_std
 from models.streaming import ReleasedStats, Releaser, solve
 
 from .baseline_release import BaselineStateStore, build_baseline, widths_summary
@@ -56,12 +57,20 @@ def projection(algorithm: str, W: np.ndarray) -> tuple[str, np.ndarray]:
 
 
 def privacy_statement(settings: Settings, mechanism: Mechanism | None,
-                      baseline: PerUserLinUCB | None = None) -> dict[str, Any]:
-    """What the released statistics guarantee, stated plainly (``baseline``: the ss-*/dgs-* policy)."""
+                      baseline: PerUserLinUCB | None = None, items: Mechanism | None = None) -> dict[str, Any]:
+    """What the released statistics guarantee, stated plainly (``baseline``: the ss-*/dgs-* policy).
+
+    ``items``: the item sums' mechanism, released beside the bandit statistic; the two compose exactly
+    in Gaussian DP and the statement gives the total and the split.
+    """
     if baseline is not None:
         return _baseline_statement(settings, baseline)
     if mechanism is None:
-        return {"private": False, "guarantee": "none: epsilon = inf, statistics are released without noise"}
+        return {"private": False, "guarantee": "none: epsilon = inf, statistics are released without noise",
+                **({"item_term": {"weight": settings.item_term_weight, "released": "item reward sums, without noise"}}
+                   if settings.item_term else {})}
+    if items is not None:
+        return _composed_statement(settings, mechanism, items)
     g = describe(mechanism.event, settings.delta)
     return {
         "private": True,
@@ -75,6 +84,51 @@ def privacy_statement(settings: Settings, mechanism: Mechanism | None,
                       "(rewards in [0, 1], contexts clipped to norm 1)",
         "scope": "every release ever published from this namespace, per interaction; a user with k "
                  "interactions is covered at group level k",
+    }
+
+
+#: The item sums' mechanism (sensitivity 1 per interaction; exact Gaussian-DP accounting) and its noise stream.
+ITEM_MECHANISM = "blt-exact"
+ITEM_STREAM = 7
+#: Released item sums within this many noise stds of zero count as zero (models.ground.items).
+ITEM_THRESHOLD_STDS = 2.0
+#: The item term's weight shrinks as ``weight / (1 + (std / ITEM_NOISE_SCALE)**2)`` (models.policies.popularity).
+ITEM_NOISE_SCALE = 2.0
+
+
+def item_term(items: ReleasedItems, weight: float) -> tuple[float, np.ndarray]:
+    """``(weight in force, popularity feature)`` of released item sums: the serving model's item term.
+
+    The same rule as :class:`models.policies.PopularityUCB` (the offline twin); public inputs only.
+    """
+    pop = popularity_feature(items.sums, total=items.total, threshold=ITEM_THRESHOLD_STDS * items.noise_std)
+    return weight / (1.0 + (items.noise_std / ITEM_NOISE_SCALE) ** 2), pop
+
+
+def _composed_statement(settings: Settings, mechanism: Mechanism, items: Mechanism) -> dict[str, Any]:
+    """The bandit statistic and the item sums together: exact GDP composition (mu adds in quadrature)."""
+    bandit = describe(mechanism.event, settings.delta)
+    item = describe(items.event, settings.delta)
+    total = GDPAccountant().compose(mechanism.event).compose(items.event).guarantee(settings.delta)
+    return {
+        "private": True,
+        "mechanism": settings.mechanism,
+        "mechanism_about": MECHANISMS[settings.mechanism] + f"; plus the item sums through '{ITEM_MECHANISM}'",
+        "epsilon": total.epsilon,
+        "delta": total.delta,
+        "valid": total.valid and bandit.valid and item.valid,
+        "note": f"{total.note}: the bandit statistic ({bandit.note}) and the item reward sums ({item.note}) compose "
+                f"exactly in Gaussian DP",
+        "neighbours": "event level, replace-one: two streams differing in the reward of one interaction "
+                      "(rewards in [0, 1], contexts clipped to norm 1); one interaction changes one item's sum by "
+                      "at most 1",
+        "scope": "every release ever published from this namespace (both statistics), per interaction; a user with "
+                 "k interactions is covered at group level k",
+        "composition": {"bandit": {"epsilon": bandit.epsilon, "mechanism": settings.mechanism},
+                        "items": {"epsilon": item.epsilon, "mechanism": ITEM_MECHANISM},
+                        "share": settings.item_share,
+                        "rule": "mu = sqrt(mu_bandit**2 + mu_items**2) (Gaussian DP); share = mu_bandit**2 / mu**2"},
+        "item_term": {"weight": settings.item_term_weight, "listen_weight": settings.listen_weight_in_force},
     }
 
 
@@ -193,7 +247,14 @@ class ReleaseStage:
         elif s.private:
             self.mechanism = self.make_mechanism(np.ones(self.catalog.n_units, dtype=bool))
         self.releaser = Releaser(structure=self.structure, V=self.V, d=self.catalog.d, mechanism=self.mechanism)
-        self.statement = privacy_statement(s, self.mechanism, self.baseline)
+        # the item term: each item's reward sum, released beside the bandit statistic (its own mechanism and key)
+        self.n_items = len(self.catalog.feature_matrix) if s.item_term else 0
+        self.item_mechanism: Mechanism | None = None
+        if s.item_term and s.private:
+            self.item_mechanism = make_mechanism(ITEM_MECHANISM, dim=self.n_items, sensitivity=1.0,
+                                                 epsilon=s.epsilons()[1], delta=s.delta, horizon=s.tree_ticks,
+                                                 seed=self.store.noise_seed(), stream=ITEM_STREAM)
+        self.statement = privacy_statement(s, self.mechanism, self.baseline, self.item_mechanism)
 
     def make_mechanism(self, units: np.ndarray) -> Mechanism:
         """The mechanism over the statistics of ``units`` (a mask; all units in global mode, a site's own units in
@@ -202,7 +263,7 @@ class ReleaseStage:
         V = self.V * units[None, :]
         return make_mechanism(
             s.mechanism, dim=self.catalog.n_units * self.catalog.d, sensitivity=float(sensitivities(self.V)[units].max()),
-            epsilon=s.epsilon, delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
+            epsilon=s.epsilons()[0], delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
             sensitivity_l1=float(np.abs(self.V[:, units]).sum(axis=0).max() * math.sqrt(self.catalog.d)),
             mixing=V, block_dim=self.catalog.d)  # `mixing` is used by the user-space ("user-*") mechanisms
 
@@ -214,7 +275,7 @@ class ReleaseStage:
         """Release the statistics as of now; ``None`` if nothing changed since the last release."""
         self.recover()
         c = self.catalog
-        stats, offsets = self.store.snapshot(self.settings.partitions, c.n_units, c.d)
+        stats, item_sums, offsets = self.store.snapshot_items(self.settings.partitions, c.n_units, c.d, self.n_items)
         last = self.client.hget(self.store.keys.pending, "count")
         if not force and last is not None and int(last) == int(stats.count.sum()):
             return None
@@ -226,9 +287,20 @@ class ReleaseStage:
             state = self.store.load_noise_state(self.mechanism) or self.mechanism.init_state()
         released, state = self.releaser.release(stats, state, version)
         event = json.dumps(event_to_dict(released.event))
-        self.store.persist_release(state, released, event, offsets)
+        items = self._release_items(item_sums, int(stats.count.sum())) if self.n_items else None
+        self.store.persist_release(state, released, event, offsets, items)
         self.store.publish()
         return version
+
+    def _release_items(self, sums: np.ndarray, total: int) -> tuple[TreeState | None, dict[str, bytes]]:
+        """One tick of the item sums: noisy prefix sums (never redrawn), persisted with the release."""
+        state: TreeState | None = None
+        std = 0.0
+        if self.item_mechanism is not None:
+            state = self.store.load_item_noise_state(self.item_mechanism) or self.item_mechanism.init_state()
+            sums, state, _ = self.item_mechanism.step_to(state, sums)
+            std = noise_std(self.item_mechanism, state)
+        return state, ReleasedItems(sums, total=total, noise_std=std).to_mapping()
 
     def _tick_baseline(self, policy: PerUserLinUCB, gram: np.ndarray, b: np.ndarray, count: np.ndarray,
                        version: int, offsets: list[int]) -> int:
@@ -283,8 +355,9 @@ class SolveStage:
             theta, M = solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge)
             extra = {"lambda": repr(s.lambda_ + s.noise_ridge * released.noise_std)}
             count = released.count
+        items = None if s.baseline is not None else ReleasedItems.from_mapping(raw)
         self._write(version, theta, M, width, count, (time.perf_counter() - t0) * 1e3, extra,
-                    (raw.get(b"event") or b'{"kind": "none"}').decode())
+                    (raw.get(b"event") or b'{"kind": "none"}').decode(), items)
         return version
 
     def solve_released(self, released: ReleasedStats, version: int, event: str = '{"kind": "none"}') -> int:
@@ -297,8 +370,14 @@ class SolveStage:
         return version
 
     def _write(self, version: int, theta: np.ndarray, M: np.ndarray, width: np.ndarray | None, count: np.ndarray,
-               solve_ms: float, extra: dict[str, str], event: str) -> None:
+               solve_ms: float, extra: dict[str, str], event: str, items: ReleasedItems | None = None) -> None:
         s = self.settings
+        item_model: dict[str, Any] | None = None
+        if items is not None:  # the item term: post-processing of the released item sums only
+            weight, pop = item_term(items, s.item_term_weight)
+            item_model = {"pop": pop.astype("<f8").tobytes(), "weight": repr(weight), "version": str(version),
+                          "noise_std": repr(items.noise_std), "total": str(items.total)}
+            extra = {**extra, "item_weight": repr(weight)}
         meta = {
             "version": str(version), "algorithm": s.algorithm, "alpha": repr(s.alpha), "d": str(theta.shape[1]),
             "n_units": str(theta.shape[0]), "events": str(int(count.sum())),
@@ -314,5 +393,7 @@ class SolveStage:
                 if width is not None:
                     unit["width"] = repr(float(width[u]))  # the unit's own exploration width (repr: exact)
                 pipe.hset(self.keys.model_unit(u), mapping=unit)
+            if item_model is not None:
+                pipe.hset(self.keys.model_items, mapping=item_model)
             pipe.hset(self.keys.model_meta, mapping=meta)
             pipe.execute()

@@ -4,7 +4,8 @@ Nothing here may reach serving (DESIGN §2). Keys follow the layout of
 :mod:`pipeline.keys` with kinds ``trusted``, ``noise`` and ``config``:
 
 * ``{ns}:trusted:{ns:p<P>}:stats`` — hash, per unit ``g:<u>`` / ``b:<u>`` /
-  ``n:<u>`` (Gram bytes, ``b`` bytes, count) of the events of partition ``P``;
+  ``n:<u>`` (Gram bytes, ``b`` bytes, count) of the events of partition ``P``, and per item
+  ``i:<row>`` (the item's exact reward sum, when the item term is on);
 * ``{ns}:trusted:{ns:p<P>}:offset`` — next unprocessed offset of partition ``P``;
 * ``{ns}:ledger:{ns:p<P>}:deadletters`` — hash, dead letters counted by reason;
 * ``{ns}:ledger:{ns:p<P>}:users`` — hash, interactions counted per user (for user-level budgets);
@@ -69,6 +70,11 @@ class TrustedKeys:
     @property
     def pending(self) -> str:
         return self._key("noise", "rel", "pending")
+
+    @property
+    def item_noise_state(self) -> str:
+        """The item sums' mechanism state (the item term's release)."""
+        return self._key("noise", "rel", "items")
 
     @property
     def config(self) -> str:
@@ -167,22 +173,31 @@ class TrustedStore:
 
     def load_partition(self, partition: int, n_units: int, d: int) -> tuple[UnitStats, int | None]:
         """A partition's exact statistics and its next unprocessed offset (``None`` if never written)."""
+        stats, _, off = self.load_partition_items(partition, n_units, d, 0)
+        return stats, off
+
+    def load_partition_items(self, partition: int, n_units: int, d: int, n_items: int
+                             ) -> tuple[UnitStats, np.ndarray, int | None]:
+        """As :meth:`load_partition`, plus the partition's exact per-item reward sums (``n_items`` of them)."""
         with self.r.pipeline(transaction=True) as pipe:
             pipe.hgetall(self.keys.stats(partition))
             pipe.get(self.keys.offset(partition))
             raw, off = pipe.execute()
-        return _decode_stats(raw, n_units, d), (None if off is None else int(off))
+        return _decode_stats(raw, n_units, d), _decode_items(raw, n_items), (None if off is None else int(off))
 
     def commit_partition(self, partition: int, stats: UnitStats, units: np.ndarray, expected: int | None,
                          next_offset: int, deadletters: dict[str, int],
-                         users: dict[str, int] | None = None) -> bool:
-        """Write the touched units' statistics and the new offset atomically, if the offset is still ``expected``."""
+                         users: dict[str, int] | None = None, items: dict[int, float] | None = None) -> bool:
+        """Write the touched units' statistics (and item sums) and the new offset atomically, if the offset is
+        still ``expected``."""
         args: list[Any] = ["" if expected is None else str(expected), str(next_offset)]
         fields: list[Any] = []
         for u in np.unique(units):
             u = int(u)
             fields += [f"g:{u}", stats.gram[u].astype("<f8").tobytes(), f"b:{u}", stats.b[u].astype("<f8").tobytes(),
                        f"n:{u}", str(int(stats.count[u]))]
+        for item, total in (items or {}).items():  # exact per-item reward sums (repr: exact floats)
+            fields += [f"i:{int(item)}", repr(float(total))]
         args.append(len(fields) // 2)
         args += fields
         args.append(len(deadletters))
@@ -230,25 +245,40 @@ class TrustedStore:
         they are consistent (they change together); ``offsets[p]`` is the next
         offset not included (0 for an untouched partition).
         """
+        stats, _, offsets = self.snapshot_items(partitions, n_units, d, 0)
+        return stats, offsets
+
+    def snapshot_items(self, partitions: int, n_units: int, d: int, n_items: int
+                       ) -> tuple[UnitStats, np.ndarray, list[int]]:
+        """:meth:`snapshot` plus the per-item reward sums, consistent with it (same reads)."""
         shards, offsets = [], []
+        items = np.zeros(n_items)
         for p in range(partitions):
-            stats, off = self.load_partition(p, n_units, d)
+            stats, part_items, off = self.load_partition_items(p, n_units, d, n_items)
             shards.append(stats)
+            items += part_items
             offsets.append(0 if off is None else off)
-        return UnitStats.merged(shards), offsets
+        return UnitStats.merged(shards), items, offsets
 
     def load_noise_state(self, mechanism: Mechanism) -> TreeState | None:
         raw = self.r.hgetall(self.keys.noise_state)
         return mechanism.state_from_mapping(raw) if raw else None
 
+    def load_item_noise_state(self, mechanism: Mechanism) -> TreeState | None:
+        raw = self.r.hgetall(self.keys.item_noise_state)
+        return mechanism.state_from_mapping(raw) if raw else None
+
     def persist_release(self, state: TreeState | None, release: ReleasedStats, event: str,
-                        offsets: list[int]) -> None:
+                        offsets: list[int], items: tuple[TreeState | None, dict[str, bytes]] | None = None) -> None:
         """Persist the new mechanism state and the pending release together, *before* publishing.
 
         ``offsets`` (per partition, the first offset *not* covered) is public:
-        it says which events the release contains.
+        it says which events the release contains. ``items``: the item sums' mechanism state and
+        their release's fields (``items/*``), persisted in the same transaction.
         """
         mapping: dict[str, Any] = dict(release.to_mapping())
+        if items is not None:
+            mapping.update(items[1])
         mapping["offsets"] = json.dumps(offsets)
         mapping["version"] = str(release.version)
         mapping["event"] = event
@@ -257,6 +287,9 @@ class TrustedStore:
             if state is not None:
                 pipe.delete(self.keys.noise_state)
                 pipe.hset(self.keys.noise_state, mapping=state.to_mapping())  # type: ignore[arg-type]
+            if items is not None and items[0] is not None:
+                pipe.delete(self.keys.item_noise_state)
+                pipe.hset(self.keys.item_noise_state, mapping=items[0].to_mapping())  # type: ignore[arg-type]
             pipe.delete(self.keys.pending)
             pipe.hset(self.keys.pending, mapping=mapping)
             pipe.execute()
@@ -267,6 +300,15 @@ class TrustedStore:
     def publish(self) -> int:
         """Copy the pending release to the released key if it is newer; return the published version."""
         return int(self._publish(keys=[self.keys.pending, self.public.released, self.public.released_log]))
+
+
+def _decode_items(raw: dict[bytes, bytes], n_items: int) -> np.ndarray:
+    out = np.zeros(n_items)
+    if n_items:
+        for k, v in raw.items():
+            if k.startswith(b"i:"):
+                out[int(k[2:])] = float(v)
+    return out
 
 
 def _decode_stats(raw: dict[bytes, bytes], n_units: int, d: int) -> UnitStats:

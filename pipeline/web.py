@@ -43,7 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from models.accounting import event_from_dict, group_guarantee
 
-from .catalog import Catalog, UnknownUserError, load_catalog
+from .catalog import Catalog, UnknownArmError, UnknownUserError, load_catalog
 from .federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
 from .federation import site_namespace
 from .keys import PublicKeys
@@ -95,6 +95,7 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app["metrics"] = _Metrics()
     app.router.add_get("/recommend", recommend)
     app.router.add_post("/feedback", feedback)
+    app.router.add_post("/listen", listen)
     app.router.add_get("/budget", budget)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
@@ -283,6 +284,53 @@ async def feedback(request: web.Request) -> web.Response:
         await r.delete(answered)  # not recorded: the list may be answered again
         raise
     request.app["metrics"].feedback.labels("1" if reward >= 0.5 else "0").inc()
+    return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
+
+
+async def listen(request: web.Request) -> web.Response:
+    """An organic listen: ``{"user", "item"[, "reward"]}`` — a positive the user chose, not a shown list's answer.
+
+    It becomes an ``interactions`` event with ``"kind": "listen"``: it counts in the item's reward sum (the
+    item term) and, with weight ``listen_weight``, in the user's unit of the bandit statistic.
+    """
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _error(400, "body", "must be a JSON object {\"user\", \"item\"[, \"reward\"]}")
+    if not isinstance(body, dict):
+        return _error(400, "body", "must be a JSON object {\"user\", \"item\"[, \"reward\"]}")
+    unknown = sorted(set(body) - {"user", "item", "reward"})
+    if unknown:
+        return _error(400, unknown[0], f"unknown field(s) {unknown}; use user, item, reward")
+    user, item, reward = body.get("user"), body.get("item"), body.get("reward", 1.0)
+    if not isinstance(user, str) or not user:
+        return _error(400, "user", "is required: a user id string")
+    if not isinstance(item, str) or not item:
+        return _error(400, "item", "is required: an item id string")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        return _error(400, "reward", f"must be a finite number in [0, 1], got {reward!r}")
+    try:
+        reward = float(reward)
+    except OverflowError:
+        return _error(400, "reward", "must be a finite number in [0, 1], got an integer too large for a float")
+    if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
+        return _error(400, "reward", f"must be a finite number in [0, 1], got {reward!r}")
+    catalog: Catalog = request.app["catalog"]
+    try:
+        catalog.unit_of(user)
+    except UnknownUserError as exc:
+        return _error(404, "user", str(exc))
+    try:
+        catalog.arm_row(item)
+    except UnknownArmError as exc:
+        return _error(400, "item", str(exc))
+    producer: AIOKafkaProducer | None = request.app["producer"]
+    if producer is None:
+        return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
+    event = {"event_id": f"listen:{uuid.uuid4().hex}", "user": user, "arm": item, "context": None,
+             "reward": reward, "ts": time.time() * 1000, "rec_id": None, "kind": "listen"}
+    topic = interactions_topic(request.app["settings"], catalog, user)
+    await producer.send_and_wait(topic, key=user.encode(), value=json.dumps(event).encode())
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
 
 

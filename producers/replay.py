@@ -53,7 +53,7 @@ class ReplayError(RuntimeError):
     """The API refused a request the replay cannot recover from."""
 
 
-async def _one(session: aiohttp.ClientSession, base: str, ev: ReplayEvent) -> tuple[float, int]:
+async def _one(session: aiohttp.ClientSession, base: str, ev: ReplayEvent, listens: bool = True) -> tuple[float, int]:
     params = {"user": ev.user, "k": "1", "candidates": ",".join(ev.pool)}
     async with session.get(f"{base}/recommend", params=params) as resp:
         body = await resp.json()
@@ -65,11 +65,17 @@ async def _one(session: aiohttp.ClientSession, base: str, ev: ReplayEvent) -> tu
                                                       "reward": reward}) as resp:
         if resp.status != 202:
             raise ReplayError(f"/feedback for {body['rec_id']}: HTTP {resp.status}: {await resp.text()}")
+    if listens and reward == 0.0:
+        # the logged event is a listen the user chose: an organic positive (POST /listen)
+        async with session.post(f"{base}/listen", json={"user": ev.user, "item": ev.arm}) as resp:
+            if resp.status != 202:
+                raise ReplayError(f"/listen for user {ev.user}: HTTP {resp.status}: {await resp.text()}")
     return reward, int(body["model_version"])
 
 
 async def _replay(base: str, events: Iterable[ReplayEvent], total: int, rate: float | None, concurrency: int,
-                  progress: Callable[[int, ReplayResult], None] | None, checkpoints: int) -> ReplayResult:
+                  progress: Callable[[int, ReplayResult], None] | None, checkpoints: int,
+                  listens: bool = True) -> ReplayResult:
     result = ReplayResult()
     busy_users: dict[str, asyncio.Future[None]] = {}
     sem = asyncio.Semaphore(concurrency)
@@ -95,7 +101,7 @@ async def _replay(base: str, events: Iterable[ReplayEvent], total: int, rate: fl
             try:
                 if before is not None:
                     await before  # keep each user's events in order
-                reward, version = await _one(session, base, ev)
+                reward, version = await _one(session, base, ev, listens)
                 result.reward += reward
                 result.events += 1
                 result.random_reward += 1.0 / len(ev.pool)
@@ -134,13 +140,18 @@ async def _replay(base: str, events: Iterable[ReplayEvent], total: int, rate: fl
 
 def replay(base_url: str, events: Iterable[ReplayEvent], *, total: int, rate: float | None = None,
            concurrency: int = 8, progress: Callable[[int, ReplayResult], None] | None = None,
-           checkpoints: int = 200) -> ReplayResult:
-    """Replay ``events`` against the API at ``base_url`` (e.g. ``http://127.0.0.1:8080``)."""
+           checkpoints: int = 200, listens: bool = True) -> ReplayResult:
+    """Replay ``events`` against the API at ``base_url`` (e.g. ``http://127.0.0.1:8080``).
+
+    With ``listens`` (default), a logged listen that was not the recommended item is also sent as an
+    organic positive (``POST /listen``): the information the popularity counter uses.
+    """
     if rate is not None and rate <= 0:
         raise ValueError(f"`rate` must be positive events/s, got {rate}.")
     if concurrency < 1:
         raise ValueError(f"`concurrency` must be at least 1, got {concurrency}.")
-    return asyncio.run(_replay(base_url.rstrip("/"), events, total, rate, concurrency, progress, checkpoints))
+    return asyncio.run(_replay(base_url.rstrip("/"), events, total, rate, concurrency, progress, checkpoints,
+                               listens))
 
 
 def summary(result: ReplayResult) -> dict[str, Any]:

@@ -19,11 +19,14 @@ Examples
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["popularity_feature"]
+from .codec import decode_arrays, encode_arrays
+
+__all__ = ["popularity_feature", "ReleasedItems"]
 
 FloatArray = NDArray[np.float64]
 
@@ -35,3 +38,46 @@ def popularity_feature(sums: FloatArray, *, total: float, threshold: float = 0.0
     s = np.maximum(np.asarray(sums, dtype=np.float64) - threshold, 0.0)
     out: FloatArray = np.minimum(1.0, np.log1p(s) / math.log1p(max(float(total), 1.0)))
     return out
+
+
+@dataclass(frozen=True)
+class ReleasedItems:
+    """Released per-item reward sums (noisy) with what is public about them.
+
+    ``total`` is the number of interactions the release covers and ``noise_std`` the noise std
+    of each released sum (both public); fields are stored under the ``items/`` prefix so they
+    can share a Redis hash with a :class:`~models.streaming.ReleasedStats` mapping.
+
+    >>> r = ReleasedItems(np.array([1.0, 2.0]), total=3, noise_std=0.5)
+    >>> ReleasedItems.from_mapping(r.to_mapping()) == r
+    True
+    """
+
+    sums: FloatArray
+    total: int
+    noise_std: float
+
+    SCHEMA = "privrec.ReleasedItems/1"
+    PREFIX = "items/"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, ReleasedItems) and np.array_equal(self.sums, other.sums)
+                and self.total == other.total and self.noise_std == other.noise_std)
+
+    def to_mapping(self) -> dict[str, bytes]:
+        m = encode_arrays({"sums": self.sums}, scalars={"total": int(self.total), "noise_std": float(self.noise_std)},
+                          schema=self.SCHEMA)
+        return {self.PREFIX + k: v for k, v in m.items()}
+
+    @classmethod
+    def from_mapping(cls, mapping: dict[str, bytes] | dict[bytes, bytes]) -> ReleasedItems | None:
+        """The items of a mapping (``None`` when it holds none)."""
+        own: dict[str | bytes, bytes] = {}
+        for k, v in mapping.items():
+            key = k.decode() if isinstance(k, bytes) else k
+            if key.startswith(cls.PREFIX):
+                own[key[len(cls.PREFIX):]] = v
+        if not own:
+            return None
+        a, sc = decode_arrays(own, schema=cls.SCHEMA)
+        return cls(a["sums"].astype(np.float64), int(sc["total"]), float(sc["noise_std"]))  # type: ignore[arg-type]

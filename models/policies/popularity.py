@@ -240,6 +240,8 @@ def make_popularity_policy(base: str | None, *, d: int, W: FloatArray, n_items: 
                          f"accounting composes them exactly), got {mechanism!r} and {item_mechanism!r}.")
     if base is None:
         eps_base, eps_items = math.inf, epsilon
+    elif weight == 0:  # no item term: nothing to release for it, the bandit keeps the whole budget
+        eps_base, eps_items = epsilon, math.inf
     else:
         eps_base, eps_items = split_epsilon(epsilon, delta, share) if private else (math.inf, math.inf)
     policy: KroneckerUCB | None = None
@@ -248,7 +250,7 @@ def make_popularity_policy(base: str | None, *, d: int, W: FloatArray, n_items: 
         policy = make_policy(name, d=d, W=W, epsilon=eps_base, delta=delta, mechanism=mechanism, horizon=horizon,
                              seed=seed, **base_kw)
     items: Mechanism | None = None
-    if private:
+    if private and not math.isinf(eps_items):
         ticks = item_horizon or max(1, -(-horizon // item_tick))
         items = make_mechanism(item_mechanism, dim=n_items, sensitivity=1.0, epsilon=eps_items, delta=delta,
                                horizon=ticks, seed=seed, stream=7)

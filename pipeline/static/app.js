@@ -133,6 +133,7 @@
     $("items-empty").hidden = !!(rec && rec.items.length);
     if (!rec) return;
     const items = rec.items;
+    $("legend-pop").hidden = !items.some((it) => it.popularity !== undefined);
     // one scale for all bars: from min(0, means) to max(0, scores)
     const lo = Math.min(0, ...items.map((it) => Math.min(it.mean, it.score)));
     const hi = Math.max(0, ...items.map((it) => Math.max(it.mean, it.score)));
@@ -149,21 +150,29 @@
         else if (before < i) moved = el("span", { class: "move down", text: `▼${i - before}`, title: `down ${i - before}` });
       }
 
-      // stacked bar: estimate from 0 to mean, bonus from mean to score
+      // stacked bar: estimate from 0 to mean, then the popularity term (if the server has one), then the bonus
+      const popular = it.popularity ?? 0;
       const meanL = Math.min(zero, pos(it.mean)), meanW = Math.abs(pos(it.mean) - zero);
-      const bonusL = Math.min(pos(it.mean), pos(it.score)), bonusW = Math.abs(pos(it.score) - pos(it.mean));
+      const popL = Math.min(pos(it.mean), pos(it.mean + popular)), popW = Math.abs(pos(it.mean + popular) - pos(it.mean));
+      const bonusL = Math.min(pos(it.mean + popular), pos(it.score));
+      const bonusW = Math.abs(pos(it.score) - pos(it.mean + popular));
       const bar = el("div", {
         class: "bar", role: "img",
-        "aria-label": `score ${fmt(it.score)}: estimate ${fmt(it.mean)} plus exploration bonus ${fmt(it.bonus)}`,
+        "aria-label": `score ${fmt(it.score)}: estimate ${fmt(it.mean)}` +
+          (it.popularity !== undefined ? ` plus popularity ${fmt(popular)}` : "") +
+          ` plus exploration bonus ${fmt(it.bonus)}`,
       },
         el("span", { class: "seg mean" + (it.mean < 0 ? " negative" : "") }),
         el("span", { class: "seg bonus" }),
-        el("span", { class: "axis" }));
+        el("span", { class: "axis" }),
+        el("span", { class: "seg pop" }));
       bar.children[0].style.left = `${meanL}%`;
       bar.children[0].style.width = `${meanW}%`;
       bar.children[1].style.left = `${bonusL}%`;
       bar.children[1].style.width = `${Math.max(bonusW, 0.6)}%`;
       bar.children[2].style.left = `${zero}%`;
+      bar.children[3].style.left = `${popL}%`;
+      bar.children[3].style.width = `${popW}%`;
 
       const listen = el("button", { type: "button", class: "listen", text: "▶ listen",
         "aria-label": `Listen to ${it.name}`, "data-item": it.item });
@@ -181,7 +190,9 @@
           bar,
           el("div", { class: "numbers" },
             el("span", { class: "score", text: fmt(it.score) }),
-            el("span", { class: "split", text: ` = ${fmt(it.mean)} + ${fmt(it.bonus)}` }))),
+            el("span", { class: "split", text: it.popularity !== undefined
+              ? ` = ${fmt(it.mean)} + ${fmt(it.popularity)} + ${fmt(it.bonus)}`
+              : ` = ${fmt(it.mean)} + ${fmt(it.bonus)}` }))),
         el("div", { class: "actions" }, listen, skip));
       list.append(li);
     });

@@ -30,6 +30,10 @@ def register(sub: Any) -> None:
     lf.add_argument("--state-dir", type=Path, default=None, help="state directory of `privrec up`")
     lf.add_argument("--data-dir", default=None, help="LastFM data directory (default: $PRIVREC_DATA_DIR or "
                                                      "../shared/data/lastfm-2k)")
+    lf.add_argument("--no-listens", action="store_true",
+                    help="do not send a missed logged artist as an organic listen (POST /listen)")
+    lf.add_argument("--no-baselines", action="store_true",
+                    help="skip the offline baselines on the same events (random, popularity, private popularity)")
     lf.add_argument("--no-progress", action="store_true", help="no progress bar")
     lf.set_defaults(func=_lastfm)
 
@@ -87,9 +91,11 @@ def _lastfm(args: argparse.Namespace) -> int:
         if done % 100 == 0:
             bar.set_postfix(ratio=f"{res.ratio:.2f}", model=res.last_model_version)
 
-    result = replay(base, events, total=n, rate=args.rate, concurrency=args.concurrency, progress=progress)
+    result = replay(base, events, total=n, rate=args.rate, concurrency=args.concurrency, progress=progress,
+                    listens=not args.no_listens)
     bar.close()
     info = _api_info(base)
+    baselines = {} if args.no_baselines else _baselines(args, n, info, every=max(1, n // 200))
     doc = {**summary(result),
            "settings": {"http": base, "events_requested": args.events, "start": args.start, "rate": args.rate,
                         "concurrency": args.concurrency, "k": 1, "pool_size": 25,
@@ -98,6 +104,7 @@ def _lastfm(args: argparse.Namespace) -> int:
                                     "logged artist; random play's expected reward is 1/len(pool) per event"},
            "model": info.get("model"), "privacy": info.get("privacy"),
            "curve": [{"events": e, "reward": r, "random_reward": rr} for e, r, rr in result.cumulative],
+           **_baseline_fields(baselines, result.random_reward),
            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "replay.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -105,8 +112,58 @@ def _lastfm(args: argparse.Namespace) -> int:
     print(f"events {result.events}  reward {result.reward:.0f}  random {result.random_reward:.1f}  "
           f"ratio {result.ratio:.2f}  ({result.seconds:.0f} s, model v{result.first_model_version}"
           f"→v{result.last_model_version})")
+    if baselines:
+        print("  on the same events, offline: " + ", ".join(
+            f"{name} {b['reward'] / result.random_reward:.2f}" for name, b in baselines.items()))
     print(f"wrote {args.out}/replay.json and replay.png", file=sys.stderr)
     return 0
+
+
+def _baselines(args: argparse.Namespace, n: int, info: dict[str, Any], every: int) -> dict[str, Any]:
+    """Random play, online popularity (global, per cluster) and private popularity on the same events, offline."""
+    import math
+
+    import numpy as np
+
+    from models.policies import OnlinePopularity, make_popularity_policy
+    from privrec.experiments.lastfm import load_events, replay_offline
+
+    ev = load_events(n, args.data_dir, args.start)
+    priv = info.get("privacy") or {}
+    eps = float(priv["epsilon"]) if priv.get("private") and priv.get("epsilon") is not None else math.inf
+    delta = float(priv.get("delta") or 1e-5)
+    k = ev.features.shape[0]
+    policies = {
+        "popularity": OnlinePopularity(k, seed=0),
+        "popularity_cluster": OnlinePopularity(k, n_units=ev.n_units, per_unit=True, seed=0),
+        "private_popularity": make_popularity_policy(None, d=ev.features.shape[1], W=np.eye(ev.n_units), n_items=k,
+                                                     epsilon=eps, delta=min(delta, 0.5), item_tick=100,
+                                                     horizon=16383 * 100, item_horizon=16383, seed=0),
+    }
+    out: dict[str, Any] = {}
+    for name, pol in policies.items():
+        curve: list[tuple[int, float]] = []
+        reward = replay_offline(pol, ev, n, curve, every)
+        out[name] = {"reward": reward, "curve": curve}
+    out["private_popularity"]["epsilon"] = eps
+    return out
+
+
+def _baseline_fields(baselines: dict[str, Any], random_reward: float) -> dict[str, Any]:
+    if not baselines:
+        return {}
+    out: dict[str, Any] = {}
+    for name, b in baselines.items():
+        out[f"{name}_reward"] = b["reward"]
+        out[f"{name}_ratio"] = b["reward"] / random_reward if random_reward else None
+    out["baselines"] = {"protocol": "offline, on the same events and pools, with the same models code: online "
+                                    "popularity counts every logged positive so far (global, or per friend-graph "
+                                    "cluster); private popularity ranks the item sums released through blt-exact at "
+                                    "the stack's epsilon",
+                        "curves": {name: [{"events": e, "reward": r} for e, r in b["curve"]]
+                                   for name, b in baselines.items()},
+                        "private_popularity_epsilon": baselines["private_popularity"].get("epsilon")}
+    return out
 
 
 def _api_info(base: str) -> dict[str, Any]:
@@ -133,6 +190,12 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     label = f"{model.get('algorithm', '?')} (ε={priv.get('epsilon', 'inf') if priv.get('private') else '∞'})"
     ax.plot(xs, [c["reward"] for c in doc["curve"]], label=label)
     ax.plot(xs, [c["random_reward"] for c in doc["curve"]], "k--", label="random (expected)")
+    styles = {"popularity": ("k", "-.", "online popularity (non-private)"),
+              "popularity_cluster": ("0.5", "-.", "popularity per cluster (non-private)"),
+              "private_popularity": ("tab:green", ":", "private popularity (same ε)")}
+    for name, curve in (doc.get("baselines") or {}).get("curves", {}).items():
+        color, ls, text = styles.get(name, ("0.3", ":", name))
+        ax.plot([c["events"] for c in curve], [c["reward"] for c in curve], color=color, ls=ls, label=text)
     ax.set_xlabel("replayed events")
     ax.set_ylabel("cumulative reward")
     ax.set_title(f"LastFM replay: reward ratio to random = {doc['ratio']:.2f}")

@@ -14,9 +14,10 @@ private models use the pipeline's defaults (``user-blt-exact``, λ = 1, κ = 100
 replay's own.
 
 Rows: ``random``, ``popularity`` (global), ``popularity-cluster``, ``private-popularity`` (the item
-sums released through ``blt-exact`` with the whole budget), and each of ``LinUCB``, ``CoLin``,
-``GOBLin`` alone and ``+pop`` (with the item term; the budget split between the two releases by
-exact Gaussian-DP composition), non-private and at each ε.
+sums released through ``blt-exact`` with the whole budget), each of ``LinUCB``, ``CoLin``, ``GOBLin``
+alone (bandit feedback only, the papers' protocol) and ``+pop`` (the item term, the budget split
+between the two releases by exact Gaussian-DP composition, and organic listens in the bandit), and
+the ablation ``LinUCB+listens`` (listens, no item term), non-private and at each ε.
 
 Writes ``lastfm.json`` (``{"events": [...], "epsilons": [...], "rows": {row: {"<N>": {"<eps>":
 {"ratio", "sd", "runs"}}}}, ...}``), ``lastfm.md`` and ``lastfm.png``.
@@ -75,7 +76,8 @@ class LastFMConfig:
     @classmethod
     def quick(cls, **kw: Any) -> LastFMConfig:
         base = {"events": (2_000,), "runs": 2,
-                "rows": ("random", "popularity", "popularity-cluster", "private-popularity", "LinUCB", "LinUCB+pop")}
+                "rows": ("random", "popularity", "popularity-cluster", "private-popularity", "LinUCB", "LinUCB+listens",
+                         "LinUCB+pop")}
         return cls(**{**base, **kw})
 
 
@@ -115,10 +117,11 @@ def load_events(n: int, data_dir: str | None = None, start: int = 0) -> LastFMEv
     return LastFMEvents(units, pools, correct, np.asarray(cat.feature_matrix), np.asarray(cat.W), cat.n_clusters)
 
 
-def replay_offline(policy: Any, ev: LastFMEvents, n: int | None = None) -> float:
+def replay_offline(policy: Any, ev: LastFMEvents, n: int | None = None,
+                   curve: list[tuple[int, float]] | None = None, every: int = 0) -> float:
     """Total reward of ``policy`` on the first ``n`` events (see the module docstring for the protocol).
 
-    ``policy`` either takes the pool's items (``select(unit, X, items)``, ``update(unit, x, r, item)``,
+    ``curve`` (with ``every``) collects ``(events, cumulative reward)``. ``policy`` either takes the pool's items (``select(unit, X, items)``, ``update(unit, x, r, item)``,
     optionally ``observe(unit, item)``) or is a plain bandit (``select(unit, X)``, ``update(unit, x, r)``).
     """
     with_items = hasattr(policy, "observe")
@@ -136,6 +139,8 @@ def replay_offline(policy: Any, ev: LastFMEvents, n: int | None = None) -> float
         else:
             policy.update(u, X[k], r)
         reward += r
+        if curve is not None and every and (i + 1) % every == 0:
+            curve.append((i + 1, reward))
     return reward
 
 
@@ -161,13 +166,14 @@ def _bandit(name: str) -> Callable[..., Any]:
     return make
 
 
-def _with_pop(name: str | None) -> Callable[..., Any]:
+def _with_pop(name: str | None, weight: float | None = None) -> Callable[..., Any]:
     def make(ev: LastFMEvents, epsilon: float, seed: int, cfg: LastFMConfig) -> Any:
         W = np.eye(ev.n_units) if name in (None, "LinUCB") else ev.W
         horizon = ((1 << cfg.tree_levels) - 1) * cfg.tick
         return make_popularity_policy(name, d=ev.features.shape[1], W=W, n_items=ev.features.shape[0],
                                       epsilon=epsilon, delta=cfg.delta, share=cfg.share, mechanism=cfg.mechanism,
-                                      item_mechanism=cfg.item_mechanism, weight=cfg.weight,
+                                      item_mechanism=cfg.item_mechanism,
+                                      weight=cfg.weight if weight is None else weight,
                                       item_tick=cfg.item_tick, threshold_stds=cfg.threshold_stds, horizon=horizon,
                                       item_horizon=(1 << cfg.tree_levels) - 1, seed=seed, tick=cfg.tick,
                                       features=ev.features, listen_weight=cfg.listen_weight,
@@ -193,8 +199,10 @@ ROWS: list[Row] = [
     Row("private-popularity", "the item sums released through blt-exact with the whole budget, ranked",
         _with_pop(None), True),
     *[Row(m, f"{m} per cluster (bandit feedback only)", _bandit(m), True) for m in ("LinUCB", "CoLin", "GOBLin")],
-    *[Row(f"{m}+pop", f"{m} plus the item term from the privately released item sums (budget split)",
-          _with_pop(m), True) for m in ("LinUCB", "CoLin", "GOBLin")],
+    Row("LinUCB+listens", "LinUCB that also learns from organic listens (no item term): an ablation",
+        _with_pop("LinUCB", weight=0.0), True),
+    *[Row(f"{m}+pop", f"{m} plus the item term from the privately released item sums (budget split) and "
+                      f"organic listens", _with_pop(m), True) for m in ("LinUCB", "CoLin", "GOBLin")],
 ]
 
 
