@@ -255,7 +255,7 @@ def make_popularity_policy(base: str | None, *, d: int, W: FloatArray, n_items: 
         items = make_mechanism(item_mechanism, dim=n_items, sensitivity=1.0, epsilon=eps_items, delta=delta,
                                horizon=ticks, seed=seed, stream=7)
     if listen_weight is None:
-        listen_weight = 0.0 if base is None else LISTEN_WEIGHT["private" if private else "none"]
+        listen_weight = 0.0 if base is None or features is None else LISTEN_WEIGHT["private" if private else "none"]
     return PopularityUCB(policy, n_items, weight=weight, item_mechanism=items, item_tick=item_tick,
                          threshold_stds=threshold_stds, listen_weight=listen_weight, noise_scale=noise_scale,
                          features=features, seed=seed)

@@ -214,13 +214,23 @@ def _policy_spec(cfg: MechanismsConfig, row: Row, algorithm: str, tick: int, see
 # --------------------------------------------------------------------------- tuning
 
 
+def _tick_tuned_rows(cfg: MechanismsConfig) -> list[Row]:
+    """Rows whose own tick is tuned: the selected ones, and those a selected row takes its tick from.
+
+    ``user-blt-exact+tick+ridge`` reuses ``user-blt-exact+tick``'s tick, so that tick is tuned even
+    when only the ``+ridge`` row is selected (any subset of rows must run).
+    """
+    selected = cfg.selected_rows()
+    wanted = {r.name for r in selected if r.tick == TUNED and not r.tick_from}
+    wanted |= {r.tick_from for r in selected if r.tick_from}
+    return [r for r in ROWS if r.name in wanted]
+
+
 def build_tuning_jobs(cfg: MechanismsConfig) -> list[Job]:
     jobs: list[Job] = []
     for r in range(cfg.tune_runs):
         env = cfg.env_spec(cfg.tune_seed + r)
-        for row in cfg.selected_rows():
-            if row.tick != TUNED or row.tick_from:
-                continue
+        for row in _tick_tuned_rows(cfg):
             for alg in row.algorithms:
                 for tick in cfg.ticks:
                     name, spec = _policy_spec(cfg, row, alg, tick, env["seed"])
@@ -239,9 +249,7 @@ def choose_ticks(cfg: MechanismsConfig, results: list[JobResult]) -> dict[str, A
     table: dict[str, dict[str, dict[str, float]]] = {}
     scores: dict[str, dict[str, dict[str, float]]] = {}
     chosen: dict[str, dict[str, int]] = {}
-    for row in cfg.selected_rows():
-        if row.tick != TUNED or row.tick_from:
-            continue
+    for row in _tick_tuned_rows(cfg):
         for alg in row.algorithms:
             name = row.baseline or alg
             cell: dict[tuple[float, int], dict[int, float]] = {}

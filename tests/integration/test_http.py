@@ -193,6 +193,34 @@ def test_feedback_body_must_be_a_json_object(stack: LocalStack, raw: bytes) -> N
     assert r.error["parameter"] == "body" and "JSON object" in r.error["message"]
 
 
+@pytest.mark.parametrize("body, status, parameter, says", [
+    ({"item": "1"}, 400, "user", "required"),
+    ({"user": "1"}, 400, "item", "required"),
+    ({"user": "1", "item": "1", "reward": 2}, 400, "reward", "[0, 1]"),
+    ({"user": "1", "item": "1", "reward": "yes"}, 400, "reward", "number"),
+    ({"user": "1", "item": "no-such-arm"}, 400, "item", "unknown arm 'no-such-arm'"),
+    ({"user": "nobody", "item": "1"}, 404, "user", "unknown user 'nobody'"),
+    ({"user": "1", "item": "1", "rec_id": "x"}, 400, "rec_id", "unknown field"),
+])
+def test_listen_errors_name_the_parameter(stack: LocalStack, body: dict[str, Any], status: int, parameter: str,
+                                          says: str) -> None:
+    r = call(stack, "POST", "/listen", body)
+    assert r.status == status, r.body
+    assert r.error["parameter"] == parameter and says in r.error["message"], r.error
+
+
+def test_listen_becomes_a_listen_event_on_interactions(stack: LocalStack) -> None:
+    r = call(stack, "POST", "/listen", {"user": "4", "item": "7"})  # user 4: no other test counts its interactions
+    assert r.status == 202, r.body
+    event_id = r.json["event_id"]
+    consumer = KafkaConsumer("interactions", bootstrap_servers=stack.broker.address, auto_offset_reset="earliest",
+                             consumer_timeout_ms=3000)
+    found = [json.loads(m.value) for m in consumer if json.loads(m.value).get("event_id") == event_id]
+    consumer.close()
+    assert found == [{"event_id": event_id, "user": "4", "arm": "7", "context": None, "reward": 1.0,
+                      "ts": found[0]["ts"], "rec_id": None, "kind": "listen"}]
+
+
 def test_feedback_item_must_be_in_the_shown_list(stack: LocalStack, shown: dict[str, Any]) -> None:
     outside = next(str(a) for a in range(40) if str(a) not in {it["item"] for it in shown["items"]})
     r = call(stack, "POST", "/feedback", {"rec_id": shown["rec_id"], "item": outside, "reward": 1})

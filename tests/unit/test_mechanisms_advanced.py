@@ -456,3 +456,20 @@ def test_experiment_mechanisms_refuses_overlapping_tuning_seeds(tmp_path: Path) 
 
     assert main(["experiment", "mechanisms", "--out", str(tmp_path), "--runs", "3", "--tune-seed", "2",
                  "--no-progress"]) == 2
+
+
+def test_experiment_mechanisms_runs_the_ridge_row_without_its_tick_row(tmp_path: Path) -> None:
+    """The `+ridge` row takes its tick from `+tick`; selecting it alone used to raise KeyError: 'DP-LinUCB'."""
+    import json
+
+    from privrec.cli import main
+
+    out = tmp_path / "mech"
+    rc = main(["experiment", "mechanisms", "--out", str(out), "--runs", "1", "--horizon", "200", "--jobs", "1",
+               "--tune-runs", "1", "--rows", "paper,user-blt-exact+tick+ridge", "--no-progress"])
+    assert rc == 0
+    doc = json.loads((out / "mechanisms.json").read_text())
+    assert set(doc["rows"]) == {"paper", "user-blt-exact+tick+ridge"}
+    for alg, cell in doc["rows"]["user-blt-exact+tick+ridge"].items():
+        # the tick was tuned for the unselected `+tick` row and reused
+        assert cell["tick"] == doc["tuning"]["chosen"]["user-blt-exact+tick"][alg]

@@ -1,0 +1,124 @@
+"""Popularity: the counter, the item term, its budget split and the offline replay protocol."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from models.accounting import GDPAccountant, gdp_mu, split_epsilon
+from models.ground.items import ReleasedItems, popularity_feature
+from models.mechanisms import noise_std
+from models.policies import OnlinePopularity, PopularityUCB, make_policy, make_popularity_policy
+from privrec.experiments.lastfm import LastFMEvents, replay_offline
+
+
+def test_online_popularity_counts_positives_globally_or_per_unit_and_breaks_ties_at_random() -> None:
+    pop = OnlinePopularity(4, n_units=2, per_unit=True, seed=0)
+    pop.observe(0, 3)
+    pop.update(1, np.zeros(1), 1.0, 2)
+    pop.update(0, np.zeros(1), 0.0, 1)  # a miss adds nothing
+    assert pop.select(0, np.zeros((3, 1)), np.array([1, 2, 3])) == 2  # unit 0 has counted item 3
+    assert pop.select(1, np.zeros((3, 1)), np.array([1, 2, 3])) == 1  # unit 1 has counted item 2
+    glob = OnlinePopularity(4, seed=1)
+    picks = {glob.select(0, np.zeros((4, 1)), np.arange(4)) for _ in range(200)}
+    assert picks == {0, 1, 2, 3}  # all tied at zero: every one gets picked
+
+
+def test_popularity_feature_is_in_unit_interval_and_thresholds_the_noise() -> None:
+    rng = np.random.default_rng(0)
+    sums = rng.normal(0, 5, size=1000) + np.r_[np.full(10, 200.0), np.zeros(990)]
+    f = popularity_feature(sums, total=2000, threshold=0.0)
+    assert f.min() >= 0 and f.max() <= 1
+    g = popularity_feature(sums, total=2000, threshold=4 * 5.0)
+    assert np.all(g[:10] > 0.5) and np.count_nonzero(g[10:]) == np.count_nonzero(sums[10:] > 20.0)
+    with pytest.raises(ValueError, match="threshold"):
+        popularity_feature(sums, total=1, threshold=-1)
+
+
+def test_released_items_round_trip_under_their_prefix() -> None:
+    r = ReleasedItems(np.arange(5.0), total=9, noise_std=1.5)
+    m = r.to_mapping()
+    assert all(k.startswith("items/") for k in m)
+    assert ReleasedItems.from_mapping({k.encode(): v for k, v in m.items()}) == r
+    assert ReleasedItems.from_mapping({"meta": b"{}"}) is None
+
+
+@pytest.mark.parametrize("share", [0.2, 0.5, 0.8])
+def test_the_two_releases_compose_exactly_to_the_target(share: float) -> None:
+    pol = make_popularity_policy("LinUCB", d=3, W=np.eye(2), n_items=7, epsilon=2.0, share=share, horizon=1000,
+                                 tick=10, item_tick=10)
+    assert pol.base is not None and pol.base.mechanism is not None and pol.item_mechanism is not None
+    acc = GDPAccountant().compose(pol.base.mechanism.event).compose(pol.item_mechanism.event)
+    assert acc.mu == pytest.approx(gdp_mu(2.0, 1e-5), rel=1e-9)  # exactly (2, 1e-5)-DP together
+    mu_b = math.sqrt(GDPAccountant().compose(pol.base.mechanism.event).mu_squared)
+    assert mu_b**2 / acc.mu_squared == pytest.approx(share, rel=1e-9)
+    eb, es = split_epsilon(2.0, 1e-5, share)
+    assert (eb < es) == (share < 0.5)
+
+
+def test_a_mechanism_without_exact_accounting_is_refused_and_weight_zero_keeps_the_whole_budget() -> None:
+    with pytest.raises(ValueError, match="exact"):
+        make_popularity_policy("LinUCB", d=2, W=np.eye(2), n_items=3, epsilon=1.0, mechanism="paper")
+    pol = make_popularity_policy("LinUCB", d=2, W=np.eye(2), n_items=3, epsilon=1.0, weight=0.0, horizon=100)
+    assert pol.item_mechanism is None and pol.base is not None and pol.base.mechanism is not None
+    mu = math.sqrt(GDPAccountant().compose(pol.base.mechanism.event).mu_squared)
+    assert mu == pytest.approx(gdp_mu(1.0, 1e-5), rel=1e-9)
+
+
+def test_noise_off_item_term_uses_the_exact_sums_and_the_listens_weight_the_bandit() -> None:
+    F = np.eye(3)
+    base = make_policy("LinUCB", d=3, W=np.eye(2), lambda_=1.0, alpha=0.0)
+    twin = make_policy("LinUCB", d=3, W=np.eye(2), lambda_=1.0, alpha=0.0)
+    pol = PopularityUCB(base, 3, weight=2.0, item_tick=2, listen_weight=0.25, features=F)
+    pol.update(0, F[1], 1.0, 1)
+    pol.observe(0, 2)
+    twin.update(0, F[1], 1.0)
+    twin.update(0, 0.5 * F[2], 0.5)  # a listen is a sample of weight 1/4: sqrt(w) x, sqrt(w) r
+    pol.update(1, F[0], 0.0, 0)  # second interaction: an item release
+    twin.update(1, F[0], 0.0)
+    np.testing.assert_array_equal(pol.released, [0.0, 1.0, 1.0])
+    assert pol.released_total == 2 and pol.item_weight == 2.0
+    mean, bonus = twin.scores(0, F)
+    expected = mean + bonus + 2.0 * popularity_feature(np.array([0.0, 1.0, 1.0]), total=2)
+    np.testing.assert_allclose(pol.scores(0, F, np.arange(3)), expected, atol=1e-12)
+
+
+def test_private_item_release_is_the_exact_sums_plus_keyed_noise_and_the_weight_shrinks() -> None:
+    pol = make_popularity_policy(None, d=2, W=np.eye(1), n_items=5, epsilon=1.0, item_tick=3, horizon=300, seed=4)
+    assert pol.base is None and pol.item_mechanism is not None
+    for i in range(9):
+        pol.update(0, np.zeros(2), float(i % 2), i % 5)
+    state = pol.item_state
+    assert state is not None
+    np.testing.assert_allclose(pol.released - pol.sums, pol.item_mechanism.noise(state), atol=1e-12)
+    assert pol.released_std == pytest.approx(noise_std(pol.item_mechanism, state))
+    assert pol.item_weight == pytest.approx(1.0 / (1.0 + (pol.released_std / 2.0) ** 2))
+
+
+def test_replay_offline_protocol_rewards_the_logged_item_and_counts_listens_once() -> None:
+    pools = np.array([[0, 1, 2], [2, 0, 1], [1, 2, 0]])
+    ev = LastFMEvents(units=np.zeros(3, dtype=np.int64), pools=pools, correct=np.array([1, 0, 2]),
+                      features=np.eye(3), W=np.eye(1), n_units=1)
+
+    class Oracle:
+        def __init__(self) -> None:
+            self.i = 0
+            self.listens = 0
+
+        def select(self, u: int, X: np.ndarray, items: np.ndarray) -> int:
+            k = [1, 1, 2][self.i]  # right, wrong, right
+            self.i += 1
+            return k
+
+        def update(self, u: int, x: np.ndarray, r: float, item: int) -> None:
+            pass
+
+        def observe(self, u: int, item: int) -> None:
+            self.listens += 1
+
+    o = Oracle()
+    curve: list[tuple[int, float]] = []
+    assert replay_offline(o, ev, curve=curve, every=1) == 2.0
+    assert o.listens == 1 and curve == [(1, 1.0), (2, 1.0), (3, 2.0)]
