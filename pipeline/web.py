@@ -71,6 +71,8 @@ class _Metrics:
                                  buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0),
                                  registry=self.registry)
         self.feedback = Counter("privrec_feedback_total", "Feedback accepted", ["reward"], registry=self.registry)
+        self.listens = Counter("privrec_listens_total", "Organic listens accepted (POST /listen)",
+                               registry=self.registry)
         self.model_version = Gauge("privrec_model_version", "Version of the served model", registry=self.registry)
         self.released_events = Gauge("privrec_released_events", "Interactions in the latest release",
                                      registry=self.registry)
@@ -331,6 +333,7 @@ async def listen(request: web.Request) -> web.Response:
              "reward": reward, "ts": time.time() * 1000, "rec_id": None, "kind": "listen"}
     topic = interactions_topic(request.app["settings"], catalog, user)
     await producer.send_and_wait(topic, key=user.encode(), value=json.dumps(event).encode())
+    request.app["metrics"].listens.inc()
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
 
 

@@ -276,7 +276,8 @@ def settled(stack: LocalStack) -> dict[str, Any]:
     """The budget once every feedback this server accepted is in a release (earlier tests gave some)."""
     def caught_up() -> dict[str, Any] | None:
         m = metrics(stack)
-        accepted = sum(v for k, v in m.items() if k.startswith("privrec_feedback_total{"))
+        accepted = sum(v for k, v in m.items()
+                       if k.startswith("privrec_feedback_total{") or k == "privrec_listens_total")
         b = budget(stack)
         return b if b["events_released"] == accepted else None
 
