@@ -187,7 +187,8 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     model = doc.get("model") or {}
     priv = doc.get("privacy") or {}
-    label = f"{model.get('algorithm', '?')} (ε={priv.get('epsilon', 'inf') if priv.get('private') else '∞'})"
+    eps = priv.get("epsilon")
+    label = f"{model.get('algorithm', '?')} (ε={f'{float(eps):.3g}' if priv.get('private') and eps is not None else '∞'})"
     ax.plot(xs, [c["reward"] for c in doc["curve"]], label=label)
     ax.plot(xs, [c["random_reward"] for c in doc["curve"]], "k--", label="random (expected)")
     styles = {"popularity": ("k", "-.", "online popularity (non-private)"),
