@@ -25,7 +25,7 @@ import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from .catalog import Catalog
-from .ingest import IngestProcessor
+from .ingest import IngestProcessor, UserIngestProcessor
 from .records import TOPICS, dead_letter_value
 from .settings import Settings
 from .trusted import TrustedStore
@@ -68,8 +68,9 @@ def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str
 async def ingest(settings: Settings, catalog: Catalog, *, topic: str) -> None:
     """Consume ``topic`` (``interactions``, or a federated site's own topic) in batches until the worker stops."""
     client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
-    processor = IngestProcessor(client, settings.namespace, catalog, item_sums=settings.item_term,
-                                listen_weight=settings.listen_weight_in_force)
+    make = UserIngestProcessor if settings.user_level else IngestProcessor
+    processor = make(client, settings.namespace, catalog, item_sums=settings.item_term,
+                     listen_weight=settings.listen_weight_in_force)
     TrustedStore(client, settings.namespace).ensure_config(
         settings.model_config() | {"catalog_fingerprint": catalog.fingerprint})
     consumer = AIOKafkaConsumer(

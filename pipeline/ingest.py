@@ -27,8 +27,9 @@ from models.streaming import UnitStats
 from .catalog import Catalog
 from .records import MalformedEvent, parse_batch, parse_interaction
 from .trusted import TrustedStore
+from .userlevel import PENDING_SCRIPT, Contribution, UserLevelKeys, decode_contribution, encode_contribution
 
-__all__ = ["IngestProcessor", "PreparedBatch", "DeadLetterItem"]
+__all__ = ["IngestProcessor", "UserIngestProcessor", "PreparedBatch", "DeadLetterItem"]
 
 
 @dataclass(frozen=True)
@@ -143,3 +144,100 @@ class IngestProcessor:
             if not self.commit(batch):
                 raise RuntimeError(f"partition {partition}: offset changed twice under us; another worker owns it")
         return batch
+
+
+class UserIngestProcessor(IngestProcessor):
+    """Ingest at user level: each user's events of the open tick accumulate in the partition's pending hash.
+
+    Nothing reaches the unit statistics here: the release tick folds the pending contributions, clipped
+    per user and capped (:mod:`pipeline.userlevel`). The commit checks the stored offset *and* the
+    partition's fold generation, so a batch prepared against contributions that a fold has consumed
+    is redone from Redis.
+    """
+
+    def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, item_sums: bool = False,
+                 listen_weight: float = 1.0) -> None:
+        super().__init__(client, namespace, catalog, item_sums=item_sums, listen_weight=listen_weight)
+        self.client = client
+        self.namespace = namespace
+        self._pending_script = client.register_script(PENDING_SCRIPT)
+        self._users: dict[int, tuple[dict[str, Contribution], int, int | None]] = {}
+
+    def forget(self, partition: int) -> None:
+        super().forget(partition)
+        self._users.pop(partition, None)
+
+    def _pending(self, partition: int) -> tuple[dict[str, Contribution], int, int | None]:
+        hit = self._users.get(partition)
+        if hit is None:
+            keys = UserLevelKeys(self.namespace, partition)
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.hgetall(keys.pending)
+                pipe.get(keys.foldgen)
+                pipe.get(self.store.keys.offset(partition))
+                raw, gen, off = pipe.execute()
+            d = self.catalog.d
+            pending = {k.decode()[2:]: decode_contribution(v, d) for k, v in raw.items()}
+            hit = (pending, int(gen or 0), None if off is None else int(off))
+            self._users[partition] = hit
+        return hit
+
+    def prepare(self, partition: int, messages: Sequence[tuple[int, bytes]]) -> PreparedBatch:
+        pending, gen, stored = self._pending(partition)
+        msgs = sorted(messages, key=lambda m: m[0])
+        fresh = [(o, v) for o, v in msgs if stored is None or o >= stored]
+        parsed = parse_batch([v for _, v in fresh], self.catalog)
+        dead = [DeadLetterItem(fresh[i][0], fresh[i][1], reason) for i, reason in parsed.dead]
+        d = self.catalog.d
+        work = {u: Contribution(c.unit, c.count, c.gram.copy(), c.b.copy(), dict(c.items)) for u, c in pending.items()}
+        touched: set[str] = set()
+        for j, user in enumerate(parsed.users):
+            c = work.get(user)
+            if c is None:
+                c = work[user] = Contribution.empty(int(parsed.units[j]), d)
+            x, r = parsed.contexts[j], float(parsed.rewards[j])
+            if parsed.listens[j]:
+                x, rb = x * self.listen_scale, r * self.listen_scale
+            else:
+                rb = r
+            c.gram += np.outer(x, x)
+            c.b += rb * x
+            c.count += 1
+            if self.n_items and parsed.items[j] >= 0:
+                a = int(parsed.items[j])
+                c.items[a] = c.items.get(a, 0.0) + r
+            touched.add(user)
+        next_offset = (fresh[-1][0] + 1) if fresh else (stored if stored is not None else 0)
+        batch = PreparedBatch(partition, stored, next_offset, UnitStats.zeros(n_units=1, d=d), parsed.units,
+                              len(parsed.units), len(msgs) - len(fresh), dead, dict(Counter(parsed.users)))
+        batch.pending = {u: work[u] for u in touched}  # type: ignore[attr-defined]
+        batch.foldgen = gen  # type: ignore[attr-defined]
+        batch.work = work  # type: ignore[attr-defined]
+        return batch
+
+    def commit(self, batch: PreparedBatch) -> bool:
+        if batch.expected_offset is not None and batch.next_offset == batch.expected_offset:
+            return True
+        keys = UserLevelKeys(self.namespace, batch.partition)
+        args: list[object] = ["" if batch.expected_offset is None else str(batch.expected_offset),
+                              str(batch.next_offset), str(batch.foldgen)]  # type: ignore[attr-defined]
+        fields: list[object] = []
+        for user, c in batch.pending.items():  # type: ignore[attr-defined]
+            fields += [f"u:{user}", encode_contribution(c)]
+        args.append(len(fields) // 2)
+        args += fields
+        reasons = batch.reasons
+        args.append(len(reasons))
+        for reason, count in reasons.items():
+            args += [reason[:200], count]
+        for user, count in batch.users.items():
+            args += [user, count]
+        ok = bool(self._pending_script(keys=[self.store.keys.offset(batch.partition), keys.pending,
+                                             self.store.keys.deadletters(batch.partition),
+                                             self.store.keys.user_counts(batch.partition), keys.foldgen],
+                                       args=args))
+        if ok:
+            self._users[batch.partition] = (batch.work, batch.foldgen, batch.next_offset)  # type: ignore[attr-defined]
+        else:  # the offset moved (another owner) or a fold consumed pending contributions: reload
+            self.forget(batch.partition)
+        return ok

@@ -62,6 +62,14 @@ class PublicKeys:
         """Hash: interactions counted per user in one partition (public arrival counts; the budget view)."""
         return self._key("ledger", f"p{partition}", "users")
 
+    def ledger_participation(self, partition: int) -> str:
+        """Hash: per user of the partition, participations per epoch (user-level privacy; public arrival data)."""
+        return self._key("ledger", f"p{partition}", "participation")
+
+    def ledger_summary(self, partition: int) -> str:
+        """Hash: user-level counters of the partition (``at_cap:<epoch>``, ``dropped``, ``folded``)."""
+        return self._key("ledger", f"p{partition}", "summary")
+
     def ledger_deadletters(self, partition: int) -> str:
         """Hash: malformed events of one partition counted by reason (operations data, no rewards)."""
         return self._key("ledger", f"p{partition}", "deadletters")

@@ -53,6 +53,10 @@ BASELINE_ALGORITHMS: dict[str, str] = {
 }
 ALGORITHMS = ("linucb", "colin", "goblin", *BASELINE_ALGORITHMS)
 MODES = ("global", "federated")
+PRIVACY_UNITS = ("user", "event")
+CAP_POLICIES = ("ignore", "reject")
+#: Mechanisms with a multi-participation sensitivity bound (models.mechanisms.participation).
+USER_LEVEL_MECHANISMS = ("blt-exact", "blt-zcdp", "gaussian-exact", "gaussian-zcdp")
 #: Site graphs of the federated mode (or a path to an edge-list file: one "i j" pair per line).
 TOPOLOGIES = ("star", "ring", "complete")
 FED_SCHEDULES = ("tick", "doubling")
@@ -155,6 +159,20 @@ class Settings:
     item_share
         With the item term on, the bandit's share of the budget (of ``mu**2`` in Gaussian DP); the item
         sums get the rest; together exactly ``(epsilon, delta)``-DP (exact mechanisms only).
+    privacy_unit
+        ``"user"`` (the default for linucb / colin / goblin with a mechanism that has a multi-participation
+        bound — the BLT factorizations and the Gaussian tree; otherwise ``"event"``): each user's interactions within one release
+        tick are summed and clipped (``b`` to norm ``Lx``, the item rewards to norm 1) before they enter the
+        statistics, each user contributes to at most ``user_cap`` ticks per epoch, and the noise is
+        calibrated so that a capped user's whole history in an epoch is ``(epsilon, delta)``-DP (exact
+        multi-participation sensitivity of the mechanism, ``models.mechanisms.participation``); or
+        ``"event"`` (each interaction alone; a user with k interactions gets the group bound). The
+        per-unit baselines (ss-*, dgs-*) are event level only.
+    user_cap
+        User level: release ticks per epoch one user may contribute to.
+    cap_policy
+        User level, a user at the cap: ``"ignore"`` (still served and logged, no longer learned from) or
+        ``"reject"`` (``/feedback`` and ``/listen`` answer 403).
     default_pool
         Comma-separated arm ids that ``/recommend`` ranks when the request
         names no candidates (``None``: the catalog's default, the 25 most
@@ -194,6 +212,9 @@ class Settings:
     item_weight: float | None = None
     listen_weight: float | None = None
     item_share: float = 0.5
+    privacy_unit: str | None = None
+    user_cap: int = 8
+    cap_policy: str = "ignore"
     default_pool: str | None = None
     namespace: str = "privrec"
     kafka: str | None = None
@@ -249,6 +270,20 @@ class Settings:
             raise SettingsError("listen_weight", f"must be in [0, 1], got {self.listen_weight}.")
         if not 0 < self.item_share < 1:
             raise SettingsError("item_share", f"must be in (0, 1), got {self.item_share}.")
+        if self.privacy_unit is not None and self.privacy_unit not in PRIVACY_UNITS:
+            raise SettingsError("privacy_unit", f"must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}.")
+        if self.privacy_unit == "user" and self.baseline is not None:
+            raise SettingsError("privacy_unit", f"the per-unit baselines ({self.algorithm}) are event level only; "
+                                                f"use --privacy-unit event")
+        if not 1 <= self.user_cap <= self.tree_ticks:
+            raise SettingsError("user_cap", f"must be in [1, {self.tree_ticks}] (the ticks of an epoch), got "
+                                            f"{self.user_cap}.")
+        if self.cap_policy not in CAP_POLICIES:
+            raise SettingsError("cap_policy", f"must be one of {CAP_POLICIES}, got {self.cap_policy!r}.")
+        if self.privacy_unit == "user" and self.private and not self._user_level_mechanism:
+            raise SettingsError("mechanism", f"user-level privacy needs a mechanism with a multi-participation "
+                                             f"bound ({', '.join(USER_LEVEL_MECHANISMS)} and their user-* forms), got "
+                                             f"{self.mechanism!r}; or use --privacy-unit event")
         if self.item_term and self.private and not self.mechanism.endswith("-exact"):
             raise SettingsError("mechanism", f"the item term composes two releases by exact Gaussian-DP accounting: "
                                              f"use an '-exact' mechanism or --item-weight 0, got {self.mechanism!r}.")
@@ -267,6 +302,22 @@ class Settings:
     def default_pool_ids(self) -> list[str] | None:
         """The ``default_pool`` setting as a list of arm ids (``None``: the catalog's default)."""
         return None if self.default_pool is None else [a.strip() for a in self.default_pool.split(",")]
+
+    @property
+    def _user_level_mechanism(self) -> bool:
+        return any(self.mechanism == m or self.mechanism == f"user-{m}" for m in USER_LEVEL_MECHANISMS)
+
+    @property
+    def unit_in_force(self) -> str:
+        """``privacy_unit``, or when unset: ``user``; ``event`` for the per-unit baselines and for mechanisms
+        without a multi-participation bound (e.g. the papers' ``paper``)."""
+        if self.privacy_unit is not None:
+            return self.privacy_unit
+        return "event" if self.baseline is not None or not self._user_level_mechanism else "user"
+
+    @property
+    def user_level(self) -> bool:
+        return self.unit_in_force == "user"
 
     @property
     def item_term_weight(self) -> float:
@@ -346,7 +397,7 @@ class Settings:
 MAX_DEFAULT_POOL = 1000
 
 MODEL_FIELDS = ("mode", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
-                "item_share", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
+                "item_share", "privacy_unit", "user_cap", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "partitions")
 
 

@@ -36,6 +36,7 @@ from models.policies.dgs import DGSLinUCB, DGSTreeMechanism, first_positive_lamb
 from models.ground.graphs import adjacency_from_w, goblin_projection, sensitivities
 from models.policies.jdp_linucb import SSLinUCB
 from models.mechanisms import MECHANISMS, Mechanism, TreeState, make_mechanism, noise_std
+from models.mechanisms.participation import participation_bound, participation_factor
 from models.streaming import ReleasedStats, Releaser, solve
 
 from .baseline_release import BaselineStateStore, build_baseline, widths_summary
@@ -43,6 +44,7 @@ from .catalog import Catalog
 from .keys import PublicKeys
 from .settings import Settings
 from .trusted import TrustedStore
+from .userlevel import Folder
 
 __all__ = ["ReleaseStage", "SolveStage", "projection", "privacy_statement"]
 
@@ -130,6 +132,35 @@ def _composed_statement(settings: Settings, mechanism: Mechanism, items: Mechani
                         "rule": "mu = sqrt(mu_bandit**2 + mu_items**2) (Gaussian DP); share = mu_bandit**2 / mu**2"},
         "item_term": {"weight": settings.item_term_weight, "listen_weight": settings.listen_weight_in_force},
     }
+
+
+def user_level_statement(settings: Settings, statement: dict[str, Any],
+                         ratio: Any) -> dict[str, Any]:
+    """The statement at user level: a capped user's whole epoch is (epsilon, delta)-DP; the ledger's rule."""
+    from models.accounting import gdp_mu
+
+    out = dict(statement)
+    if not statement.get("private"):
+        out.update({"unit": "user", "cap": settings.user_cap, "cap_policy": settings.cap_policy})
+        return out
+    mu = gdp_mu(float(statement["epsilon"]), float(statement["delta"]))
+    out.update({
+        "unit": "user",
+        "cap": settings.user_cap,
+        "cap_policy": settings.cap_policy,
+        "mu_at_cap": mu,
+        "neighbours": "user level: two streams differing in everything one user contributed (their rewards; contexts "
+                      "and arrivals are public), with at most `user_cap` release ticks per epoch per user; each "
+                      "user's interactions of one tick are summed and clipped (b to norm 1, item rewards to norm 1)",
+        "scope": f"per epoch of {settings.tree_ticks} release ticks, all of one user's contributions (up to "
+                 f"{settings.user_cap} ticks) are ({statement['epsilon']:.4g}, {statement['delta']:g})-DP; epochs compose "
+                 f"(Gaussian DP: mu adds in quadrature); a user with k < cap ticks spends mu sqrt(B(k)/B(cap))",
+        "sensitivity": {"rule": "multi-participation sensitivity sqrt(B(cap)) (models.mechanisms.participation): "
+                                "an upper bound of max over <= cap ticks of ||sum of columns of C||",
+                        "factor_vs_one_tick": math.sqrt(ratio(settings.user_cap) / ratio(1)),
+                        "group_bound_factor": settings.user_cap},
+    })
+    return out
 
 
 #: What each baseline's mechanism is (``mechanism_about`` of its statement).
@@ -251,21 +282,55 @@ class ReleaseStage:
         self.n_items = len(self.catalog.feature_matrix) if s.item_term else 0
         self.item_mechanism: Mechanism | None = None
         if s.item_term and s.private:
-            self.item_mechanism = make_mechanism(ITEM_MECHANISM, dim=self.n_items, sensitivity=1.0,
-                                                 epsilon=s.epsilons()[1], delta=s.delta, horizon=s.tree_ticks,
-                                                 seed=self.store.noise_seed(), stream=ITEM_STREAM)
+            def items(scale: float) -> Mechanism:
+                return make_mechanism(ITEM_MECHANISM, dim=self.n_items, sensitivity=scale, epsilon=s.epsilons()[1],
+                                      delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
+                                      stream=ITEM_STREAM)
+
+            self.item_mechanism = items(self._user_scale(items(1.0)))
+        self.folder: Folder | None = None
+        if s.user_level and self.baseline is None:
+            self.folder = Folder(self.client, s.namespace, d=self.catalog.d, n_units=self.catalog.n_units,
+                                 n_items=self.n_items, cap=s.user_cap, capacity=s.tree_ticks,
+                                 ratio=self.participation_ratio)
         self.statement = privacy_statement(s, self.mechanism, self.baseline, self.item_mechanism)
+        if self.folder is not None:
+            self.statement = user_level_statement(s, self.statement, self.participation_ratio)
+
+    def participation_ratio(self, k: int) -> float:
+        """``B(k) / B(cap)`` of the released statistics (the largest over the bandit's and the items' mechanisms)."""
+        cache = self.__dict__.setdefault("_ratio_cache", {})
+        if k not in cache:
+            cap = self.settings.user_cap
+            mechs = [m for m in (self.mechanism, self.item_mechanism) if m is not None]
+            if not mechs:  # noise off: the same structure as the default mechanism decides nothing; count plainly
+                cache[k] = min(k, cap) ** 2 / cap**2
+            else:
+                cache[k] = max(participation_bound(m, min(k, cap)) / participation_bound(m, cap) for m in mechs)
+        out: float = cache[k]
+        return out
 
     def make_mechanism(self, units: np.ndarray) -> Mechanism:
         """The mechanism over the statistics of ``units`` (a mask; all units in global mode, a site's own units in
         federated mode): calibrated to their largest sensitivity; user-space noise only on their blocks."""
         s = self.settings
         V = self.V * units[None, :]
-        return make_mechanism(
-            s.mechanism, dim=self.catalog.n_units * self.catalog.d, sensitivity=float(sensitivities(self.V)[units].max()),
-            epsilon=s.epsilons()[0], delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
-            sensitivity_l1=float(np.abs(self.V[:, units]).sum(axis=0).max() * math.sqrt(self.catalog.d)),
-            mixing=V, block_dim=self.catalog.d)  # `mixing` is used by the user-space ("user-*") mechanisms
+
+        def build(scale: float) -> Mechanism:
+            return make_mechanism(
+                s.mechanism, dim=self.catalog.n_units * self.catalog.d,
+                sensitivity=scale * float(sensitivities(self.V)[units].max()), epsilon=s.epsilons()[0], delta=s.delta,
+                horizon=s.tree_ticks, seed=self.store.noise_seed(),
+                sensitivity_l1=scale * float(np.abs(self.V[:, units]).sum(axis=0).max() * math.sqrt(self.catalog.d)),
+                mixing=V, block_dim=self.catalog.d)  # `mixing` is used by the user-space ("user-*") mechanisms
+
+        return build(self._user_scale(build(1.0)))
+
+    def _user_scale(self, event_level: Mechanism) -> float:
+        """User level: the factor that makes one tick's calibration cover a user's ``user_cap`` ticks (else 1)."""
+        if not self.settings.user_level:
+            return 1.0
+        return participation_factor(event_level, self.settings.user_cap)
 
     def recover(self) -> int:
         """Publish a release that was persisted but not yet published (after a crash)."""
@@ -275,6 +340,9 @@ class ReleaseStage:
         """Release the statistics as of now; ``None`` if nothing changed since the last release."""
         self.recover()
         c = self.catalog
+        fold: dict[str, int] = {}
+        if self.folder is not None:  # user level: this tick's per-user contributions, clipped and capped
+            fold = self.folder.fold(self.settings.partitions, self.store.pending_version() + 1)
         stats, item_sums, offsets = self.store.snapshot_items(self.settings.partitions, c.n_units, c.d, self.n_items)
         last = self.client.hget(self.store.keys.pending, "count")
         if not force and last is not None and int(last) == int(stats.count.sum()):
@@ -288,9 +356,18 @@ class ReleaseStage:
         released, state = self.releaser.release(stats, state, version)
         event = json.dumps(event_to_dict(released.event))
         items = self._release_items(item_sums, int(stats.count.sum())) if self.n_items else None
-        self.store.persist_release(state, released, event, offsets, items)
+        ledger = None if self.folder is None else self._ledger_entry(version, fold)
+        self.store.persist_release(state, released, event, offsets, items, ledger)
         self.store.publish()
         return version
+
+    def _ledger_entry(self, version: int, fold: dict[str, int]) -> str:
+        """What the release's user-level ledger says (persisted and published with the release)."""
+        s = self.settings
+        st = self.statement
+        return json.dumps({"version": version, "epoch": (version - 1) // s.tree_ticks, "cap": s.user_cap,
+                           "epsilon_at_cap": st.get("epsilon"), "delta": s.delta, "mu_at_cap": st.get("mu_at_cap"),
+                           **fold})
 
     def _release_items(self, sums: np.ndarray, total: int) -> tuple[TreeState | None, dict[str, bytes]]:
         """One tick of the item sums: noisy prefix sums (never redrawn), persisted with the release."""

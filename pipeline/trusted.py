@@ -36,7 +36,8 @@ from models.streaming import ReleasedStats, UnitStats
 
 from .keys import PublicKeys
 
-__all__ = ["TrustedKeys", "TrustedStore", "INGEST_SCRIPT", "PUBLISH_SCRIPT", "ConfigMismatchError"]
+__all__ = ["TrustedKeys", "TrustedStore", "INGEST_SCRIPT", "PUBLISH_SCRIPT", "ConfigMismatchError", "decode_stats",
+           "decode_items"]
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ if pv > rv then
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', '100000', '*', 'version', tostring(pv),
              'event', redis.call('HGET', KEYS[1], 'event') or '',
              'offsets', redis.call('HGET', KEYS[1], 'offsets') or '[]',
-             'count', redis.call('HGET', KEYS[1], 'count') or '0')
+             'count', redis.call('HGET', KEYS[1], 'count') or '0',
+             'ledger', redis.call('HGET', KEYS[1], 'ledger') or '')
   return pv
 end
 return rv
@@ -183,7 +185,7 @@ class TrustedStore:
             pipe.hgetall(self.keys.stats(partition))
             pipe.get(self.keys.offset(partition))
             raw, off = pipe.execute()
-        return _decode_stats(raw, n_units, d), _decode_items(raw, n_items), (None if off is None else int(off))
+        return decode_stats(raw, n_units, d), decode_items(raw, n_items), (None if off is None else int(off))
 
     def commit_partition(self, partition: int, stats: UnitStats, units: np.ndarray, expected: int | None,
                          next_offset: int, deadletters: dict[str, int],
@@ -269,7 +271,8 @@ class TrustedStore:
         return mechanism.state_from_mapping(raw) if raw else None
 
     def persist_release(self, state: TreeState | None, release: ReleasedStats, event: str,
-                        offsets: list[int], items: tuple[TreeState | None, dict[str, bytes]] | None = None) -> None:
+                        offsets: list[int], items: tuple[TreeState | None, dict[str, bytes]] | None = None,
+                        ledger: str | None = None) -> None:
         """Persist the new mechanism state and the pending release together, *before* publishing.
 
         ``offsets`` (per partition, the first offset *not* covered) is public:
@@ -279,6 +282,8 @@ class TrustedStore:
         mapping: dict[str, Any] = dict(release.to_mapping())
         if items is not None:
             mapping.update(items[1])
+        if ledger is not None:  # user level: the release's ledger summary (public)
+            mapping["ledger"] = ledger
         mapping["offsets"] = json.dumps(offsets)
         mapping["version"] = str(release.version)
         mapping["event"] = event
@@ -302,7 +307,7 @@ class TrustedStore:
         return int(self._publish(keys=[self.keys.pending, self.public.released, self.public.released_log]))
 
 
-def _decode_items(raw: dict[bytes, bytes], n_items: int) -> np.ndarray:
+def decode_items(raw: dict[bytes, bytes], n_items: int) -> np.ndarray:
     out = np.zeros(n_items)
     if n_items:
         for k, v in raw.items():
@@ -311,7 +316,7 @@ def _decode_items(raw: dict[bytes, bytes], n_items: int) -> np.ndarray:
     return out
 
 
-def _decode_stats(raw: dict[bytes, bytes], n_units: int, d: int) -> UnitStats:
+def decode_stats(raw: dict[bytes, bytes], n_units: int, d: int) -> UnitStats:
     s = UnitStats.zeros(n_units=n_units, d=d)
     for k, v in raw.items():
         kind, u = k.decode().split(":")
