@@ -25,7 +25,8 @@ import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from .catalog import Catalog
-from .ingest import IngestProcessor, UserIngestProcessor
+from .ingest import IngestProcessor, UserIngestProcessor, _reason_class
+from .metrics import WorkerMetrics
 from .records import TOPICS, dead_letter_value
 from .settings import Settings
 from .trusted import TrustedStore
@@ -57,15 +58,18 @@ class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned partitions %s (stored offsets %s)", sorted(tp.partition for tp in assigned), stored)
 
 
-def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str | None = None) -> None:
+def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str | None = None,
+             metrics: WorkerMetrics | None = None, metrics_url: str | None = None) -> None:
     """Run :func:`ingest` as a task of ``app`` (every worker, leader or not); ``topic`` defaults to ``interactions``."""
 
     @app.task
     async def ingest_task() -> None:
-        await ingest(settings, catalog, topic=topic or TOPICS["interactions"])
+        await ingest(settings, catalog, topic=topic or TOPICS["interactions"], metrics=metrics,
+                     metrics_url=metrics_url)
 
 
-async def ingest(settings: Settings, catalog: Catalog, *, topic: str) -> None:
+async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: WorkerMetrics | None = None,
+                 metrics_url: str | None = None) -> None:
     """Consume ``topic`` (``interactions``, or a federated site's own topic) in batches until the worker stops."""
     client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
     make = UserIngestProcessor if settings.user_level else IngestProcessor
@@ -95,6 +99,8 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str) -> None:
                 for item in batch.dead:
                     await producer.send_and_wait(TOPICS["dead_letters"], key=None, value=dead_letter_value(
                         item.raw, item.reason, tp.topic, tp.partition, item.offset))
+                    if metrics is not None:
+                        metrics.dead.labels(_reason_class(item.reason)).inc()
                 if not processor.commit(batch):
                     # another writer moved the offset: reload and redo this batch once
                     batch = processor.prepare(tp.partition, msgs)
@@ -102,14 +108,20 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str) -> None:
                         log.warning("partition %d owned elsewhere; skipping batch", tp.partition)
                         continue
                 counted += batch.counted
+                if metrics is not None:
+                    metrics.ingested.inc(batch.counted)
             if batches:
                 await consumer.commit()
             now = time.monotonic()
             if now - last_status > 1.0:
                 last_status = now
+                assigned = consumer.assignment()
+                if metrics is not None and assigned:
+                    ends = await consumer.end_offsets(list(assigned))
+                    metrics.lag.set(sum(max(0, ends[tp] - await consumer.position(tp)) for tp in assigned))
                 client.hset(status_key, worker_id, json.dumps({
                     "pid": os.getpid(), "counted": counted, "at_ms": int(time.time() * 1000),
-                    "partitions": sorted(tp.partition for tp in consumer.assignment())}))
+                    "partitions": sorted(tp.partition for tp in assigned), "metrics": metrics_url}))
     except asyncio.CancelledError:
         raise
     finally:

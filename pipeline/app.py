@@ -31,6 +31,7 @@ import faust
 
 from . import agents, sites, timers
 from .catalog import load_catalog
+from .metrics import WorkerMetrics, serve_metrics
 from .settings import Settings
 
 __all__ = ["create_app", "build_worker_app"]
@@ -74,6 +75,9 @@ def build_worker_app(settings: Settings | None = None) -> faust.App:
             raise ValueError("setting `site` (PRIVREC_SITE) is required to run a federated site's worker")
         sites.register(app, settings, catalog)
         return app
-    agents.register(app, settings, catalog)
-    timers.register(app, settings, catalog)
+    # the worker's own Prometheus endpoint (loopback; its URL goes into the worker's ops record)
+    worker_metrics = WorkerMetrics()
+    url = serve_metrics(worker_metrics, int(os.environ.get("PRIVREC_METRICS_PORT", "0")))
+    agents.register(app, settings, catalog, metrics=worker_metrics, metrics_url=url)
+    timers.register(app, settings, catalog, worker_metrics)
     return app

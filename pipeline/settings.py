@@ -275,7 +275,7 @@ class Settings:
         if self.privacy_unit == "user" and self.baseline is not None:
             raise SettingsError("privacy_unit", f"the per-unit baselines ({self.algorithm}) are event level only; "
                                                 f"use --privacy-unit event")
-        if not 1 <= self.user_cap <= self.tree_ticks:
+        if self.user_cap < 1 or (self.user_level and self.user_cap > self.tree_ticks):
             raise SettingsError("user_cap", f"must be in [1, {self.tree_ticks}] (the ticks of an epoch), got "
                                             f"{self.user_cap}.")
         if self.cap_policy not in CAP_POLICIES:

@@ -159,6 +159,8 @@ def user_level_statement(settings: Settings, statement: dict[str, Any],
                                 "an upper bound of max over <= cap ticks of ||sum of columns of C||",
                         "factor_vs_one_tick": math.sqrt(ratio(settings.user_cap) / ratio(1)),
                         "group_bound_factor": settings.user_cap},
+        # B(k) / B(cap) for k = 1..cap: a user with k ticks this epoch spends mu_at_cap * sqrt(ratio) (public)
+        "ratios": [ratio(k) for k in range(1, settings.user_cap + 1)],
     })
     return out
 
@@ -363,11 +365,22 @@ class ReleaseStage:
 
     def _ledger_entry(self, version: int, fold: dict[str, int]) -> str:
         """What the release's user-level ledger says (persisted and published with the release)."""
+        from .metrics import ledger_figures
+
         s = self.settings
         st = self.statement
-        return json.dumps({"version": version, "epoch": (version - 1) // s.tree_ticks, "cap": s.user_cap,
+        epoch = (version - 1) // s.tree_ticks
+        figures = ledger_figures(self.client.hgetall, s.namespace, s.partitions, epoch=epoch, cap=s.user_cap,
+                                 mu_cap=st.get("mu_at_cap"), delta=s.delta,
+                                 ratio=self.participation_ratio if st.get("private") else None)
+        self.last_figures = figures
+        finite = [v for v in (figures["spent_max"], figures["spent_median"])]
+        return json.dumps({"version": version, "epoch": epoch, "cap": s.user_cap,
                            "epsilon_at_cap": st.get("epsilon"), "delta": s.delta, "mu_at_cap": st.get("mu_at_cap"),
-                           **fold})
+                           "users": figures["users"], "users_at_cap": figures["users_at_cap"],
+                           "capped_events": figures["capped_events"],
+                           "spent_max": finite[0] if math.isfinite(finite[0]) else None,
+                           "spent_median": finite[1] if math.isfinite(finite[1]) else None, **fold})
 
     def _release_items(self, sums: np.ndarray, total: int) -> tuple[TreeState | None, dict[str, bytes]]:
         """One tick of the item sums: noisy prefix sums (never redrawn), persisted with the release."""

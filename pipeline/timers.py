@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 
 import faust
 import redis
 
 from .catalog import Catalog
 from .settings import Settings
+from .metrics import WorkerMetrics
 from .stages import ReleaseStage, SolveStage
 
 log = logging.getLogger("privrec.release")
@@ -25,8 +28,8 @@ __all__ = ["register", "ReleaseTicker"]
 class ReleaseTicker:
     """One release tick then a solve (which also catches up after a restart); stages built on first use."""
 
-    def __init__(self, settings: Settings, catalog: Catalog) -> None:
-        self.settings, self.catalog = settings, catalog
+    def __init__(self, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None) -> None:
+        self.settings, self.catalog, self.metrics = settings, catalog, metrics
         self._stages: tuple[ReleaseStage, SolveStage] | None = None
 
     def _build(self) -> tuple[ReleaseStage, SolveStage]:
@@ -38,14 +41,30 @@ class ReleaseTicker:
 
     def tick(self) -> tuple[int | None, int | None]:
         release, solve = self._build()
+        t0 = time.perf_counter()
         version = release.tick()
         solved = solve.run()
+        if self.metrics is not None:
+            if version is not None:
+                self.metrics.releases.inc()
+                self.metrics.release_seconds.observe(time.perf_counter() - t0)
+            self._ledger_metrics(release)
         return version, solved
 
+    def _ledger_metrics(self, release: ReleaseStage) -> None:
+        """Users at the cap and the spent budget, from the ledger figures of the last release (user level)."""
+        figures = getattr(release, "last_figures", None)
+        if figures is None or self.metrics is None:
+            return
+        self.metrics.users_at_cap.set(figures["users_at_cap"])
+        self.metrics.dropped.set(figures["capped_events"])
+        self.metrics.spent_max.set(figures["spent_max"] if math.isfinite(figures["spent_max"]) else -1)
+        self.metrics.spent_median.set(figures["spent_median"] if math.isfinite(figures["spent_median"]) else -1)
 
-def register(app: faust.App, settings: Settings, catalog: Catalog) -> None:
+
+def register(app: faust.App, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None) -> None:
     """Run a :class:`ReleaseTicker` every ``tick_seconds`` on the leader of ``app``."""
-    ticker = ReleaseTicker(settings, catalog)
+    ticker = ReleaseTicker(settings, catalog, metrics)
 
     @app.timer(settings.tick_seconds, on_leader=True)
     async def release_and_solve() -> None:

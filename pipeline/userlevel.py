@@ -29,7 +29,6 @@ B(k) / B(cap))`` (Gaussian DP composes over epochs; ``mu`` is what a capped user
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,10 +38,11 @@ import numpy as np
 import redis
 
 from .keys import PublicKeys
+from .ledger import LedgerRecord
 from .trusted import TrustedKeys
 
 __all__ = ["PENDING_SCRIPT", "Contribution", "encode_contribution", "decode_contribution", "Folder",
-           "LedgerRecord", "UserLevelKeys", "spent_mu"]
+           "UserLevelKeys"]
 
 #: Ingest (user level): write the touched users' pending contributions and the new offset atomically, if the
 #: stored offset and fold generation are still the ones the batch was prepared against.
@@ -143,35 +143,6 @@ def decode_contribution(raw: bytes, d: int) -> Contribution:
     n = int(a[2 + d * d + d])
     pairs = a[3 + d * d + d:3 + d * d + d + 2 * n].reshape(n, 2)
     return Contribution(unit, count, gram, b, {int(k): float(v) for k, v in pairs})
-
-
-@dataclass
-class LedgerRecord:
-    """A user's participations: in the current ``epoch`` (``k``), and ``past`` (closed epochs, in units of B(cap))."""
-
-    epoch: int = 0
-    k: int = 0
-    last_version: int = 0
-    past: float = 0.0
-
-    @classmethod
-    def loads(cls, raw: bytes | str | None) -> LedgerRecord:
-        return cls() if raw is None else cls(**json.loads(raw))
-
-    def dumps(self) -> str:
-        return json.dumps({"epoch": self.epoch, "k": self.k, "last_version": self.last_version, "past": self.past})
-
-    def at(self, epoch: int, ratio: Callable[[int], float]) -> LedgerRecord:
-        """The record as of ``epoch`` (closing the record's epoch into ``past`` when it is older)."""
-        if epoch == self.epoch:
-            return self
-        return LedgerRecord(epoch, 0, self.last_version, self.past + (ratio(self.k) if self.k else 0.0))
-
-
-def spent_mu(record: LedgerRecord, epoch: int, mu_cap: float, ratio: Callable[[int], float]) -> float:
-    """``mu`` of a user's whole history: ``mu_cap * sqrt(past + B(k) / B(cap))`` (GDP composes over epochs)."""
-    r = record.at(epoch, ratio)
-    return mu_cap * math.sqrt(r.past + (ratio(r.k) if r.k else 0.0))
 
 
 class Folder:

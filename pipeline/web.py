@@ -46,6 +46,7 @@ from models.accounting import event_from_dict, group_guarantee
 from .catalog import Catalog, UnknownArmError, UnknownUserError, load_catalog
 from .federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
 from .federation import site_namespace
+from .budget_view import history, ledger_overview, user_budget
 from .keys import PublicKeys
 from .records import TOPICS
 from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
@@ -99,6 +100,8 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app.router.add_post("/feedback", feedback)
     app.router.add_post("/listen", listen)
     app.router.add_get("/budget", budget)
+    app.router.add_get("/budget/history", budget_history)
+    app.router.add_get("/dashboard", dashboard)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/users", users)
@@ -269,6 +272,9 @@ async def feedback(request: web.Request) -> web.Response:
     shown = json.loads(raw)
     if item not in shown["items"]:
         return _error(400, "item", f"item {item!r} was not in the list {rec_id!r} showed")
+    refused = await _refuse_at_cap(request, shown["user"])
+    if refused is not None:
+        return refused
     producer: AIOKafkaProducer | None = request.app["producer"]
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
@@ -326,6 +332,9 @@ async def listen(request: web.Request) -> web.Response:
         catalog.arm_row(item)
     except UnknownArmError as exc:
         return _error(400, "item", str(exc))
+    refused = await _refuse_at_cap(request, user)
+    if refused is not None:
+        return refused
     producer: AIOKafkaProducer | None = request.app["producer"]
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
@@ -382,12 +391,51 @@ async def budget(request: web.Request) -> web.Response:
             keys = PublicKeys(site_namespace(s.namespace, request.app["recommender"].site_of(user)))
         counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(s.partitions)))
         k = sum(int(c) for c in counts if c is not None)
-        g = group_guarantee(event, k, s.delta)
-        out["user"] = {"user": user, "interactions": k, "epsilon": g.epsilon if math.isfinite(g.epsilon) else None,
-                       "delta": g.delta, "valid": g.valid, "note": g.note,
-                       "bound": "group privacy over all of this user's interactions so far (k times one "
-                                "interaction's sensitivity)"}
+        if statement.get("unit") == "user":
+            out["user"] = {**await user_budget(r, keys, s.partitions, user, statement, out["tree"]["epoch"]),
+                           "interactions": k}
+        else:
+            g = group_guarantee(event, k, s.delta)
+            out["user"] = {"user": user, "interactions": k, "unit": "event",
+                           "epsilon": g.epsilon if math.isfinite(g.epsilon) else None,
+                           "delta": g.delta, "valid": g.valid, "note": g.note,
+                           "bound": "group privacy over all of this user's interactions so far (k times one "
+                                    "interaction's sensitivity)"}
+    if statement.get("unit") == "user":
+        out["ledger"] = await ledger_overview(r, keys, s.partitions, statement, out["tree"]["epoch"])
     return web.json_response(out)
+
+
+async def budget_history(request: web.Request) -> web.Response:
+    """Per release: time, version, events covered, and (user level) the ledger's figures — the dashboard's data."""
+    keys: PublicKeys = request.app["model_keys"][0]
+    return web.json_response({"history": await history(request.app["redis"], keys)})
+
+
+async def dashboard(request: web.Request) -> web.StreamResponse:
+    page = STATIC / "dashboard.html"
+    if not page.exists():
+        return _error(404, None, "the dashboard page is not installed")
+    return web.FileResponse(page)
+
+
+async def _refuse_at_cap(request: web.Request, user: str) -> web.Response | None:
+    """``cap_policy = reject``: 403 for a user at the cap (their events would not be learned from anyway)."""
+    s: Settings = request.app["settings"]
+    if not (s.user_level and s.cap_policy == "reject"):
+        return None
+    keys: PublicKeys = request.app["model_keys"][0]
+    r = request.app["redis"]
+    meta = await r.hgetall(keys.model_meta)
+    if not meta:
+        return None
+    statement = json.loads(meta.get(b"privacy", b"{}"))
+    epoch = (int(meta[b"version"]) - 1) // s.tree_ticks
+    info = await user_budget(r, PublicKeys(s.namespace), s.partitions, user, statement, epoch)
+    if info["at_cap"]:
+        return _error(403, "user", f"user {user!r} reached the contribution cap ({info['cap']} release ticks this "
+                                   f"epoch; cap_policy = reject): feedback is not accepted until the next epoch")
+    return None
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -299,8 +299,14 @@
       const validity = u.valid === false ? ` (${u.note})` : "";
       $("user-budget-note").textContent = k === 0
         ? "You have given no feedback yet, so nothing published depends on you: your privacy loss is zero."
-        : `Covers all ${k} of your listens and skips together${validity}. It grows with each one you give ` +
-          `(group privacy: ${k} × one interaction).`;
+        : u.unit === "user"
+          ? `Covers your whole history together${validity}: your ${k} listens and skips fell into ` +
+            `${u.ticks_this_epoch} of at most ${u.cap} release ticks this epoch` +
+            (u.at_cap ? " — you reached the cap, so the model no longer learns from you this epoch, and your " +
+                        "privacy loss stops growing." : `; it grows with each new tick you appear in, up to ε = ` +
+                        `${fmtEps(p.epsilon)} at the cap.`)
+          : `Covers all ${k} of your listens and skips together${validity}. It grows with each one you give ` +
+            `(group privacy: ${k} × one interaction).`;
       $("guarantee-plain").textContent =
         (b.federated ? "Your listens and skips stay at your site; only its noisy statistics leave it, and the "
                      : "Your listens and skips stay inside the server; only noisy statistics are published, and the ") +

@@ -1,0 +1,90 @@
+"""Prometheus metrics of a worker (``/metrics`` on its own loopback port) and the ledger's public figures.
+
+A worker serves its registry with ``prometheus_client``'s HTTP server on ``127.0.0.1``
+(``PRIVREC_METRICS_PORT``; 0, the default, picks a free port) and reports the URL in its ops record,
+so ``privrec status`` lists it. Names follow Prometheus' conventions: ``privrec_`` prefix, base units,
+``_total`` for counters, ``_seconds`` for durations.
+
+:func:`ledger_figures` reads the user-level ledger (public keys only) and turns it into the numbers
+``/budget``, ``/dashboard`` and the metrics show: users, users at the cap, the distribution of the
+users' spent epsilon.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from models.accounting import gdp_epsilon
+
+from .keys import PublicKeys
+
+__all__ = ["WorkerMetrics", "serve_metrics", "ledger_figures"]
+
+
+class WorkerMetrics:
+    """The worker's metrics (ingest on every worker; releases on the leader)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ingested = Counter("privrec_events_ingested_total", "Interactions counted by ingest", registry=r)
+        self.dead = Counter("privrec_dead_letters_total", "Events sent to dead-letters, by reason", ["reason"],
+                            registry=r)
+        self.releases = Counter("privrec_releases_total", "Releases published by this worker (as leader)",
+                                registry=r)
+        self.release_seconds = Histogram("privrec_release_duration_seconds", "Duration of a release tick (fold, "
+                                         "release, persist, publish, solve)", registry=r,
+                                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+        self.lag = Gauge("privrec_ingest_lag_messages", "Messages behind the end of the assigned partitions",
+                         registry=r)
+        self.users_at_cap = Gauge("privrec_users_at_cap", "Users at the contribution cap in the current epoch",
+                                  registry=r)
+        self.dropped = Gauge("privrec_capped_events", "Events not learned from because their user was at the cap",
+                             registry=r)
+        self.spent_max = Gauge("privrec_budget_spent_max_epsilon", "Largest privacy loss (epsilon) of any user",
+                               registry=r)
+        self.spent_median = Gauge("privrec_budget_spent_median_epsilon", "Median privacy loss (epsilon) of the "
+                                  "users with at least one contribution", registry=r)
+
+
+def serve_metrics(metrics: WorkerMetrics, port: int = 0) -> str:
+    """Serve ``metrics`` on ``127.0.0.1:port`` (0: a free port) in a daemon thread; return the URL."""
+    server, _thread = start_http_server(port, addr="127.0.0.1", registry=metrics.registry)
+    return f"http://127.0.0.1:{server.server_port}/metrics"
+
+
+def ledger_figures(get_all: Callable[[str], dict[bytes, bytes]], namespace: str, partitions: int, *,
+                   epoch: int, cap: int, mu_cap: float | None, delta: float,
+                   ratio: Callable[[int], float] | None) -> dict[str, Any]:
+    """Users, users at the cap, dropped events and every user's spent epsilon, from the public ledger.
+
+    ``get_all(key)`` is a Redis ``HGETALL``; ``ratio(k) = B(k) / B(cap)`` of the mechanism. ``mu_cap`` or
+    ``ratio`` ``None``: noise off, and anyone who contributed has an infinite epsilon.
+    """
+    from .ledger import LedgerRecord, spent_mu
+
+    keys = PublicKeys(namespace)
+    spent: dict[str, float] = {}
+    at_cap = 0
+    dropped = 0
+    for p in range(partitions):
+        for user, raw in get_all(keys.ledger_participation(p)).items():
+            rec = LedgerRecord.loads(raw).at(epoch, ratio or (lambda k: 1.0))
+            if rec.epoch == epoch and rec.k >= cap:
+                at_cap += 1
+            if mu_cap is None or ratio is None:
+                spent[user.decode()] = math.inf if (rec.k or rec.past) else 0.0
+            else:
+                mu = spent_mu(rec, epoch, mu_cap, ratio)
+                spent[user.decode()] = gdp_epsilon(mu, delta) if mu > 0 else 0.0
+        summary = get_all(keys.ledger_summary(p))
+        dropped += int(summary.get(b"dropped", b"0"))
+    values = sorted(v for v in spent.values() if v > 0)
+    return {"users": len(spent), "users_at_cap": at_cap, "capped_events": dropped, "spent": spent,
+            "spent_max": values[-1] if values else 0.0,
+            "spent_median": values[len(values) // 2] if values else 0.0}
+
