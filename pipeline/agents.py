@@ -58,6 +58,18 @@ class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned partitions %s (stored offsets %s)", sorted(tp.partition for tp in assigned), stored)
 
 
+async def _observe_lag(consumer: AIOKafkaConsumer, assigned: set[TopicPartition], metrics: WorkerMetrics) -> None:
+    """Messages between the worker's positions and the ends of its partitions (a metric: never fatal)."""
+    try:
+        ends = await consumer.end_offsets(list(assigned))
+        lag = 0
+        for tp in assigned:
+            lag += max(0, ends[tp] - await consumer.position(tp))
+        metrics.lag.set(lag)
+    except Exception:  # noqa: BLE001 - a metric must not stop ingest
+        log.debug("ingest lag not observed", exc_info=True)
+
+
 def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str | None = None,
              metrics: WorkerMetrics | None = None, metrics_url: str | None = None) -> None:
     """Run :func:`ingest` as a task of ``app`` (every worker, leader or not); ``topic`` defaults to ``interactions``."""
@@ -117,8 +129,7 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
                 last_status = now
                 assigned = consumer.assignment()
                 if metrics is not None and assigned:
-                    ends = await consumer.end_offsets(list(assigned))
-                    metrics.lag.set(sum(max(0, ends[tp] - await consumer.position(tp)) for tp in assigned))
+                    await _observe_lag(consumer, assigned, metrics)
                 client.hset(status_key, worker_id, json.dumps({
                     "pid": os.getpid(), "counted": counted, "at_ms": int(time.time() * 1000),
                     "partitions": sorted(tp.partition for tp in assigned), "metrics": metrics_url}))

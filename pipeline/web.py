@@ -79,6 +79,12 @@ class _Metrics:
                                      registry=self.registry)
         self.dead_letters = Gauge("privrec_dead_letters", "Malformed events sent to dead-letters",
                                   registry=self.registry)
+        self.users_at_cap = Gauge("privrec_users_at_cap", "Users at the contribution cap in the current epoch",
+                                  registry=self.registry)
+        self.spent_max = Gauge("privrec_budget_spent_max_epsilon", "Largest privacy loss (epsilon) of any user",
+                               registry=self.registry)
+        self.spent_median = Gauge("privrec_budget_spent_median_epsilon", "Median privacy loss (epsilon) of the "
+                                  "users with at least one contribution", registry=self.registry)
 
 
 def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis | None = None) -> web.Application:
@@ -454,6 +460,14 @@ async def metrics(request: web.Request) -> web.Response:
         for val in await r.hvals(keys.ledger_deadletters(p)):
             dead += int(val)
     m.dead_letters.set(dead)
+    meta = await r.hgetall(keys.model_meta)
+    statement = json.loads(meta.get(b"privacy", b"{}")) if meta else {}
+    if statement.get("unit") == "user":
+        epoch = (int(meta[b"version"]) - 1) // s.tree_ticks
+        overview = await ledger_overview(r, keys, s.partitions, statement, epoch)
+        m.users_at_cap.set(overview["users_at_cap"])
+        m.spent_max.set(overview["spent_max"])
+        m.spent_median.set(overview["spent_median"])
     return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -48,7 +48,7 @@
       { textContent: xText(x1) }));
     svg.appendChild(Object.assign(svgEl("text", { x: (L + W - R) / 2, y: H - 8, "text-anchor": "middle", class: "tick" }),
       { textContent: xLabel || "" }));
-    svg.appendChild(Object.assign(svgEl("text", { x: 4, y: T + 2, class: "tick" }), { textContent: yLabel || "" }));
+    svg.appendChild(Object.assign(svgEl("text", { x: L + 6, y: T + 10, class: "tick" }), { textContent: yLabel || "" }));
     series.forEach((s, i) => {
       if (!s.points.length) return;
       const d = s.points.map((p, j) => `${j ? "L" : "M"}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join("");
