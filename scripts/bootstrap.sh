@@ -76,4 +76,6 @@ command -v redis-server >/dev/null 2>&1 || apt_install redis-server
 missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+# Debian's prometheus provides promtool: the tests run `promtool check metrics` on every /metrics
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"

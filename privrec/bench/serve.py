@@ -108,6 +108,16 @@ class LocalStack:
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
 
+    def post_json(self, path: str, body: Any, timeout: float = 10.0) -> tuple[int, Any]:
+        """``POST`` JSON to a path of the web server: ``(status, decoded JSON body)``."""
+        req = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
 
 def _http_ok(url: str) -> bool:
     try:

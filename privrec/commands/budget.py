@@ -43,14 +43,35 @@ def _budget(args: argparse.Namespace) -> int:
     if not p.get("private"):
         print(f"no privacy: {p.get('guarantee')}")
     else:
-        print(f"every release: ({p['epsilon']:.4g}, {p['delta']:.2g})-DP per interaction "
+        unit = "per user and epoch (a capped user's whole history)" if p.get("unit") == "user" else "per interaction"
+        print(f"every release: ({p['epsilon']:.4g}, {p['delta']:.2g})-DP {unit} "
               f"[{p['mechanism']}: {p['mechanism_about']}]" + ("" if p.get("valid") else " — NOT a valid DP proof"))
         print(f"neighbours: {p['neighbours']}")
     print(f"releases: {doc['releases']}  events released: {doc['events_released']}  "
           f"tree: epoch {doc['tree']['epoch']}, tick {doc['tree']['tick_in_epoch']} of {doc['tree']['ticks_per_epoch']}")
+    if "ledger" in doc:
+        led = doc["ledger"]
+        rows = [("users", led["users"]), ("users at the cap", f"{led['users_at_cap']} (cap {led['cap']} ticks/epoch)"),
+                ("events not learned (cap)", led["capped_events"]), ("largest epsilon spent", f"{led['spent_max']:.4g}"),
+                ("median epsilon spent", f"{led['spent_median']:.4g}")]
+        width = max(len(r[0]) for r in rows)
+        print("user-level ledger:")
+        for name, value in rows:
+            print(f"  {name:<{width}}  {value}")
+        hist = led.get("spent_histogram") or {}
+        if hist.get("counts"):
+            e = hist["edges"]
+            print("  spent epsilon   users")
+            for i, c in enumerate(hist["counts"]):
+                print(f"  [{e[i]:.3g}, {e[i + 1]:.3g})".ljust(18) + f"{c}")
     if "user" in doc:
         u = doc["user"]
         eps = "∞" if u["epsilon"] is None else f"{u['epsilon']:.4g}"
-        print(f"user {u['user']}: {u['interactions']} interactions → ({eps}, {u['delta']:.2g})-DP over all of them "
-              f"({u['bound']})")
+        if u.get("unit") == "user":
+            print(f"user {u['user']}: {u['interactions']} interactions in {u['ticks_this_epoch']} of at most {u['cap']} "
+                  f"release ticks this epoch{' (AT THE CAP)' if u['at_cap'] else ''} → ({eps}, {u['delta']:.2g})-DP "
+                  f"over their whole history")
+        else:
+            print(f"user {u['user']}: {u['interactions']} interactions → ({eps}, {u['delta']:.2g})-DP over all of them "
+                  f"({u['bound']})")
     return 0

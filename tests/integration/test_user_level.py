@@ -1,0 +1,184 @@
+"""User-level privacy against the real broker and redis-server: clipping, the cap, the ledger, the metrics.
+
+A user pushed past the cap stops changing the released statistics, and ``/budget``, the web's and the
+worker's ``/metrics`` say so (and ``promtool check metrics`` accepts both); kill -9 of the worker and a
+restart: the ledger continues — nothing reset, nothing counted twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from models.streaming import ReleasedStats
+from pipeline import services
+from pipeline.keys import PublicKeys
+from pipeline.ledger import LedgerRecord
+
+from pipeline_support import REPO, Stack, wait_for
+
+pytestmark = pytest.mark.integration
+
+_ns = itertools.count()
+USER_WORLD = {"PRIVREC_D": "4", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "20", "PRIVREC_TICK_SECONDS": "0.4",
+              "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PRIVACY_UNIT": "user"}
+
+
+@pytest.fixture
+def stack(tmp_path: Path, redis_server: services.ServiceHandle, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    broker = services.start_broker(tmp_path)
+    services.create_topics(broker.address, {"interactions": 2, "dead-letters": 1, "recommendations": 1})
+    ns = f"ul{next(_ns)}x{abs(hash(request.node.name)) % 10_000}"
+    env = {**USER_WORLD, "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_server.url, "PRIVREC_NAMESPACE": ns,
+           "PRIVREC_STATE_DIR": str(tmp_path), "PRIVREC_PARTITIONS": "2"}
+    st = Stack(tmp_path, broker, redis_server.url, ns, env)
+    try:
+        yield st
+    finally:
+        for w in st.workers:
+            services.stop(w, grace_seconds=5)
+        services.stop(broker)
+
+
+def _send(stack: Stack, user: str, n: int, tag: str) -> None:
+    """``n`` events of ``user``, all with the same unit context and reward 1 (unclipped: a sum of norm n)."""
+    x = [0.5, 0.5, 0.5, 0.5]
+    prod = stack.producer()
+    for i in range(n):
+        ev = {"event_id": f"{tag}-{i}", "user": user, "arm": "1", "context": x, "reward": 1.0, "ts": 1.7e12 + i}
+        prod.send("interactions", key=user.encode(), value=json.dumps(ev).encode())
+    prod.flush()
+    prod.close()
+
+
+def _record(stack: Stack, user: str) -> LedgerRecord:
+    keys = PublicKeys(stack.namespace)
+    for p in range(2):
+        raw = stack.client.hget(keys.ledger_participation(p), user)
+        if raw is not None:
+            return LedgerRecord.loads(raw)
+    return LedgerRecord()
+
+
+def _released(stack: Stack) -> ReleasedStats:
+    return ReleasedStats.from_mapping(stack.released())
+
+
+def _pending_empty(stack: Stack) -> bool:
+    return all(stack.client.hlen(f"{stack.namespace}:trusted:{{{stack.namespace}:p{p}}}:pending") == 0
+               for p in range(2))
+
+
+def _counted(stack: Stack) -> int:
+    keys = [f"{stack.namespace}:trusted:{{{stack.namespace}:p{p}}}:offset" for p in range(2)]
+    return sum(int(v or 0) for v in stack.client.mget(keys))
+
+
+def test_a_user_past_the_cap_stops_changing_the_releases_and_everyone_says_so(stack: Stack) -> None:
+    stack.env.update({"PRIVREC_EPSILON": "inf", "PRIVREC_USER_CAP": "3"})
+    stack.start_worker()
+    stack._sent = 0  # type: ignore[attr-defined]
+    snapshots = []
+    for r in range(5):
+        _send(stack, "1", 4, f"r{r}")
+        stack._sent += 4  # type: ignore[attr-defined]
+        wait_for(lambda: _counted(stack) >= stack._sent and _pending_empty(stack), 30,  # type: ignore[attr-defined]
+                 f"round {r} folded")
+        time.sleep(0.5)  # the fold's release (or none, at the cap) is published
+        snapshots.append((_record(stack, "1").k, _released(stack)))
+    ks = [k for k, _ in snapshots]
+    assert ks[-1] == 3 and ks == sorted(ks) and ks[0] >= 1  # at most one participation per tick, then the cap
+    capped_at = ks.index(3)
+    b_at_cap = snapshots[capped_at][1].b_tilde.reshape(6, 4)[1]
+    for k, rel in snapshots[capped_at:]:  # past the cap: user 1's statistics no longer change
+        assert np.array_equal(rel.b_tilde.reshape(6, 4)[1], b_at_cap)
+        assert int(rel.count[1]) == int(snapshots[capped_at][1].count[1])
+    # per-tick clipping: three ticks of 4 events of norm 1 each add at most norm 1 (unclipped: 12)
+    assert np.linalg.norm(b_at_cap) <= 3.0 + 1e-9
+    assert np.linalg.norm(b_at_cap) == pytest.approx(3.0, rel=1e-9)  # same direction each tick: exactly 3
+    summary = stack.client.hgetall(PublicKeys(stack.namespace).ledger_summary(_partition_of(stack, "1")))
+    assert int(summary[b"dropped"]) == 20 - int(snapshots[capped_at][1].count[1])
+    # the web process (its own /budget and /metrics) and the worker's /metrics
+    web = _start_web(stack)
+    try:
+        base = f"http://{web.address}"
+        b = wait_for(lambda: _get_json(f"{base}/budget?user=1"), 30, "the web's budget")
+        assert b["user"]["at_cap"] is True and b["user"]["ticks_this_epoch"] == 3 and b["user"]["cap"] == 3
+        assert b["ledger"]["users_at_cap"] == 1 and b["ledger"]["capped_events"] == int(summary[b"dropped"])
+        web_metrics = _get_text(f"{base}/metrics")
+        assert "privrec_users_at_cap 1.0" in web_metrics
+        status = f"{stack.namespace}:ops:{{{stack.namespace}:ops}}:workers"
+        worker_url = json.loads(stack.client.hget(status, "worker-0"))["metrics"]
+        worker_metrics = _get_text(worker_url)
+        assert "privrec_users_at_cap 1.0" in worker_metrics
+        assert "privrec_releases_total" in worker_metrics and "privrec_events_ingested_total 20.0" in worker_metrics
+        promtool = shutil.which("promtool")
+        assert promtool, "promtool is missing: scripts/bootstrap.sh installs Debian's prometheus package"
+        for text in (web_metrics, worker_metrics):
+            out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+            assert out.returncode == 0, out.stdout + out.stderr
+    finally:
+        services.stop(web, grace_seconds=5)
+
+
+def test_kill9_and_restart_the_ledger_continues_nothing_counted_twice(stack: Stack) -> None:
+    stack.env.update({"PRIVREC_EPSILON": "inf", "PRIVREC_USER_CAP": "10"})
+    worker = stack.start_worker()
+    sent = 0
+    for r in range(2):
+        _send(stack, "2", 3, f"a{r}")
+        sent += 3
+        wait_for(lambda: _counted(stack) >= sent and _pending_empty(stack), 30, f"round {r} folded")  # noqa: B023
+    k_before = _record(stack, "2").k
+    assert 1 <= k_before <= 2
+    stack.kill9(worker)
+    _send(stack, "2", 3, "during")  # waits in Kafka while no worker runs
+    sent += 3
+    stack.start_worker("worker-1")
+    for r in range(2):
+        wait_for(lambda: _counted(stack) >= sent and _pending_empty(stack), 40, "the restart folded")  # noqa: B023
+        _send(stack, "2", 3, f"b{r}")
+        sent += 3
+    wait_for(lambda: _counted(stack) >= sent and _pending_empty(stack), 40, "the last round folded")
+    wait_for(lambda: int(_released(stack).count[2]) == sent, 20, "every event of user 2 released")
+    rec = _record(stack, "2")
+    assert rec.k > k_before  # continued, not reset
+    assert rec.k <= 5  # five sends: at most five participations (never two folds of one tick)
+    assert int(_released(stack).count.sum()) == sent  # below the cap nothing is dropped, nothing counted twice
+
+
+def _partition_of(stack: Stack, user: str) -> int:
+    keys = PublicKeys(stack.namespace)
+    return next(p for p in range(2) if stack.client.hexists(keys.ledger_participation(p), user))
+
+
+def _start_web(stack: Stack) -> services.ServiceHandle:
+    port = services.free_port()
+    env = {**__import__("os").environ, **stack.env, "PYTHONPATH": str(REPO)}
+    return services.start_process("web", [sys.executable, "-m", "pipeline.web", "--host", "127.0.0.1", "--port",
+                                          str(port)], stack.state_dir, env=env, address=f"127.0.0.1:{port}",
+                                  ready=lambda: _get_json(f"http://127.0.0.1:{port}/healthz") is not None)
+
+
+def _get_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
+def _get_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())

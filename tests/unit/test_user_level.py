@@ -1,0 +1,117 @@
+"""User-level sensitivity, calibration and the ledger's arithmetic (pure; brute force and dp-accounting)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from models.accounting import gdp_epsilon, gdp_mu
+from models.mechanisms import make_mechanism
+from models.mechanisms.factorization import BLT_TABLE, blt_strategy_coefficients
+from models.mechanisms.participation import (
+    UnsupportedMechanismError,
+    exact_participation_bound,
+    participation_bound,
+    participation_factor,
+    toeplitz_bound,
+    toeplitz_matrix,
+    tree_bound,
+    tree_matrix,
+)
+from pipeline.ledger import LedgerRecord, spent_mu
+from pipeline.userlevel import Contribution, decode_contribution, encode_contribution
+
+
+@pytest.mark.parametrize("p", [3, 4])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_blt_bound_is_above_the_exact_multi_participation_sensitivity_and_below_the_group_bound(p: int, k: int) -> None:
+    theta, w = BLT_TABLE[p]
+    c = blt_strategy_coefficients(np.array(theta), np.array(w), 2**p - 1)
+    exact = exact_participation_bound(toeplitz_matrix(c), k)
+    bound = toeplitz_bound(c, k)
+    group = k * k * float(c @ c)
+    assert exact <= bound * (1 + 1e-12) and bound <= group * (1 + 1e-12)
+    if k == 1:
+        assert bound == pytest.approx(exact, rel=1e-12)  # one participation: the largest column norm, exactly
+    if k > 1:
+        assert bound < group  # strictly better than the k-fold group bound
+
+
+@pytest.mark.parametrize("levels", [3, 4])
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+def test_tree_bound_is_above_the_exact_sensitivity(levels: int, k: int) -> None:
+    exact = exact_participation_bound(tree_matrix(levels), k)
+    bound = tree_bound(levels=levels, k=k)
+    assert exact <= bound <= k * k * levels
+    if k <= 2:
+        assert bound == exact  # the closest leaves achieve it
+
+
+def test_the_bounds_need_the_structure_they_assume() -> None:
+    with pytest.raises(ValueError, match="nonincreasing"):
+        toeplitz_bound(np.array([1.0, 2.0]), 2)
+    honaker = make_mechanism("honaker-exact", dim=1, sensitivity=1.0, epsilon=1.0, delta=1e-5, horizon=7, seed=0)
+    with pytest.raises(UnsupportedMechanismError, match="BLT"):
+        participation_bound(honaker, 2)
+    with pytest.raises(ValueError, match="`k`"):
+        tree_bound(levels=3, k=0)
+
+
+def test_a_capped_user_gets_the_configured_guarantee_checked_with_dp_accounting() -> None:
+    dp_accounting = pytest.importorskip("dp_accounting")
+    cap, eps, delta = 6, 2.0, 1e-5
+    base = make_mechanism("user-blt-exact", dim=4, sensitivity=1.0, epsilon=eps, delta=delta, horizon=1023, seed=0)
+    factor = participation_factor(base, cap)
+    assert 1 < factor < cap
+    user = make_mechanism("user-blt-exact", dim=4, sensitivity=factor, epsilon=eps, delta=delta, horizon=1023, seed=0)
+    sigma = user.scale  # noise std of the inner mechanism (Delta = Lx = 1 per tick)
+    # the capped user's whole contribution: sensitivity sqrt(B(cap)) in the space of C X + Z
+    mu_user = math.sqrt(participation_bound(user, cap)) / sigma
+    assert mu_user == pytest.approx(gdp_mu(eps, delta), rel=1e-9)
+    # an independent conversion: Google's PLD accountant on a Gaussian mechanism with multiplier 1/mu
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.GaussianDpEvent(noise_multiplier=1.0 / mu_user))
+    assert acc.get_epsilon(delta) == pytest.approx(eps, abs=2e-3)
+    assert gdp_epsilon(mu_user, delta) == pytest.approx(eps, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["user-blt-exact", "gaussian-exact"])
+def test_ledger_figures_for_a_known_sequence_equal_an_independent_computation(name: str) -> None:
+    """Epoch 0: a user in 3 of at most 4 ticks; epoch 1: in 2 ticks. mu = mu_cap sqrt(B(3)/B(4) + B(2)/B(4))."""
+    dp_accounting = pytest.importorskip("dp_accounting")
+    cap, eps, delta = 4, 2.0, 1e-5
+    mech = make_mechanism(name, dim=2, sensitivity=1.0, epsilon=eps, delta=delta, horizon=255, seed=1)
+    B = {k: participation_bound(mech, k) for k in range(1, cap + 1)}
+
+    def ratio(k: int) -> float:
+        return B[min(k, cap)] / B[cap]
+
+    rec = LedgerRecord()
+    for version in (1, 3, 4):  # three ticks of epoch 0 (capacity 255)
+        rec = LedgerRecord(0, rec.at(0, ratio).k + 1, version, rec.past)
+    rec = rec.at(1, ratio)  # epoch 1 starts: epoch 0 closes into `past`
+    for version in (256, 300):
+        rec = LedgerRecord(1, rec.k + 1, version, rec.past)
+    mu_cap = gdp_mu(eps, delta)
+    mu = spent_mu(rec, 1, mu_cap, ratio)
+    # independent: per-epoch sensitivities sqrt(B(k_e)), noise calibrated for sqrt(B(cap)) at mu_cap
+    sigma = math.sqrt(B[cap]) / mu_cap
+    per_epoch = [math.sqrt(B[3]) / sigma, math.sqrt(B[2]) / sigma]
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    for m in per_epoch:
+        acc.compose(dp_accounting.GaussianDpEvent(noise_multiplier=1.0 / m))
+    assert mu == pytest.approx(math.sqrt(sum(m * m for m in per_epoch)), rel=1e-12)
+    assert gdp_epsilon(mu, delta) == pytest.approx(acc.get_epsilon(delta), abs=3e-3)
+    # a user in fewer ticks than the cap spends less than a capped one, and one at the cap exactly eps per epoch
+    assert spent_mu(LedgerRecord(0, cap, 9, 0.0), 0, mu_cap, ratio) == pytest.approx(mu_cap)
+    assert spent_mu(LedgerRecord(0, 1, 9, 0.0), 0, mu_cap, ratio) < mu_cap
+
+
+def test_contributions_round_trip_exactly() -> None:
+    rng = np.random.default_rng(0)
+    c = Contribution(3, 5, rng.normal(size=(4, 4)), rng.normal(size=4), {7: 1.0, 2: 0.5})
+    back = decode_contribution(encode_contribution(c), 4)
+    assert back.unit == 3 and back.count == 5 and back.items == {2: 0.5, 7: 1.0}
+    assert np.array_equal(back.gram, c.gram) and np.array_equal(back.b, c.b)
