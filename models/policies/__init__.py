@@ -10,6 +10,7 @@ Layers, bottom to top:
 ``baselines``    :data:`BASELINES`: the per-unit baselines by name
 ``registry``     :data:`ALGORITHMS` and :func:`make_policy`: every policy by name
 ``popularity``   the popularity counter, and any bandit plus a privately released item term
+``userlevel``    the offline twin of user-level privacy: per-user per-tick clipping, a cap
 
 A new bandit is one module here (below ``registry``) that takes a mechanism by
 name from :mod:`models.mechanisms` and gets a name in ``registry``.
@@ -24,6 +25,7 @@ from .kronecker import KroneckerUCB, Policy, PrivacyConfig, PrivacyMode, RandomP
 from .peruser import PerUserLinUCB, ServingModels
 from .popularity import OnlinePopularity, PopularityUCB, make_popularity_policy
 from .registry import ALGORITHMS, make_policy, projection_for
+from .userlevel import UserLevelUCB, make_user_level_policy
 from .userspace import UserSpaceKroneckerUCB
 
 __all__ = [
@@ -40,9 +42,11 @@ __all__ = [
     "RandomPolicy",
     "SSLinUCB",
     "ServingModels",
+    "UserLevelUCB",
     "UserSpaceKroneckerUCB",
     "make_baseline",
     "make_policy",
     "make_popularity_policy",
+    "make_user_level_policy",
     "projection_for",
 ]

@@ -91,6 +91,9 @@ class PrivacyConfig:
         Interactions per release.
     seed
         Secret seed of the mechanisms' keyed noise.
+    sensitivity_scale
+        Global mode: multiplies the event-level sensitivity the mechanism is calibrated to (user-level
+        privacy: the participation factor of :mod:`models.mechanisms.participation`).
     """
 
     mode: PrivacyMode = "none"
@@ -100,6 +103,7 @@ class PrivacyConfig:
     horizon: int = 10_000
     tick: int = 1
     seed: int = 0
+    sensitivity_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("none", "global", "local"):
@@ -205,9 +209,10 @@ class KroneckerUCB:
         ticks = -(-p.horizon // p.tick)
         if p.mode == "global":
             self.mechanism = make_mechanism(
-                p.mechanism, dim=self.dim, sensitivity=float(self.user_sensitivity.max()), epsilon=p.epsilon,
+                p.mechanism, dim=self.dim, sensitivity=p.sensitivity_scale * float(self.user_sensitivity.max()),
+                epsilon=p.epsilon,
                 delta=p.delta, horizon=ticks, seed=p.seed, stream=0,
-                sensitivity_l1=self._l1_sensitivity(None))
+                sensitivity_l1=p.sensitivity_scale * self._l1_sensitivity(None))
         elif p.mode == "local":
             per_user = min(ticks, -(-p.horizon // self.n_users))
             self.user_mechanisms = [

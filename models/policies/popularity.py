@@ -219,7 +219,8 @@ def make_popularity_policy(base: str | None, *, d: int, W: FloatArray, n_items: 
                            item_mechanism: str = "blt-exact", weight: float = 1.0, item_tick: int = 100,
                            threshold_stds: float = 2.0, horizon: int = 10_000, item_horizon: int | None = None,
                            listen_weight: float | None = None, noise_scale: float = 2.0,
-                           features: FloatArray | None = None, seed: int = 0, **base_kw: Any) -> PopularityUCB:
+                           features: FloatArray | None = None, item_sensitivity_scale: float = 1.0, seed: int = 0,
+                           **base_kw: Any) -> PopularityUCB:
     """A :class:`PopularityUCB` whose two releases together are ``(epsilon, delta)``-DP.
 
     ``base`` is a name of :data:`models.policies.ALGORITHMS` (its private twin is used when
@@ -252,8 +253,8 @@ def make_popularity_policy(base: str | None, *, d: int, W: FloatArray, n_items: 
     items: Mechanism | None = None
     if private and not math.isinf(eps_items):
         ticks = item_horizon or max(1, -(-horizon // item_tick))
-        items = make_mechanism(item_mechanism, dim=n_items, sensitivity=1.0, epsilon=eps_items, delta=delta,
-                               horizon=ticks, seed=seed, stream=7)
+        items = make_mechanism(item_mechanism, dim=n_items, sensitivity=item_sensitivity_scale, epsilon=eps_items,
+                               delta=delta, horizon=ticks, seed=seed, stream=7)
     if listen_weight is None:
         listen_weight = 0.0 if base is None or features is None else LISTEN_WEIGHT["private" if private else "none"]
     return PopularityUCB(policy, n_items, weight=weight, item_mechanism=items, item_tick=item_tick,

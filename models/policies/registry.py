@@ -63,6 +63,7 @@ def make_policy(
     V: FloatArray | None = None,
     options: dict[str, Any] | None = None,
     noise_ridge: float = 0.0,
+    sensitivity_scale: float = 1.0,
 ) -> KroneckerUCB:
     """Build one of :data:`ALGORITHMS` by name.
 
@@ -86,7 +87,7 @@ def make_policy(
     if proj.shape != W.shape:
         raise ValueError(f"`V` must have the shape of `W` {W.shape}, got {proj.shape}.")
     privacy = PrivacyConfig(mode=mode, mechanism=mechanism, epsilon=epsilon if mode != "none" else math.inf,
-                            delta=delta, horizon=horizon, tick=tick, seed=seed)
+                            delta=delta, horizon=horizon, tick=tick, seed=seed, sensitivity_scale=sensitivity_scale)
     if mode == "global" and mechanism.startswith("user-"):
         # user-space noise needs V at the mechanism (models.mechanisms.userspace)
         return UserSpaceKroneckerUCB(d=d, V=proj, lambda_=lambda_, alpha=alpha, privacy=privacy,

@@ -30,5 +30,6 @@ class UserSpaceKroneckerUCB(KroneckerUCB):
         if p.mode == "global" and p.mechanism.startswith("user-"):
             ticks = -(-p.horizon // p.tick)
             self.mechanism = make_mechanism(
-                p.mechanism, dim=self.dim, sensitivity=float(self.user_sensitivity.max()), epsilon=p.epsilon,
+                p.mechanism, dim=self.dim, sensitivity=p.sensitivity_scale * float(self.user_sensitivity.max()),
+                epsilon=p.epsilon,
                 delta=p.delta, horizon=ticks, seed=p.seed, stream=0, mixing=self.V, block_dim=self.d)

@@ -134,6 +134,27 @@ def register(sub: Any) -> None:
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.set_defaults(func=_modes)
 
+    u = esub.add_parser(
+        "userlevel",
+        help="utility at user level: LastFM reward ratio and synthetic regret against the user-level epsilon",
+        description="Run the offline twin of privacy_unit=user (each user's events of a tick summed and clipped, "
+                    "at most CAP ticks per user and epoch, noise calibrated so that a capped user's epoch is "
+                    "(epsilon, delta)-DP) on the first LastFM replay events and on the synthetic environment, with "
+                    "the cap tuned per epsilon on held-out data first. Writes userlevel.json, userlevel.md and "
+                    "userlevel.png to --out.",
+    )
+    u.add_argument("--out", type=Path, required=True, help="output directory")
+    u.add_argument("--epsilons", default=None, help="comma-separated user-level epsilons (default 1,2,4,8)")
+    u.add_argument("--caps", default=None, help="comma-separated LastFM caps to tune over (default 2,4,8,16)")
+    u.add_argument("--lastfm-events", type=int, default=None, help="LastFM events (default 5000; --quick: 2000)")
+    u.add_argument("--lastfm-runs", type=int, default=None, help="LastFM noise seeds (default 3; --quick: 1)")
+    u.add_argument("--tick", type=int, default=None, help="LastFM events per release (default 100)")
+    u.add_argument("--no-lastfm", action="store_true", help="skip the LastFM part (no data needed)")
+    u.add_argument("--data-dir", default=None, help="LastFM data directory (default: PRIVREC_DATA_DIR or ../shared/data/lastfm-2k)")
+    u.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    u.add_argument("--quick", action="store_true", help="a small grid (one seed, two caps), a few minutes")
+    u.set_defaults(func=_userlevel)
+
 
 def _table1(args: argparse.Namespace) -> int:
     from privrec.experiments.table1 import Table1Config, run_table1
@@ -226,4 +247,25 @@ def _lastfm(args: argparse.Namespace) -> int:
     doc = run_lastfm(cfg, args.out, jobs=args.jobs, progress=not args.no_progress)
     print((args.out / "lastfm.md").read_text())
     print(f"wrote {args.out}/lastfm.json, lastfm.md, lastfm.png ({doc['seconds']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def _userlevel(args: argparse.Namespace) -> int:
+    from privrec.experiments.userlevel import UserLevelConfig, run_userlevel
+
+    kw: dict[str, Any] = {"data_dir": args.data_dir, "lastfm": not args.no_lastfm}
+    if args.epsilons:
+        kw["epsilons"] = _numbers(args.epsilons, "epsilons", float)
+    if args.caps:
+        kw["caps"] = _numbers(args.caps, "caps", int)
+    for name in ("lastfm_events", "lastfm_runs", "tick"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"`--{name.replace('_', '-')}` must be positive, got {value}.")
+            kw[name] = value
+    cfg = UserLevelConfig.quick(**kw) if args.quick else UserLevelConfig(**kw)
+    doc = run_userlevel(cfg, args.out, jobs=args.jobs)
+    print((args.out / "userlevel.md").read_text())
+    print(f"wrote {args.out}/userlevel.json, userlevel.md, userlevel.png ({doc['seconds']:.0f} s)", file=sys.stderr)
     return 0

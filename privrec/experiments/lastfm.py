@@ -91,6 +91,7 @@ class LastFMEvents:
     features: np.ndarray  # (K, d)
     W: np.ndarray         # (units, units) CoLin matrix
     n_units: int
+    users: np.ndarray | None = None  # (n,) the event's user (user-level privacy caps users, not units)
 
     @property
     def n(self) -> int:
@@ -114,7 +115,8 @@ def load_events(n: int, data_dir: str | None = None, start: int = 0) -> LastFMEv
     index = cat.artist_index
     pools = np.array([[index[str(a)] for a in row] for row in ev.pools[sl]], dtype=np.int64)
     correct = np.argmax(ev.pools[sl] == ev.arms[sl, None], axis=1).astype(np.int64)
-    return LastFMEvents(units, pools, correct, np.asarray(cat.feature_matrix), np.asarray(cat.W), cat.n_clusters)
+    return LastFMEvents(units, pools, correct, np.asarray(cat.feature_matrix), np.asarray(cat.W), cat.n_clusters,
+                        np.asarray(ev.users[sl], dtype=np.int64))
 
 
 def replay_offline(policy: Any, ev: LastFMEvents, n: int | None = None,
@@ -126,9 +128,12 @@ def replay_offline(policy: Any, ev: LastFMEvents, n: int | None = None,
     """
     with_items = hasattr(policy, "observe")
     observe = getattr(policy, "observe", None)
+    begin = getattr(policy, "begin_event", None)  # user-level policies need the event's user
     reward = 0.0
     for i in range(ev.n if n is None else min(n, ev.n)):
         u, items, j = int(ev.units[i]), ev.pools[i], int(ev.correct[i])
+        if begin is not None:
+            begin(int(ev.users[i]) if ev.users is not None else u)
         X = ev.features[items]
         k = policy.select(u, X, items) if with_items else policy.select(u, X)
         r = 1.0 if k == j else 0.0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,3 +117,53 @@ def test_contributions_round_trip_exactly() -> None:
     back = decode_contribution(encode_contribution(c), 4)
     assert back.unit == 3 and back.count == 5 and back.items == {2: 0.5, 7: 1.0}
     assert np.array_equal(back.gram, c.gram) and np.array_equal(back.b, c.b)
+
+
+def test_the_offline_twin_calibrates_both_releases_by_the_participation_factor() -> None:
+    from models.policies import make_user_level_policy
+
+    kw = {"d": 3, "W": np.eye(2), "n_items": 5, "epsilon": 2.0, "features": np.eye(5, 3), "tick": 10}
+    one, four = make_user_level_policy("LinUCB", cap=1, **kw), make_user_level_policy("LinUCB", cap=4, **kw)
+    for get in (lambda p: p.inner.base.mechanism, lambda p: p.inner.item_mechanism):
+        m1, m4 = get(one), get(four)
+        assert participation_factor(m1, 1) == pytest.approx(1.0)
+        # sigma = Delta * ||c|| / mu: the sensitivity of a user capped at 4 ticks multiplies sigma
+        assert m4.scale / m1.scale == pytest.approx(participation_factor(m1, 4), rel=1e-12)
+        assert 1.0 < m4.scale / m1.scale < 4.0  # better than the group bound (k = 4 full participations)
+
+
+def test_the_offline_twin_clips_each_user_of_a_tick_separately() -> None:
+    from models.policies import make_user_level_policy
+
+    pol = make_user_level_policy("LinUCB", d=2, W=np.eye(1), n_items=3, epsilon=float("inf"), cap=2, tick=4,
+                                 weight=0.0)
+    x = np.array([1.0, 0.0])
+    for user, reward in ((1, 1.0), (1, 1.0), (1, 1.0), (2, 0.5)):  # user 1: b = 3x -> x; user 2: 0.5x
+        pol.begin_event(user)
+        pol.update(0, x, reward, 0)
+    assert pol.inner.base.b_released.tolist() == [1.5, 0.0]
+    assert pol.dropped == 0 and pol.participations[(1, 0)] == 1 and pol.participations[(2, 0)] == 1
+
+
+def test_experiment_userlevel_writes_every_output(tmp_path: Path) -> None:
+    from privrec.cli import main
+
+    out = tmp_path / "ul"
+    assert main(["experiment", "userlevel", "--out", str(out), "--quick", "--no-lastfm", "--epsilons", "2,4",
+                 "--jobs", "1"]) == 0
+    doc = json.loads((out / "userlevel.json").read_text())
+    assert doc["epsilons"] == [2.0, 4.0] and doc["unit"] == "user" and "lastfm" not in doc
+    sy = doc["synthetic"]
+    assert len(sy["regret"]) == 2 and all(r > 0 for r in sy["regret"])
+    # the reported cap is the held-out winner of the tuning grid
+    for e, cap in zip(doc["epsilons"], sy["cap"]):
+        grid = {int(c): v for c, v in sy["tuning"][str(e)].items()}
+        assert cap == min(grid, key=grid.__getitem__)
+    assert (out / "userlevel.md").stat().st_size > 0 and (out / "userlevel.png").stat().st_size > 0
+
+
+def test_experiment_userlevel_refuses_bad_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from privrec.cli import main
+
+    assert main(["experiment", "userlevel", "--out", str(tmp_path), "--caps", "0,2", "--no-lastfm"]) == 2
+    assert "`--caps` must be positive" in capsys.readouterr().err
