@@ -75,9 +75,21 @@ def build_worker_app(settings: Settings | None = None) -> faust.App:
             raise ValueError("setting `site` (PRIVREC_SITE) is required to run a federated site's worker")
         sites.register(app, settings, catalog)
         return app
-    # the worker's own Prometheus endpoint (loopback; its URL goes into the worker's ops record)
+    # the worker's own Prometheus endpoint (its URL goes into the worker's ops record): loopback on a free port
+    # unless PRIVREC_METRICS_ADDR / PRIVREC_METRICS_PORT say otherwise (a container exposes 0.0.0.0:<port>)
     worker_metrics = WorkerMetrics()
-    url = serve_metrics(worker_metrics, int(os.environ.get("PRIVREC_METRICS_PORT", "0")))
+    url = serve_metrics(worker_metrics, _metrics_port(), os.environ.get("PRIVREC_METRICS_ADDR", "127.0.0.1"))
     agents.register(app, settings, catalog, metrics=worker_metrics, metrics_url=url)
     timers.register(app, settings, catalog, worker_metrics)
     return app
+
+
+def _metrics_port() -> int:
+    text = os.environ.get("PRIVREC_METRICS_PORT", "0")
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ValueError(f"PRIVREC_METRICS_PORT must be a port number in [0, 65535] (0: a free port), got {text!r}")
+    return port

@@ -51,10 +51,10 @@ class WorkerMetrics:
                                   "users with at least one contribution", registry=r)
 
 
-def serve_metrics(metrics: WorkerMetrics, port: int = 0) -> str:
-    """Serve ``metrics`` on ``127.0.0.1:port`` (0: a free port) in a daemon thread; return the URL."""
-    server, _thread = start_http_server(port, addr="127.0.0.1", registry=metrics.registry)
-    return f"http://127.0.0.1:{server.server_port}/metrics"
+def serve_metrics(metrics: WorkerMetrics, port: int = 0, addr: str = "127.0.0.1") -> str:
+    """Serve ``metrics`` on ``addr:port`` (0: a free port) in a daemon thread; return the URL."""
+    server, _thread = start_http_server(port, addr=addr, registry=metrics.registry)
+    return f"http://{addr}:{server.server_port}/metrics"
 
 
 def ledger_figures(get_all: Callable[[str], dict[bytes, bytes]], namespace: str, partitions: int, *,

@@ -275,6 +275,9 @@ class Settings:
         if self.privacy_unit == "user" and self.baseline is not None:
             raise SettingsError("privacy_unit", f"the per-unit baselines ({self.algorithm}) are event level only; "
                                                 f"use --privacy-unit event")
+        if self.privacy_unit == "user" and self.mode == "federated":
+            raise SettingsError("privacy_unit", "federated sites are event level only (their ingest does not bound "
+                                                "a user's contributions yet); use --privacy-unit event")
         if self.user_cap < 1 or (self.user_level and self.user_cap > self.tree_ticks):
             raise SettingsError("user_cap", f"must be in [1, {self.tree_ticks}] (the ticks of an epoch), got "
                                             f"{self.user_cap}.")
@@ -309,11 +312,14 @@ class Settings:
 
     @property
     def unit_in_force(self) -> str:
-        """``privacy_unit``, or when unset: ``user``; ``event`` for the per-unit baselines and for mechanisms
-        without a multi-participation bound (e.g. the papers' ``paper``)."""
+        """``privacy_unit``, or when unset: ``user``; ``event`` for the per-unit baselines, for mechanisms
+        without a multi-participation bound (e.g. the papers' ``paper``) and in federated mode (a site's
+        ingest does not bound contributions yet)."""
         if self.privacy_unit is not None:
             return self.privacy_unit
-        return "event" if self.baseline is not None or not self._user_level_mechanism else "user"
+        if self.baseline is not None or self.mode == "federated" or not self._user_level_mechanism:
+            return "event"
+        return "user"
 
     @property
     def user_level(self) -> bool:

@@ -24,6 +24,7 @@ def epsilon_axis(ax: Any, epsilons: Sequence[float]) -> None:
     ax.set_xscale("log")
     ax.set_xticks(list(epsilons))
     ax.set_xticklabels([f"{e:g}" for e in epsilons])
+    ax.set_xticks([], minor=True)  # no unlabelled or "3 x 10^0" minor ticks between them
     ax.set_xlabel("ε")
 
 

@@ -18,6 +18,7 @@ Writes ``userlevel.json``, ``userlevel.md`` and ``userlevel.png``.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
 import time
@@ -28,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from models.ground.environment import SyntheticEnvironment
-from models.policies import make_user_level_policy
+from models.policies import RandomPolicy, make_policy, make_user_level_policy
 
-from .lastfm import LastFMEvents, load_events, replay_offline
+from .lastfm import ROWS as LASTFM_ROWS
+from .lastfm import LastFMConfig, LastFMEvents, load_events, replay_offline
 from .plots import epsilon_axis, pyplot, save
 from .runner import derive_seed, machine_info, simulate, summarize
 
@@ -105,12 +107,46 @@ def _job(args: tuple[str, float, int, int, bool, UserLevelConfig]) -> tuple[str,
     return dataset, eps, cap, run, tuning, float(value)
 
 
-def _run(work: list[tuple[Any, ...]], jobs: int | None) -> list[tuple[str, float, int, int, bool, float]]:
+#: The references, same events and seeds: what the default model earns without user-level protection.
+LASTFM_REFS = {"non-private": ("LinUCB+pop", math.inf), "event level, epsilon = 2": ("LinUCB+pop", 2.0),
+               "popularity counter (non-private)": ("popularity", math.inf)}
+SYNTHETIC_REFS = ("random", "non-private", "event level, epsilon = 2")
+
+
+def _reference(dataset: str, name: str, run: int, cfg: UserLevelConfig) -> float:
+    seed = derive_seed("userlevel-ref", dataset, name, run)
+    if dataset == "lastfm":
+        ev = _EV["eval"]
+        row_name, eps = LASTFM_REFS[name]
+        row = next(r for r in LASTFM_ROWS if r.name == row_name)
+        lcfg = LastFMConfig(tick=cfg.tick, delta=cfg.delta)
+        return replay_offline(row.make(ev, eps, seed, lcfg), ev) / (ev.n / ev.pool_size)
+    env = SyntheticEnvironment(d=25, n_users=10, horizon=cfg.synthetic_horizon, seed=cfg.seed + run)
+    if name == "random":
+        pol: Any = RandomPolicy(seed=seed)
+    else:
+        private = name != "non-private"
+        pol = make_policy("DP-LinUCB" if private else "LinUCB", d=env.d, W=np.eye(env.n_users),
+                          epsilon=2.0 if private else math.inf, delta=cfg.delta, mechanism="user-blt-exact",
+                          horizon=cfg.synthetic_horizon, tick=cfg.synthetic_tick, seed=seed, lambda_=0.1,
+                          alpha=0.3, noise_ridge=30.0)
+    value, _ = simulate(env, pol, checkpoints=1)
+    return float(value)
+
+
+def _dispatch(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    if args[0] == "ref":
+        _, dataset, name, run, cfg = args
+        return ("ref", dataset, name, run, _reference(dataset, name, run, cfg))
+    return _job(args)  # type: ignore[arg-type]
+
+
+def _run(work: list[tuple[Any, ...]], jobs: int | None) -> list[tuple[Any, ...]]:
     n = max(1, jobs or os.cpu_count() or 1)
     if n == 1:
-        return [_job(w) for w in work]  # type: ignore[arg-type]
+        return [_dispatch(w) for w in work]
     with mp.get_context("fork").Pool(n) as pool:
-        return list(pool.imap_unordered(_job, work, chunksize=1))
+        return list(pool.imap_unordered(_dispatch, work, chunksize=1))
 
 
 def run_userlevel(cfg: UserLevelConfig, out: Path, *, jobs: int | None = None) -> dict[str, Any]:
@@ -131,11 +167,15 @@ def run_userlevel(cfg: UserLevelConfig, out: Path, *, jobs: int | None = None) -
                 best = max(cells, key=lambda x: x[1]) if dataset == "lastfm" else min(cells, key=lambda x: x[1])
                 chosen[dataset][e] = best[0]
     # 2. evaluation with the chosen caps
-    work = [("synthetic", e, chosen["synthetic"][e], r, False, cfg) for e in cfg.epsilons
-            for r in range(cfg.synthetic_runs)]
+    work: list[tuple[Any, ...]] = [("synthetic", e, chosen["synthetic"][e], r, False, cfg) for e in cfg.epsilons
+                                   for r in range(cfg.synthetic_runs)]
+    work += [("ref", "synthetic", name, r, cfg) for name in SYNTHETIC_REFS for r in range(cfg.synthetic_runs)]
     if cfg.lastfm:
         work += [("lastfm", e, chosen["lastfm"][e], r, False, cfg) for e in cfg.epsilons for r in range(cfg.lastfm_runs)]
-    results = _run(work, jobs)
+        work += [("ref", "lastfm", name, r, cfg) for name in LASTFM_REFS for r in range(cfg.lastfm_runs)]
+    done = _run(work, jobs)
+    results = [x for x in done if x[0] != "ref"]
+    refs = [x for x in done if x[0] == "ref"]
     doc: dict[str, Any] = {"epsilons": list(cfg.epsilons), "unit": "user", "delta": cfg.delta,
                            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}}
     for dataset, key in (("lastfm", "ratio"), ("synthetic", "regret")):
@@ -147,6 +187,9 @@ def run_userlevel(cfg: UserLevelConfig, out: Path, *, jobs: int | None = None) -
             means.append(m)
             sds.append(sd)
         doc[dataset] = {key: means, f"{key}_sd": sds, "cap": [chosen[dataset][e] for e in cfg.epsilons],
+                        "references": {name: dict(zip(("mean", "sd"), summarize(
+                            [v for _, d, n, _, v in refs if d == dataset and n == name])))
+                            for name in (LASTFM_REFS if dataset == "lastfm" else SYNTHETIC_REFS)},
                         "tuning": {str(e): {str(c): v for d, ee, c, _, _, v in tuned if d == dataset and ee == e}
                                    for e in cfg.epsilons}}
     if cfg.lastfm and 4.0 in cfg.epsilons:
@@ -179,6 +222,11 @@ def _markdown(doc: dict[str, Any]) -> str:
     lines.append("| synthetic regret (LinUCB) | " + " | ".join(f"{m:,.0f} ± {s:,.0f}" for m, s in
                                                              zip(sy["regret"], sy["regret_sd"])) + " |")
     lines.append("| synthetic cap | " + " | ".join(str(x) for x in sy["cap"]) + " |")
+    lines += ["", "References on the same events and seeds (no user-level protection):", ""]
+    for key, fmt in (("lastfm", "{:.2f} ± {:.2f}"), ("synthetic", "{:,.0f} ± {:,.0f}")):
+        for name, ref in doc.get(key, {}).get("references", {}).items():
+            what = "LastFM reward ratio" if key == "lastfm" else "synthetic regret"
+            lines.append(f"* {what}, {name}: " + fmt.format(ref["mean"], ref["sd"]))
     if "lastfm" in doc:
         lines += ["", f"LastFM: the first {c['lastfm_events']:,} replay events, {c['lastfm_runs']} noise seeds, a "
                       f"release every {c['tick']} events. Synthetic: d = 25, N = 10, T = {c['synthetic_horizon']:,}, "
@@ -202,14 +250,17 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
             ax.annotate(f"cap {c}", (e, y), textcoords="offset points", xytext=(4, 6), fontsize=8)
         epsilon_axis(ax, doc["epsilons"])
         ax.set_xlabel("user-level ε (per epoch)")
+        styles = ["--", "-.", ":"]
+        for (name, ref), ls in zip(doc[key].get("references", {}).items(), styles):
+            ax.axhline(ref["mean"], color="0.4", ls=ls, lw=1, label=name)
         if key == "lastfm":
-            ax.axhline(1.0, color="k", ls="--", lw=1, label="random play")
+            ax.axhline(1.0, color="k", ls="-", lw=0.6, label="random play")
             ax.axhline(1.5, color="tab:red", ls=":", lw=1, label="target at ε = 4")
             ax.set_ylabel("reward / random play")
             ax.set_title("LastFM (offline replay)")
-            ax.legend()
         else:
             ax.set_ylabel("cumulative regret")
             ax.set_title("synthetic environment")
+        ax.legend(fontsize=8)
     save(fig, path)
 

@@ -24,7 +24,7 @@ DEPLOY_FILES = [p for p in DEPLOY.rglob("*") if p.is_file() and p.name != "NOTES
 SETTING_VARS = {env_name(f.name) for f in dataclasses.fields(Settings)}
 #: Process-level variables (not settings) that deploy files may set; each must be read by the code.
 PROCESS_VARS = {"PRIVREC_WORKER_ID", "PRIVREC_STATE_DIR", "PRIVREC_LOGLEVEL", "PRIVREC_HTTP_HOST",
-                "PRIVREC_HTTP_PORT", "PRIVREC_CACHE_DIR"}
+                "PRIVREC_HTTP_PORT", "PRIVREC_CACHE_DIR", "PRIVREC_METRICS_ADDR", "PRIVREC_METRICS_PORT"}
 
 
 def _env_example() -> dict[str, str]:

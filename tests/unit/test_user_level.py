@@ -167,3 +167,35 @@ def test_experiment_userlevel_refuses_bad_numbers(tmp_path: Path, capsys: pytest
 
     assert main(["experiment", "userlevel", "--out", str(tmp_path), "--caps", "0,2", "--no-lastfm"]) == 2
     assert "`--caps` must be positive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("overrides", "unit"), [
+    ({}, "user"),  # the default mechanism, user-blt-exact
+    ({"mechanism": "gaussian-exact"}, "user"),
+    ({"mechanism": "paper"}, "event"),  # no multi-participation bound
+    ({"mechanism": "laplace-l1"}, "event"),
+    ({"algorithm": "ss-gaussian"}, "event"),  # a per-unit baseline
+    ({"mode": "federated", "sites": 2, "site": 0}, "event"),  # sites do not bound contributions
+    ({"privacy_unit": "event"}, "event"),
+])
+def test_the_protected_unit_in_force(overrides: dict[str, object], unit: str) -> None:
+    from pipeline.settings import Settings
+
+    assert Settings(**overrides).unit_in_force == unit  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    ({"privacy_unit": "user", "mechanism": "paper"}, "mechanism"),
+    ({"privacy_unit": "user", "algorithm": "ss-gaussian"}, "privacy_unit"),
+    ({"privacy_unit": "user", "mode": "federated", "sites": 2, "site": 0}, "privacy_unit"),
+    ({"privacy_unit": "household"}, "privacy_unit"),
+    ({"user_cap": 0}, "user_cap"),
+    ({"user_cap": 2 ** 14}, "user_cap"),  # more than the ticks of an epoch
+    ({"cap_policy": "drop"}, "cap_policy"),
+])
+def test_settings_refuse_a_user_level_they_cannot_give(overrides: dict[str, object], field: str) -> None:
+    from pipeline.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError) as exc:
+        Settings(**overrides)  # type: ignore[arg-type]
+    assert exc.value.setting == field
