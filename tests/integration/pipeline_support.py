@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: Small synthetic world used by the pipeline tests.
 #: Event level: these tests compare the streamed statistics with the offline computation event by event
 #: (user level sums and clips each user's events per release tick, which depends on the tick timing;
-#: tests/integration/test_user_level.py covers it).
+#: tests/integration/test_user_level_stack.py covers it).
 WORLD = {"PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40", "PRIVREC_TICK_SECONDS": "0.3",
          "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PRIVACY_UNIT": "event"}
 

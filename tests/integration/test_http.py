@@ -10,6 +10,7 @@ followed into Kafka (the shown list in ``recommendations``, the interaction in
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 import urllib.error
@@ -319,24 +320,30 @@ def test_recommend_feedback_release_budget(stack: LocalStack) -> None:
 
 
 def test_budget_follows_the_users_interactions(stack: LocalStack) -> None:
+    """User level (the default): each tick the user contributes to spends mu_at_cap * sqrt(B(k) / B(cap))."""
+    from models.accounting import gdp_epsilon
+
     user = "3"  # no other test gives feedback for users 2 and 3
     b0 = budget(stack, user)
-    assert b0["user"]["interactions"] == 0 and b0["user"]["epsilon"] == 0.0
-    eps, counts = [0.0], [0]
+    assert b0["user"]["interactions"] == 0 and b0["user"]["epsilon"] == 0.0 and b0["user"]["ticks_this_epoch"] == 0
+    eps, ticks = [0.0], [0]
     for reward in (1, 0, 1):
         got = recommend(stack, user, k="2")
         assert call(stack, "POST", "/feedback", {"rec_id": got["rec_id"], "item": got["items"][0]["item"],
                                                   "reward": reward}).status == 202
-        b = wait_for(lambda: (x := budget(stack, user))["user"]["interactions"] > counts[-1] and x, 20,
-                     "the interaction in the ledger")
-        counts.append(b["user"]["interactions"])
+        b = wait_for(lambda: (x := budget(stack, user))["user"]["ticks_this_epoch"] > ticks[-1] and x, 20,
+                     "the interaction folded into a release")
+        ticks.append(b["user"]["ticks_this_epoch"])
         eps.append(b["user"]["epsilon"])
-    assert counts == [0, 1, 2, 3]
+    assert ticks == [0, 1, 2, 3] and b["user"]["interactions"] == 3  # one tick each: we waited for every fold
     p = b["privacy"]
     assert p["private"] and p["epsilon"] == 2.0 and p["delta"] == 1e-5 and p["mechanism"] == DEFAULT_MECHANISM
-    assert eps[1] == pytest.approx(p["epsilon"], rel=1e-6)  # one interaction: the event-level guarantee
-    assert eps[1] < eps[2] < eps[3]  # group privacy grows with each interaction
-    assert b["user"]["valid"] and 0 < b["user"]["delta"] < 1
+    assert p["unit"] == "user" and b["user"]["cap"] == p["cap"] == 8 and not b["user"]["at_cap"]
+    for k in (1, 2, 3):  # the ledger's figure is the statement's calibration, recomputed here
+        assert eps[k] == pytest.approx(gdp_epsilon(p["mu_at_cap"] * math.sqrt(p["ratios"][k - 1]), p["delta"]),
+                                       rel=1e-6)
+    assert eps[1] < eps[2] < eps[3] < p["epsilon"]  # spending grows with each tick, below the capped user's
+    assert b["user"]["valid"] and b["user"]["remaining_ticks"] == 5
     assert budget(stack, "2")["user"]["interactions"] == 0  # another user's interactions do not count
 
 
