@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -108,6 +109,24 @@ class Stack:
                 out.append(json.loads(msg.value))
         consumer.close()
         return out
+
+
+@contextlib.contextmanager
+def open_stack(state_dir: Path, redis_url: str, namespace: str, *, partitions: int = 4,
+               world: dict[str, str] | None = None, env: dict[str, str] | None = None) -> Iterator[Stack]:
+    """A fresh broker (so topics start empty) with the pipeline's topics, a namespace on the session's
+    redis-server, and on exit every worker stopped, then the broker."""
+    broker = services.start_broker(state_dir)
+    services.create_topics(broker.address, {"interactions": partitions, "dead-letters": 1, "recommendations": 1})
+    full = {**(WORLD if world is None else world), "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_url,
+            "PRIVREC_NAMESPACE": namespace, "PRIVREC_STATE_DIR": str(state_dir), **(env or {})}
+    st = Stack(state_dir, broker, redis_url, namespace, full)
+    try:
+        yield st
+    finally:
+        for w in st.workers:
+            services.stop(w, grace_seconds=5)
+        services.stop(broker)
 
 
 def synthetic_events(catalog: SyntheticCatalog, n: int, seed: int = 0) -> Iterator[dict[str, Any]]:

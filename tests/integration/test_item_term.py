@@ -26,7 +26,7 @@ from pipeline.records import parse_interaction
 from pipeline.stages import ITEM_MECHANISM, ITEM_STREAM, ITEM_THRESHOLD_STDS, item_term
 from pipeline.trusted import TrustedKeys
 
-from pipeline_support import WORLD, Stack, produce, wait_for
+from pipeline_support import Stack, open_stack, produce, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,18 +35,9 @@ _ns = itertools.count()
 
 @pytest.fixture
 def stack(tmp_path: Path, redis_server: services.ServiceHandle, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    broker = services.start_broker(tmp_path)
-    services.create_topics(broker.address, {"interactions": 4, "dead-letters": 1, "recommendations": 1})
     ns = f"items{next(_ns)}x{abs(hash(request.node.name)) % 10_000}"
-    env = {**WORLD, "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_server.url, "PRIVREC_NAMESPACE": ns,
-           "PRIVREC_STATE_DIR": str(tmp_path), "PRIVREC_ITEM_WEIGHT": "1.0"}
-    st = Stack(tmp_path, broker, redis_server.url, ns, env)
-    try:
+    with open_stack(tmp_path, redis_server.url, ns, env={"PRIVREC_ITEM_WEIGHT": "1.0"}) as st:
         yield st
-    finally:
-        for w in st.workers:
-            services.stop(w, grace_seconds=5)
-        services.stop(broker)
 
 
 def _events(stack: Stack, n: int, seed: int) -> list[dict[str, Any]]:

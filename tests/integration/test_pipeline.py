@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 
 from models.mechanisms import make_mechanism
 from models.ground.linalg import ucb_scores
@@ -28,7 +24,7 @@ from pipeline.serving import Recommender
 from pipeline.stages import projection
 from pipeline.trusted import TrustedStore
 
-from pipeline_support import WORLD, Stack, offline_stats, produce, synthetic_events, wait_for
+from pipeline_support import Stack, offline_stats, open_stack, produce, synthetic_events, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -38,18 +34,8 @@ _ns = itertools.count()
 @pytest.fixture
 def stack(tmp_path: Path, redis_server: services.ServiceHandle, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """A fresh broker (so topics start empty), a fresh namespace, and cleanup of every worker."""
-    broker = services.start_broker(tmp_path)
-    services.create_topics(broker.address, {"interactions": 4, "dead-letters": 1, "recommendations": 1})
-    ns = f"t{next(_ns)}x{abs(hash(request.node.name)) % 10_000}"
-    env = {**WORLD, "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_server.url, "PRIVREC_NAMESPACE": ns,
-           "PRIVREC_STATE_DIR": str(tmp_path)}
-    st = Stack(tmp_path, broker, redis_server.url, ns, env)
-    try:
+    with open_stack(tmp_path, redis_server.url, f"t{next(_ns)}x{abs(hash(request.node.name)) % 10_000}") as st:
         yield st
-    finally:
-        for w in st.workers:
-            services.stop(w, grace_seconds=5)
-        services.stop(broker)
 
 
 @pytest.mark.parametrize("algorithm", ["linucb", "colin"])

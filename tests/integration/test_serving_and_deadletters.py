@@ -18,7 +18,7 @@ from pipeline.keys import PublicKeys
 from pipeline.serving import BadRequest, Recommender
 from pipeline.trusted import TrustedStore
 
-from pipeline_support import WORLD, Stack, produce, synthetic_events, wait_for
+from pipeline_support import Stack, open_stack, synthetic_events, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,19 +29,9 @@ _ns = itertools.count()
 def running(tmp_path_factory: pytest.TempPathFactory, redis_server: services.ServiceHandle) -> Iterator[Stack]:
     """One worker for the module, fed with good events and one of each kind of malformed event."""
     tmp = tmp_path_factory.mktemp("stack")
-    broker = services.start_broker(tmp)
-    services.create_topics(broker.address, {"interactions": 4, "dead-letters": 1})
-    ns = f"sd{next(_ns)}"
-    env = {**WORLD, "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_server.url, "PRIVREC_NAMESPACE": ns,
-           "PRIVREC_STATE_DIR": str(tmp), "PRIVREC_EPSILON": "1"}
-    st = Stack(tmp, broker, redis_server.url, ns, env)
-    st.start_worker()
-    try:
+    with open_stack(tmp, redis_server.url, f"sd{next(_ns)}", env={"PRIVREC_EPSILON": "1"}) as st:
+        st.start_worker()
         yield st
-    finally:
-        for w in st.workers:
-            services.stop(w, grace_seconds=5)
-        services.stop(broker)
 
 
 MALFORMED: dict[str, bytes] = {

@@ -26,7 +26,7 @@ from pipeline import services
 from pipeline.keys import PublicKeys
 from pipeline.ledger import LedgerRecord
 
-from pipeline_support import REPO, Stack, wait_for
+from pipeline_support import REPO, Stack, open_stack, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,18 +37,10 @@ USER_WORLD = {"PRIVREC_D": "4", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "20", 
 
 @pytest.fixture
 def stack(tmp_path: Path, redis_server: services.ServiceHandle, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    broker = services.start_broker(tmp_path)
-    services.create_topics(broker.address, {"interactions": 2, "dead-letters": 1, "recommendations": 1})
     ns = f"ul{next(_ns)}x{abs(hash(request.node.name)) % 10_000}"
-    env = {**USER_WORLD, "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_server.url, "PRIVREC_NAMESPACE": ns,
-           "PRIVREC_STATE_DIR": str(tmp_path), "PRIVREC_PARTITIONS": "2"}
-    st = Stack(tmp_path, broker, redis_server.url, ns, env)
-    try:
+    with open_stack(tmp_path, redis_server.url, ns, partitions=2, world=USER_WORLD,
+                    env={"PRIVREC_PARTITIONS": "2"}) as st:
         yield st
-    finally:
-        for w in st.workers:
-            services.stop(w, grace_seconds=5)
-        services.stop(broker)
 
 
 def _send(stack: Stack, user: str, n: int, tag: str) -> None:
