@@ -1,0 +1,23 @@
+"""Local mode's pure part: what a user's device computes, and how the server combines reports.
+
+- ``reports`` — the report record (``privrec.LocalReport/1``): strict parsing, the only thing a
+  device sends.
+- ``client`` — :class:`LocalClient`, one user's device: their exact statistic, their own noise
+  state and secret seed, persisted (:class:`FileStorage`) so that a restarted client re-sends a
+  pending report as it was and never redraws released noise.
+- ``config`` — :class:`LocalConfig`, the public calibration every device of a namespace uses.
+- ``aggregate`` — :class:`LocalAggregate`, the server's sums of reports per model unit (no exact
+  per-user value ever enters it), and the public noise level of the sum.
+- ``shuffle`` — :class:`Shuffler`, batches of one report per distinct user, stripped and shuffled.
+
+Nothing here imports Kafka, Redis or faust: a device can run it alone.
+"""
+
+from .aggregate import LocalAggregate, StaleReport
+from .client import FileStorage, LocalClient, MemoryStorage, Storage
+from .config import ALGORITHMS, LocalConfig
+from .reports import SCHEMA, LocalReport, ReportError, parse_report
+from .shuffle import ShuffledBatch, Shuffler
+
+__all__ = ["ALGORITHMS", "LocalConfig", "LocalClient", "Storage", "FileStorage", "MemoryStorage", "LocalReport",
+           "ReportError", "parse_report", "SCHEMA", "LocalAggregate", "StaleReport", "Shuffler", "ShuffledBatch"]

@@ -1,0 +1,220 @@
+"""One user's device in local mode: their exact statistic, their own noise, nothing else leaves.
+
+:class:`LocalClient` keeps, in storage the device owns (a file, or anything with ``load`` /
+``save``), the user's exact running sum ``b_u``, the noise state of their own mechanism, their
+secret noise seed, the report counter and the reports not yet acknowledged. Every new report is
+saved *before* it is returned, so a device that crashes after sending, or before, re-sends the
+same bytes after a restart: released noise is never redrawn.
+
+Examples
+--------
+>>> import numpy as np
+>>> from models.local import LocalConfig
+>>> cfg = LocalConfig(algorithm="tree", d=2, epsilon=2.0, capacity=15)
+>>> store = MemoryStorage()
+>>> dev = LocalClient("7", cfg, store, seed=1)
+>>> rep = dev.report(rec_id="r1", item="a1", x=np.array([0.6, 0.8]), reward=1.0)
+>>> rep.version, dev.exact_b.tolist()
+(1, [0.6, 0.8])
+>>> again = LocalClient("7", cfg, store)          # a restarted device
+>>> again.pending()[0] == rep                       # the same report, the same noise
+True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from models.ground.noise import KeyedNoise
+from models.mechanisms.base import TreeState
+
+from .config import LocalConfig
+from .reports import LocalReport
+
+__all__ = ["Storage", "MemoryStorage", "FileStorage", "LocalClient"]
+
+STATE_SCHEMA = "privrec.LocalClientState/1"
+#: Noise stream of per-round reports (the device's mechanism uses stream 0).
+ROUND_STREAM = 1
+
+
+class Storage(Protocol):
+    """Where a device keeps its state: ``load`` returns what the last ``save`` wrote (or ``None``)."""
+
+    def load(self) -> bytes | None: ...
+
+    def save(self, data: bytes) -> None: ...
+
+
+class MemoryStorage:
+    """State in memory (tests, simulations)."""
+
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+
+    def load(self) -> bytes | None:
+        return self.data
+
+    def save(self, data: bytes) -> None:
+        self.data = bytes(data)
+
+
+class FileStorage:
+    """State in one file, replaced atomically (write, fsync, rename): a crash leaves the old or the new."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def load(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def save(self, data: bytes) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _floats(a: NDArray[np.float64]) -> list[Any]:
+    return np.asarray(a, dtype=np.float64).tolist()  # json writes floats with repr: an exact round trip
+
+
+class LocalClient:
+    """A user's device.
+
+    Parameters
+    ----------
+    user
+        The user's id (public: who reports is known, as in every mode).
+    config
+        The namespace's public :class:`~models.local.LocalConfig`.
+    storage
+        Where the state lives (default: memory only — a real device passes a :class:`FileStorage`).
+    seed
+        The device's secret noise seed on first use (default: ``secrets.randbits(63)``); ignored when
+        the storage already holds a state.
+    """
+
+    def __init__(self, user: str, config: LocalConfig, storage: Storage | None = None, *,
+                 seed: int | None = None) -> None:
+        if not isinstance(user, str) or not user:
+            raise ValueError(f"`user` must be a non-empty string, got {user!r}.")
+        self.user = user
+        self.config = config
+        self.storage: Storage = storage if storage is not None else MemoryStorage()
+        raw = self.storage.load()
+        if raw is None:
+            self.seed = int(secrets.randbits(63) if seed is None else seed)
+            self.version = 0
+            self.mechanism = config.device_mechanism(self.seed) if config.algorithm == "tree" else None
+            self.state: TreeState | None = None if self.mechanism is None else self.mechanism.init_state()
+            self._pending: list[LocalReport] = []
+            self._exact = np.zeros(config.d)
+            self._save()
+        else:
+            self._restore(raw)
+
+    # ------------------------------------------------------------------ state
+
+    def _restore(self, raw: bytes) -> None:
+        data = json.loads(raw)
+        if data.get("schema") != STATE_SCHEMA:
+            raise ValueError(f"stored state has schema {data.get('schema')!r}, expected {STATE_SCHEMA!r}.")
+        if data["user"] != self.user:
+            raise ValueError(f"stored state belongs to user {data['user']!r}, not {self.user!r}.")
+        stored = LocalConfig.from_dict(data["config"])
+        if stored != self.config:
+            raise ValueError(f"stored state was made under {stored}, not {self.config}: a device must keep its "
+                             f"calibration (a new one would release the same data again).")
+        self.seed = int(data["seed"])
+        self.version = int(data["version"])
+        self._exact = np.asarray(data["exact"], dtype=np.float64)
+        self.mechanism = self.config.device_mechanism(self.seed) if self.config.algorithm == "tree" else None
+        st = data.get("state")
+        self.state = None if st is None else TreeState(
+            step=int(st["step"]), epoch=int(st["epoch"]), prefix=np.asarray(st["prefix"], dtype=np.float64),
+            carry=np.asarray(st["carry"], dtype=np.float64), nodes=np.asarray(st["nodes"], dtype=np.float64))
+        self._pending = [LocalReport(user=self.user, version=int(p["version"]), algorithm=self.config.algorithm,
+                                     rec_id=p["rec_id"], item=p["item"], vector=np.asarray(p["vector"]))
+                         for p in data["pending"]]
+
+    def _save(self) -> None:
+        st = None if self.state is None else {"step": self.state.step, "epoch": self.state.epoch,
+                                              "prefix": _floats(self.state.prefix),
+                                              "carry": _floats(self.state.carry), "nodes": _floats(self.state.nodes)}
+        data = {"schema": STATE_SCHEMA, "user": self.user, "config": self.config.to_dict(), "seed": self.seed,
+                "version": self.version, "exact": _floats(self._exact), "state": st,
+                "pending": [{"version": p.version, "rec_id": p.rec_id, "item": p.item, "vector": _floats(p.vector)}
+                            for p in self._pending]}
+        self.storage.save(json.dumps(data, separators=(",", ":")).encode())
+
+    @property
+    def exact_b(self) -> NDArray[np.float64]:
+        """The device's exact ``b_u = sum r x`` (never leaves the device)."""
+        return self._exact.copy()
+
+    # ------------------------------------------------------------------ reports
+
+    def report(self, *, rec_id: str, item: str, x: NDArray[np.float64], reward: float) -> LocalReport:
+        """The report of one interaction: the reward ``reward`` on ``item`` (context ``x``) of list ``rec_id``.
+
+        The new state and the report are saved before the report is returned; send it, then
+        :meth:`acknowledge` it. ``x`` is scaled to norm 1 if longer (the sensitivity assumes it).
+        """
+        r = float(reward)
+        if not (math.isfinite(r) and 0.0 <= r <= 1.0):
+            raise ValueError(f"`reward` must be a number in [0, 1], got {reward!r}.")
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape != (self.config.d,) or not np.isfinite(x).all():
+            raise ValueError(f"`x` must be {self.config.d} finite numbers, got shape {x.shape}.")
+        norm = float(np.linalg.norm(x))
+        if norm > 1.0:
+            x = x / norm
+        version = self.version + 1
+        exact = self._exact + r * x
+        if self.config.algorithm == "tree":
+            assert self.mechanism is not None and self.state is not None
+            vector, state, _ = self.mechanism.step_to(self.state, exact)
+        else:
+            source = KeyedNoise(self.seed, ROUND_STREAM)
+            if self.config.shuffled:
+                noise = source.laplace(self.config.laplace_scale, (self.config.d,), epoch=0, level=0, index=version)
+            else:
+                noise = source.normal(self.config.sigma, (self.config.d,), epoch=0, level=0, index=version)
+            vector, state = r * x + noise, None
+        rep = LocalReport(user=self.user, version=version, algorithm=self.config.algorithm, rec_id=str(rec_id),
+                          item=str(item), vector=vector)
+        self.version, self._exact, self.state = version, exact, state
+        self._pending.append(rep)
+        self._save()
+        return rep
+
+    def pending(self) -> list[LocalReport]:
+        """Reports made but not yet acknowledged, oldest first (re-send them as they are)."""
+        return list(self._pending)
+
+    def acknowledge(self, version: int) -> None:
+        """The server has report ``version`` (and every earlier one): forget them."""
+        kept = [p for p in self._pending if p.version > int(version)]
+        if len(kept) != len(self._pending):
+            self._pending = kept
+            self._save()

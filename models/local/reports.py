@@ -1,0 +1,127 @@
+"""The one record a device sends in local mode, and its strict parser.
+
+A report carries a *noisy* vector only: ``b`` (``tree``: the device's noisy running sum) or ``m``
+(``round``: one noisy ``r x``). Anything else — a ``reward`` field above all — is refused, so a
+client that tries to send a raw reward learns it at once.
+
+Examples
+--------
+>>> rep = LocalReport(user="7", version=1, algorithm="round", rec_id="r1", item="a3", vector=[0.5, -1.25])
+>>> parse_report(rep.to_json(), d=2) == rep
+True
+>>> parse_report(b'{"schema": "privrec.LocalReport/1", "user": "7", "reward": 1}', d=2)
+Traceback (most recent call last):
+...
+models.local.reports.ReportError: reward: local reports carry no raw reward; send the noisy vector ('b' or 'm') built on the device
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["SCHEMA", "LocalReport", "ReportError", "parse_report", "MAX_ABS"]
+
+SCHEMA = "privrec.LocalReport/1"
+#: Largest accepted magnitude of a report coordinate (noise at epsilon >= 0.01 stays far below it).
+MAX_ABS = 1e6
+_VECTOR = {"tree": "b", "round": "m"}
+_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "item", "b", "m"}
+
+
+class ReportError(ValueError):
+    """A malformed report: ``parameter`` names the field, the message says what is wrong."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(f"{parameter}: {message}")
+        self.parameter = parameter
+        self.message = message
+
+
+@dataclass(frozen=True, eq=False)
+class LocalReport:
+    """One report: who, which of their reports, on which shown list and item, and the noisy vector."""
+
+    user: str
+    version: int
+    algorithm: str
+    rec_id: str
+    item: str
+    vector: NDArray[np.float64] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "vector", np.asarray(self.vector, dtype=np.float64))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LocalReport):
+            return NotImplemented
+        return (self.user, self.version, self.algorithm, self.rec_id, self.item) == (
+            other.user, other.version, other.algorithm, other.rec_id, other.item) and bool(
+            np.array_equal(self.vector, other.vector))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "user": self.user, "version": self.version, "algorithm": self.algorithm,
+                "rec_id": self.rec_id, "item": self.item, _VECTOR[self.algorithm]: [float(v) for v in self.vector]}
+
+    def to_json(self) -> bytes:
+        """The bytes a device sends (floats as ``repr``: exact round trip)."""
+        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+
+
+def _string(body: dict[str, Any], key: str, limit: int = 200) -> str:
+    v = body.get(key)
+    if not isinstance(v, str) or not v or len(v) > limit:
+        raise ReportError(key, f"must be a non-empty string of at most {limit} characters, got {v!r:.60}")
+    return v
+
+
+def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | None = None) -> LocalReport:
+    """Parse and check one report; raise :class:`ReportError` naming the first bad field.
+
+    ``algorithm``: the namespace's (a report of the other algorithm is refused).
+    """
+    if isinstance(raw, dict):
+        body: Any = raw
+    else:
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ReportError("body", f"not JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise ReportError("body", f"must be a JSON object, got {type(body).__name__}")
+    if "reward" in body:
+        raise ReportError("reward", "local reports carry no raw reward; send the noisy vector ('b' or 'm') built "
+                                    "on the device")
+    unknown = sorted(set(body) - _FIELDS)
+    if unknown:
+        raise ReportError(unknown[0], f"unknown field (a report has {sorted(_FIELDS)})")
+    if body.get("schema") != SCHEMA:
+        raise ReportError("schema", f"must be {SCHEMA!r}, got {body.get('schema')!r:.60}")
+    user, rec_id, item = _string(body, "user"), _string(body, "rec_id"), _string(body, "item")
+    version = body.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**53:
+        raise ReportError("version", f"must be an integer >= 1 (the device's report counter), got {version!r:.60}")
+    alg = body.get("algorithm")
+    if alg not in _VECTOR:
+        raise ReportError("algorithm", f"must be one of {sorted(_VECTOR)}, got {alg!r:.60}")
+    if algorithm is not None and alg != algorithm:
+        raise ReportError("algorithm", f"this namespace runs local algorithm {algorithm!r}, got {alg!r}")
+    key, other = _VECTOR[alg], _VECTOR["round" if alg == "tree" else "tree"]
+    if other in body:
+        raise ReportError(other, f"a {alg!r} report carries {key!r}, not {other!r}")
+    vec = body.get(key)
+    if not isinstance(vec, list) or len(vec) != d:
+        raise ReportError(key, f"must be a list of {d} numbers, got "
+                               f"{('a list of ' + str(len(vec))) if isinstance(vec, list) else type(vec).__name__}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vec):
+        raise ReportError(key, "must hold numbers only")
+    arr = np.asarray(vec, dtype=np.float64)
+    if not np.isfinite(arr).all():
+        raise ReportError(key, "holds a value that is not finite (NaN or infinity)")
+    if np.abs(arr).max(initial=0.0) > MAX_ABS:
+        raise ReportError(key, f"holds a value beyond +-{MAX_ABS:g}")
+    return LocalReport(user=user, version=version, algorithm=alg, rec_id=rec_id, item=item, vector=arr)

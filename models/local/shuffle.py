@@ -1,0 +1,150 @@
+"""The shuffler of local mode: batches of one report per distinct user, stripped and shuffled.
+
+A batch belongs to one model unit (the server must know which unit's statistic a report adds to;
+the unit is public, and within the batch every report shares it). It closes when ``n`` distinct
+users of that unit have reported; a user's next report waits for the unit's next batch (one report
+per user per batch: the condition of the amplification theorem). What leaves the shuffler is the
+unit, a sequence number, the multiset of answered items (public, for the Gram) and the report
+vectors in a random order — no user, version or request id. The order comes from the operating
+system's randomness (:class:`random.SystemRandom`), never from a seeded generator.
+
+Examples
+--------
+>>> from models.local import LocalConfig, LocalReport
+>>> cfg = LocalConfig(algorithm="round", d=1, epsilon=2.0, shuffle_batch=2)
+>>> sh = Shuffler(cfg)
+>>> sh.add(LocalReport("a", 1, "round", "r1", "i1", [0.5]), unit=0)
+[]
+>>> sh.add(LocalReport("a", 2, "round", "r2", "i1", [0.7]), unit=0)  # "a" is in the open batch: waits
+[]
+>>> [b.n for b in sh.add(LocalReport("b", 1, "round", "r3", "i2", [0.1]), unit=0)]
+[2]
+>>> sh.open_users(0)                                                     # a's second report opened the next
+['a']
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .config import LocalConfig
+from .reports import LocalReport
+
+__all__ = ["ShuffledBatch", "Shuffler", "BATCH_SCHEMA"]
+
+BATCH_SCHEMA = "privrec.ShuffledBatch/1"
+_RNG = random.SystemRandom()
+
+
+@dataclass(frozen=True)
+class ShuffledBatch:
+    """What the aggregator receives: no identities, the vectors in a random order."""
+
+    unit: int
+    seq: int
+    items: list[str]
+    vectors: list[list[float]]
+    epsilon: float
+    delta: float
+    bound: str = ""
+
+    @property
+    def n(self) -> int:
+        return len(self.vectors)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"schema": BATCH_SCHEMA, "unit": self.unit, "seq": self.seq, "items": self.items,
+                           "m": self.vectors, "epsilon": self.epsilon, "delta": self.delta, "bound": self.bound},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def parse(cls, raw: bytes, *, d: int) -> ShuffledBatch:
+        """Parse a batch; ``ValueError`` naming what is wrong."""
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"batch: not JSON ({e})") from None
+        if not isinstance(body, dict) or body.get("schema") != BATCH_SCHEMA:
+            raise ValueError(f"batch: must be a JSON object with schema {BATCH_SCHEMA!r}")
+        unit, seq, items, m = body.get("unit"), body.get("seq"), body.get("items"), body.get("m")
+        if not isinstance(unit, int) or not isinstance(seq, int) or unit < 0 or seq < 1:
+            raise ValueError("batch: unit and seq must be integers (unit >= 0, seq >= 1)")
+        if not isinstance(items, list) or not isinstance(m, list) or len(items) != len(m) or not m:
+            raise ValueError("batch: items and m must be non-empty lists of the same length")
+        arr = np.asarray(m, dtype=np.float64)
+        if arr.shape != (len(m), d) or not np.isfinite(arr).all():
+            raise ValueError(f"batch: m must be {len(m)} finite vectors of length {d}")
+        return cls(unit, seq, [str(i) for i in items], arr.tolist(), float(body.get("epsilon", 0.0)),
+                   float(body.get("delta", 0.0)), str(body.get("bound", "")))
+
+
+@dataclass
+class _Open:
+    reports: OrderedDict[str, LocalReport] = field(default_factory=OrderedDict)
+    waiting: deque[LocalReport] = field(default_factory=deque)
+
+
+class Shuffler:
+    """Per unit, collect one report per distinct user; emit a shuffled batch every ``shuffle_batch`` users."""
+
+    def __init__(self, config: LocalConfig) -> None:
+        if not config.shuffled:
+            raise ValueError("the shuffler needs `shuffle_batch` > 0.")
+        self.config = config
+        self.n = config.shuffle_batch
+        self._open: dict[int, _Open] = {}
+        self.seq: dict[int, int] = {}
+        self._guarantee: tuple[float, float, str] | None = None
+
+    def guarantee(self) -> tuple[float, float, str]:
+        """``(epsilon, delta, bound)`` of one full batch (Feldman, McMillan & Talwar)."""
+        if self._guarantee is None:
+            from models.accounting.shuffling import shuffled_epsilon
+
+            g = shuffled_epsilon(self.config.epsilon0, self.n, self.config.delta)
+            self._guarantee = (float(g.epsilon), float(g.delta), str(g.bound))
+        return self._guarantee
+
+    def open_users(self, unit: int) -> list[str]:
+        o = self._open.get(unit)
+        return [] if o is None else list(o.reports)
+
+    def add(self, report: LocalReport, *, unit: int) -> list[ShuffledBatch]:
+        """Add one report; return the batches it completed (zero or more)."""
+        o = self._open.setdefault(unit, _Open())
+        if report.user in o.reports:
+            o.waiting.append(report)
+            return []
+        o.reports[report.user] = report
+        out: list[ShuffledBatch] = []
+        while len(o.reports) >= self.n:
+            out.append(self._close(unit, o))
+            pending, o.waiting = list(o.waiting), deque()
+            for rep in pending:  # the waiting reports open the next batch, one per user, in arrival order
+                if rep.user in o.reports:
+                    o.waiting.append(rep)
+                else:
+                    o.reports[rep.user] = rep
+        return out
+
+    def _close(self, unit: int, o: _Open) -> ShuffledBatch:
+        reports = list(o.reports.values())
+        o.reports = OrderedDict()
+        vectors = [r.vector.tolist() for r in reports]
+        items = [r.item for r in reports]
+        _RNG.shuffle(vectors)
+        _RNG.shuffle(items)
+        self.seq[unit] = self.seq.get(unit, 0) + 1
+        eps, delta, bound = self.guarantee()
+        return ShuffledBatch(unit, self.seq[unit], items, vectors, eps, delta, bound)
+
+    def state(self) -> dict[str, Any]:
+        """What is held (for persistence by the caller): open reports per unit and sequence numbers."""
+        return {"seq": dict(self.seq),
+                "open": {u: [r.to_dict() for r in [*o.reports.values(), *o.waiting]] for u, o in self._open.items()}}
