@@ -71,22 +71,27 @@ async def _observe_lag(consumer: AIOKafkaConsumer, assigned: set[TopicPartition]
 
 
 def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str | None = None,
-             metrics: WorkerMetrics | None = None, metrics_url: str | None = None) -> None:
-    """Run :func:`ingest` as a task of ``app`` (every worker, leader or not); ``topic`` defaults to ``interactions``."""
+             metrics: WorkerMetrics | None = None, metrics_url: str | None = None,
+             processor: IngestProcessor | None = None) -> None:
+    """Run :func:`ingest` as a task of ``app`` (every worker, leader or not); ``topic`` defaults to ``interactions``.
+
+    ``processor``: what a batch of the topic becomes (default: events into exact statistics; local mode
+    passes its report processor, :mod:`pipeline.localmode`)."""
 
     @app.task
     async def ingest_task() -> None:
         await ingest(settings, catalog, topic=topic or TOPICS["interactions"], metrics=metrics,
-                     metrics_url=metrics_url)
+                     metrics_url=metrics_url, processor=processor)
 
 
 async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: WorkerMetrics | None = None,
-                 metrics_url: str | None = None) -> None:
+                 metrics_url: str | None = None, processor: IngestProcessor | None = None) -> None:
     """Consume ``topic`` (``interactions``, or a federated site's own topic) in batches until the worker stops."""
     client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
-    make = UserIngestProcessor if settings.user_level else IngestProcessor
-    processor = make(client, settings.namespace, catalog, item_sums=settings.item_term,
-                     listen_weight=settings.listen_weight_in_force)
+    if processor is None:
+        make = UserIngestProcessor if settings.user_level else IngestProcessor
+        processor = make(client, settings.namespace, catalog, item_sums=settings.item_term,
+                         listen_weight=settings.listen_weight_in_force)
     TrustedStore(client, settings.namespace).ensure_config(
         settings.model_config() | {"catalog_fingerprint": catalog.fingerprint})
     consumer = AIOKafkaConsumer(

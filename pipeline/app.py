@@ -29,7 +29,7 @@ from pathlib import Path
 
 import faust
 
-from . import agents, sites, timers
+from . import agents, localmode, sites, timers
 from .catalog import load_catalog
 from .metrics import WorkerMetrics, serve_metrics
 from .settings import Settings
@@ -79,6 +79,9 @@ def build_worker_app(settings: Settings | None = None) -> faust.App:
     # unless PRIVREC_METRICS_ADDR / PRIVREC_METRICS_PORT say otherwise (a container exposes 0.0.0.0:<port>)
     worker_metrics = WorkerMetrics()
     url = serve_metrics(worker_metrics, _metrics_port(), os.environ.get("PRIVREC_METRICS_ADDR", "127.0.0.1"))
+    if settings.mode == "local":  # reports in place of events; the devices add the noise
+        localmode.register(app, settings, catalog, metrics=worker_metrics, metrics_url=url)
+        return app
     agents.register(app, settings, catalog, metrics=worker_metrics, metrics_url=url)
     timers.register(app, settings, catalog, worker_metrics)
     return app

@@ -46,7 +46,7 @@ __all__ = ["Interaction", "Recommendation", "DeadLetter", "MalformedEvent", "Par
 
 #: Topic names (DESIGN §7).
 TOPICS = {"interactions": "interactions", "recommendations": "recommendations", "dead_letters": "dead-letters",
-          "ldp_reports": "ldp-reports", "federated_updates": "federated-updates"}
+          "ldp_reports": "ldp-reports", "ldp_shuffled": "ldp-shuffled", "federated_updates": "federated-updates"}
 
 
 class Interaction(faust.Record, serializer="json"):

@@ -52,7 +52,9 @@ BASELINE_ALGORITHMS: dict[str, str] = {
     "dgs-gaussian": "DGS-LinUCB-Gaussian",
 }
 ALGORITHMS = ("linucb", "colin", "goblin", *BASELINE_ALGORITHMS)
-MODES = ("global", "federated")
+MODES = ("global", "federated", "local")
+#: Local mode: what a device reports (models.local.config.ALGORITHMS).
+LOCAL_ALGORITHMS = ("tree", "round")
 PRIVACY_UNITS = ("user", "event")
 CAP_POLICIES = ("ignore", "reject")
 #: Mechanisms with a multi-participation sensitivity bound (models.mechanisms.participation).
@@ -86,9 +88,22 @@ class Settings:
     Attributes
     ----------
     mode
-        Trust model: ``"global"`` (the server adds the noise) or ``"federated"``
+        Trust model: ``"global"`` (the server adds the noise), ``"federated"``
         (``sites`` sites, each adding the noise to its own users' statistics and
-        sharing only its releases; see :mod:`pipeline.federation`).
+        sharing only its releases; see :mod:`pipeline.federation`) or ``"local"``
+        (each user's device adds the noise and sends only reports; see
+        :mod:`pipeline.localmode` and ``docs/local-mode.md``).
+    local_algorithm
+        Local mode: ``"tree"`` (each device releases its own ``b_u`` through its own
+        continual-release mechanism, LDP-CoLin / LDP-GOBLin) or ``"round"`` (one noisy
+        ``r x`` per interaction, the LDP bandits paper's reduction).
+    local_mechanism, local_capacity
+        Local mode, ``tree``: the devices' mechanism (default ``blt-exact``) and the
+        reports per epoch of a device's mechanism.
+    shuffle_batch
+        Local mode, ``round``: ``n > 0`` turns the shuffler on — batches of ``n``
+        distinct users' reports per unit, stripped and shuffled; ``epsilon`` is then
+        the central guarantee of a batch (Feldman, McMillan & Talwar).
     sites
         Federated mode: number of sites ``M``; unit ``u`` belongs to site ``u mod M``
         (public and stable).
@@ -194,6 +209,10 @@ class Settings:
     topology: str = "star"
     fed_schedule: str = "tick"
     consensus_kappa: float = 0.5
+    local_algorithm: str = "tree"
+    local_mechanism: str = "blt-exact"
+    local_capacity: int = 1023
+    shuffle_batch: int = 0
     algorithm: str = "linucb"
     mechanism: str = DEFAULT_MECHANISM
     epsilon: float = 2.0
@@ -243,6 +262,7 @@ class Settings:
                                              f"released statistics), got {self.algorithm!r}.")
         if self.algorithm not in ALGORITHMS:
             raise SettingsError("algorithm", f"must be one of {ALGORITHMS}, got {self.algorithm!r}.")
+        self._check_local()
         if self.mechanism not in MECHANISMS:
             raise SettingsError("mechanism", f"must be one of {sorted(MECHANISMS)}, got {self.mechanism!r}.")
         if math.isnan(self.epsilon) or self.epsilon <= 0:
@@ -301,6 +321,43 @@ class Settings:
         if not self.batch_seconds > 0:
             raise SettingsError("batch_seconds", f"must be positive, got {self.batch_seconds}.")
 
+    def _check_local(self) -> None:
+        """The local mode's settings (checked whatever the mode, so a typo never waits for a mode switch)."""
+        if self.local_algorithm not in LOCAL_ALGORITHMS:
+            raise SettingsError("local_algorithm", f"must be one of {LOCAL_ALGORITHMS}, got {self.local_algorithm!r}.")
+        from models.local.config import DEVICE_MECHANISMS
+
+        if self.local_mechanism not in DEVICE_MECHANISMS:
+            raise SettingsError("local_mechanism", f"must be one of {DEVICE_MECHANISMS} (a device releases its own "
+                                                   f"vector: no user-* mixing), got {self.local_mechanism!r}.")
+        if not 1 <= self.local_capacity <= (1 << 20):
+            raise SettingsError("local_capacity", f"must be an integer in [1, {1 << 20}], got {self.local_capacity}.")
+        if not 0 <= self.shuffle_batch <= 1_000_000:
+            raise SettingsError("shuffle_batch", f"must be an integer in [0, 1000000] (0: no shuffler), got "
+                                                 f"{self.shuffle_batch}.")
+        if self.mode != "local":
+            return
+        if self.baseline is not None:
+            raise SettingsError("algorithm", f"the local mode runs linucb, colin or goblin (devices report b_u), got "
+                                             f"{self.algorithm!r}.")
+        if math.isinf(self.epsilon):
+            raise SettingsError("epsilon", "must be finite in local mode: a device that adds no noise would send its "
+                                           "exact statistic (use --mode global --epsilon inf for a non-private run).")
+        if self.privacy_unit == "user":
+            raise SettingsError("privacy_unit", "local mode is event level (each device's stream protects each of "
+                                                "its interactions); use --privacy-unit event")
+        if self.shuffle_batch and self.local_algorithm != "round":
+            raise SettingsError("shuffle_batch", "shuffling applies to per-round reports: use --local-algorithm round "
+                                                 "(a per-user continual release has no batch of one report per user)")
+
+    def local_config(self, d: int) -> Any:
+        """Local mode: the devices' public calibration (:class:`models.local.LocalConfig`) for contexts of length ``d``."""
+        from models.local import LocalConfig
+
+        return LocalConfig(algorithm=self.local_algorithm, d=d, epsilon=self.epsilon, delta=self.delta,
+                           mechanism=self.local_mechanism, capacity=self.local_capacity,
+                           shuffle_batch=self.shuffle_batch)
+
     @property
     def default_pool_ids(self) -> list[str] | None:
         """The ``default_pool`` setting as a list of arm ids (``None``: the catalog's default)."""
@@ -317,7 +374,7 @@ class Settings:
         ingest does not bound contributions yet)."""
         if self.privacy_unit is not None:
             return self.privacy_unit
-        if self.baseline is not None or self.mode == "federated" or not self._user_level_mechanism:
+        if self.baseline is not None or self.mode in ("federated", "local") or not self._user_level_mechanism:
             return "event"
         return "user"
 
@@ -332,7 +389,7 @@ class Settings:
         Off for the per-unit baselines (their own mechanisms) and in federated mode (sites release the
         bandit statistic only).
         """
-        if self.baseline is not None or self.mode == "federated":
+        if self.baseline is not None or self.mode in ("federated", "local"):
             return 0.0
         if self.item_weight is not None:
             return self.item_weight
@@ -402,7 +459,7 @@ class Settings:
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
 MAX_DEFAULT_POOL = 1000
 
-MODEL_FIELDS = ("mode", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
+MODEL_FIELDS = ("mode", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
                 "item_share", "privacy_unit", "user_cap", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "partitions")
 
@@ -431,6 +488,10 @@ _HELP = {
                  "too), dgs-laplace, dgs-gaussian (dynamic global sensitivity; claimed guarantee, not a proof)",
     "topology": "federated mode: star (a coordinator), ring, complete, or the path of an edge-list file "
                 "(one 'i j' pair of sites per line)",
+    "local_algorithm": "local mode: 'tree' (each device releases its own b_u through its own mechanism) or 'round' "
+                       "(one noisy r x per interaction)",
+    "shuffle_batch": "local mode with --local-algorithm round: n > 0 shuffles batches of n distinct users' reports; "
+                     "--epsilon is then the central guarantee of a batch",
     "fed_schedule": "federated mode: share every release tick ('tick') or at ticks 1, 2, 4, ... ('doubling')",
     "mechanism": "continual-release mechanism of linucb/colin/goblin, one of: " + ", ".join(sorted(MECHANISMS))
                  + " (ignored by the ss-*/dgs-* algorithms)",

@@ -11,6 +11,8 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 import faust
 import redis
@@ -28,14 +30,16 @@ __all__ = ["register", "ReleaseTicker"]
 class ReleaseTicker:
     """One release tick then a solve (which also catches up after a restart); stages built on first use."""
 
-    def __init__(self, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None) -> None:
+    def __init__(self, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None,
+                 release: Callable[..., Any] = ReleaseStage) -> None:
         self.settings, self.catalog, self.metrics = settings, catalog, metrics
-        self._stages: tuple[ReleaseStage, SolveStage] | None = None
+        self._release = release  # the mode's release stage (local mode: pipeline.localmode.LocalReleaseStage)
+        self._stages: tuple[Any, SolveStage] | None = None
 
-    def _build(self) -> tuple[ReleaseStage, SolveStage]:
+    def _build(self) -> tuple[Any, SolveStage]:
         if self._stages is None:
             client = redis.Redis.from_url(self.settings.redis_url or "redis://127.0.0.1:6379/0")
-            release = ReleaseStage(self.settings, self.catalog, client)
+            release = self._release(self.settings, self.catalog, client)
             self._stages = (release, SolveStage(self.settings, client, release.statement))
         return self._stages
 
@@ -51,7 +55,7 @@ class ReleaseTicker:
             self._ledger_metrics(release)
         return version, solved
 
-    def _ledger_metrics(self, release: ReleaseStage) -> None:
+    def _ledger_metrics(self, release: Any) -> None:
         """Users at the cap and the spent budget, from the ledger figures of the last release (user level)."""
         figures = getattr(release, "last_figures", None)
         if figures is None or self.metrics is None:
@@ -62,9 +66,10 @@ class ReleaseTicker:
         self.metrics.spent_median.set(figures["spent_median"] if math.isfinite(figures["spent_median"]) else -1)
 
 
-def register(app: faust.App, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None) -> None:
-    """Run a :class:`ReleaseTicker` every ``tick_seconds`` on the leader of ``app``."""
-    ticker = ReleaseTicker(settings, catalog, metrics)
+def register(app: faust.App, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None,
+             release: Callable[..., Any] = ReleaseStage) -> None:
+    """Run a :class:`ReleaseTicker` every ``tick_seconds`` on the leader of ``app`` (``release``: the mode's stage)."""
+    ticker = ReleaseTicker(settings, catalog, metrics, release)
 
     @app.timer(settings.tick_seconds, on_leader=True)
     async def release_and_solve() -> None:

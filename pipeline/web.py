@@ -48,6 +48,7 @@ from .federated_serving import SiteRouter, federated_budget, interactions_topic,
 from .federation import site_namespace
 from .budget_view import history, ledger_overview, user_budget
 from .keys import PublicKeys
+from .local_http import add_routes as add_local_routes, local_budget, refuse_raw_reward, with_contexts
 from .records import TOPICS
 from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
 from .settings import Settings
@@ -112,6 +113,7 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/users", users)
     app.router.add_get("/", index)
+    add_local_routes(app)  # GET /local/config, POST /report (local mode; a clear 400 elsewhere)
     if STATIC.is_dir():
         app.router.add_static("/static/", STATIC)
     app.cleanup_ctx.append(_clients)
@@ -231,6 +233,8 @@ async def recommend(request: web.Request) -> web.Response:
         return _error(status, exc.parameter, str(exc))
     except ModelNotReadyError as exc:
         return _error(503, None, f"{exc}; try again in a moment")
+    if request.app["settings"].mode == "local":  # the devices need each item's context for r x
+        with_contexts(out, request.app["catalog"])
     items = [it["item"] for it in out["items"]]
     record = {"rec_id": out["rec_id"], "user": user, "items": items, "model_version": out["model_version"],
               "ts": time.time() * 1000}
@@ -245,6 +249,9 @@ async def recommend(request: web.Request) -> web.Response:
 
 
 async def feedback(request: web.Request) -> web.Response:
+    refused = refuse_raw_reward(request)  # local mode: raw rewards never reach the server
+    if refused is not None:
+        return refused
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -307,6 +314,9 @@ async def listen(request: web.Request) -> web.Response:
     It becomes an ``interactions`` event with ``"kind": "listen"``: it counts in the item's reward sum (the
     item term) and, with weight ``listen_weight``, in the user's unit of the bandit statistic.
     """
+    refused = refuse_raw_reward(request)
+    if refused is not None:
+        return refused
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -397,7 +407,10 @@ async def budget(request: web.Request) -> web.Response:
             keys = PublicKeys(site_namespace(s.namespace, request.app["recommender"].site_of(user)))
         counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(s.partitions)))
         k = sum(int(c) for c in counts if c is not None)
-        if statement.get("unit") == "user":
+        if s.mode == "local":  # the devices' guarantee: what this user's reports cover
+            out["local"] = local_budget(s, s.local_config(request.app["catalog"].d), user, k)
+            out["user"] = {"user": user, "interactions": k, **out["local"]["user"]}
+        elif statement.get("unit") == "user":
             out["user"] = {**await user_budget(r, keys, s.partitions, user, statement, out["tree"]["epoch"]),
                            "interactions": k}
         else:
@@ -407,6 +420,8 @@ async def budget(request: web.Request) -> web.Response:
                            "delta": g.delta, "valid": g.valid, "note": g.note,
                            "bound": "group privacy over all of this user's interactions so far (k times one "
                                     "interaction's sensitivity)"}
+    if s.mode == "local" and "local" not in out:
+        out["local"] = local_budget(s, s.local_config(request.app["catalog"].d), None, 0)
     if statement.get("unit") == "user":
         out["ledger"] = await ledger_overview(r, keys, s.partitions, statement, out["tree"]["epoch"])
     return web.json_response(out)

@@ -169,8 +169,11 @@ def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str
             rh = services.start_redis(state)
             started.append(rh)
             redis_url = rh.url
-        services.create_topics(broker.address, {"interactions": int((settings or {}).get("PRIVREC_PARTITIONS", 4)),
-                                                "dead-letters": 1, "recommendations": 1})
+        parts = int((settings or {}).get("PRIVREC_PARTITIONS", 4))
+        topics = {"interactions": parts, "dead-letters": 1, "recommendations": 1}
+        if (settings or {}).get("PRIVREC_MODE") == "local":
+            topics.update({"ldp-reports": parts, "ldp-shuffled": parts})
+        services.create_topics(broker.address, topics)
         env = {**os.environ, **(settings or {}), "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_url,
                "PRIVREC_NAMESPACE": ns, "PRIVREC_STATE_DIR": str(state), "PRIVREC_WORKER_ID": "worker-0"}
         env.setdefault("OPENBLAS_NUM_THREADS", "1")

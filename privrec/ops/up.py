@@ -64,6 +64,10 @@ def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: d
         check_namespace(client, settings, catalog.fingerprint)
         if not external["kafka"]:
             counted, old_offsets = reset_offsets(client, settings)
+            if settings.mode == "local" and settings.shuffle_batch:
+                from pipeline.localmode import reset_shuffler_offsets
+
+                reset_shuffler_offsets(client, settings.namespace)
             if any(o is not None for o in old_offsets):
                 stack["offsets_reset"] = {"previous": old_offsets, "events_kept": counted}
                 note(f"namespace {settings.namespace!r} keeps {counted} events counted by an earlier "
@@ -133,6 +137,9 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
     if not 1 <= workers <= settings.partitions:
         raise OpsError(f"`--workers` must be between 1 and the partition count ({settings.partitions}, "
                        f"setting `partitions`), got {workers}.")
+    if settings.mode == "local" and settings.shuffle_batch and workers != 1:
+        raise OpsError(f"local mode with a shuffler (`shuffle_batch` {settings.shuffle_batch}) runs one worker: the "
+                       f"shuffler's open batches live in one process; got `--workers` {workers}.")
     if not 0 <= http_port < 65536:
         raise OpsError(f"`--http-port` must be a port number (0 = a free one), got {http_port}.")
     if http_port and not _port_free(http_host, http_port):
@@ -211,6 +218,8 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
             assert settings.kafka is not None and settings.redis_url is not None
 
             topics = {"interactions": settings.partitions, **TOPIC_PARTITIONS}
+            if settings.mode == "local":  # reports keyed by user; the shuffler's batches keyed by unit
+                topics.update({"ldp-reports": settings.partitions, "ldp-shuffled": settings.partitions})
             created = services.create_topics(settings.kafka, topics)
             check_topic(settings.kafka, "interactions", settings.partitions)
             listed = ", ".join(f"{t} ({n})" for t, n in topics.items())

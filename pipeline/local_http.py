@@ -1,0 +1,153 @@
+"""Local mode's HTTP side: ``GET /local/config``, ``POST /report``, and the refusal of raw rewards.
+
+Serving code: it imports only public things (the catalog, the public key layout, the device
+calibration of :mod:`models.local`), never the trusted store. A report is checked here as far as
+the web process can (the schema, the user, the shown list it answers, one report per list) and
+produced to ``ldp-reports``; the worker checks the version (:mod:`pipeline.localmode`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from models.local import LocalConfig, ReportError, parse_report
+from models.local.aggregate import clip_context
+
+from .catalog import Catalog, UnknownUserError
+from .keys import PublicKeys
+from .records import TOPICS
+from .settings import Settings
+
+__all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED"]
+
+#: Why ``/feedback`` and ``/listen`` answer 400 in local mode.
+RAW_REFUSED = ("this stack runs in local mode: the server never receives a raw reward. Build a noisy report on the "
+               "device (models.local.LocalClient, or the web page) and POST it to /report; GET /local/config gives "
+               "the calibration (docs/local-mode.md)")
+
+
+def local_statement(config: LocalConfig) -> dict[str, Any]:
+    """The privacy statement of a local-mode namespace (``/budget``, the serving models' meta)."""
+    g = config.guarantee()
+    return {"private": True, **g, "note": g["statement"], "mechanism": g.get("mechanism", g.get("noise")),
+            "neighbours": "event level, replace-one, on the device: two report streams of one user differing in "
+                          "the reward of one interaction (rewards in [0, 1], contexts clipped to norm 1)",
+            "scope": "every report a device ever sends; the server's sums, models and recommendations are "
+                     "post-processing"}
+
+
+def _error(status: int, parameter: str | None, message: str) -> web.Response:
+    return web.json_response({"error": {"parameter": parameter, "message": message}}, status=status)
+
+
+def refuse_raw_reward(request: web.Request) -> web.Response | None:
+    """400 in local mode (a raw reward must never reach the server), ``None`` otherwise."""
+    s: Settings = request.app["settings"]
+    if s.mode != "local":
+        return None
+    return _error(400, "reward", RAW_REFUSED)
+
+
+def with_contexts(out: dict[str, Any], catalog: Catalog) -> dict[str, Any]:
+    """Local mode's ``/recommend``: each item also carries ``x``, its public feature vector (norm <= 1)."""
+    items = out["items"]
+    if items:
+        X = catalog.features_of([it["item"] for it in items])
+        for it, x in zip(items, X):
+            it["x"] = [float(v) for v in clip_context(np.asarray(x, dtype=np.float64))]
+    return out
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/local/config", config_view)
+    app.router.add_post("/report", report)
+
+
+def _config(request: web.Request) -> LocalConfig:
+    cfg = request.app.get("local_config")
+    if cfg is None:
+        s: Settings = request.app["settings"]
+        cfg = request.app["local_config"] = s.local_config(request.app["catalog"].d)
+    return cfg  # type: ignore[no-any-return]
+
+
+async def config_view(request: web.Request) -> web.Response:
+    """The devices' public calibration; ``{"mode": <mode>}`` alone outside local mode."""
+    s: Settings = request.app["settings"]
+    if s.mode != "local":
+        return web.json_response({"mode": s.mode})
+    return web.json_response(_config(request).to_public())
+
+
+async def report(request: web.Request) -> web.Response:
+    s: Settings = request.app["settings"]
+    if s.mode != "local":
+        return _error(400, None, f"this stack runs in {s.mode} mode: POST /report is for local mode; send feedback "
+                                 f"to POST /feedback")
+    cfg = _config(request)
+    raw = await request.read()
+    try:
+        rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
+    except ReportError as e:
+        return _error(400, e.parameter, e.message)
+    catalog: Catalog = request.app["catalog"]
+    try:
+        catalog.unit_of(rep.user)
+    except UnknownUserError as exc:
+        return _error(404, "user", str(exc))
+    keys: PublicKeys = request.app["keys"]
+    r = request.app["redis"]
+    shown_raw = await r.get(keys.recommendation(rep.rec_id))
+    if shown_raw is None:
+        return _error(404, "rec_id", f"unknown rec_id {rep.rec_id!r} (never shown by /recommend, or expired)")
+    shown = json.loads(shown_raw)
+    if shown["user"] != rep.user:
+        return _error(400, "user", f"list {rep.rec_id!r} was shown to another user")
+    if rep.item not in shown["items"]:
+        return _error(400, "item", f"item {rep.item!r} was not in the list {rep.rec_id!r} showed")
+    producer = request.app["producer"]
+    if producer is None:
+        return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
+    answered = keys.recommendation(rep.rec_id) + ":answered"
+    if not await r.set(answered, rep.item, nx=True, ex=24 * 3600):
+        return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
+    try:
+        await producer.send_and_wait(TOPICS["ldp_reports"], key=rep.user.encode(), value=raw)
+    except Exception:
+        await r.delete(answered)
+        raise
+    return web.json_response({"accepted": True, "user": rep.user, "version": rep.version}, status=202)
+
+
+def local_budget(settings: Settings, config: LocalConfig, user: str | None, reports: int) -> dict[str, Any]:
+    """``/budget``'s local section: the devices' guarantee, and for a user what their reports cover."""
+    from models.accounting.conversions import gdp_epsilon, gdp_mu
+
+    out: dict[str, Any] = {"guarantee": config.guarantee()}
+    if user is None:
+        return out
+    entry: dict[str, Any] = {"user": user, "reports": reports, "unit": "event"}
+    if config.algorithm == "tree":
+        entry["per_interaction"] = {"epsilon": config.epsilon, "delta": config.delta}
+        entry["bound"] = (f"each of this user's {reports} interactions is ({config.epsilon:g}, {config.delta:g})-DP "
+                          f"in their whole report stream (their device's mechanism); all of them together at group "
+                          f"level {reports}")
+    elif not config.shuffled:
+        mu = gdp_mu(config.epsilon, config.delta)
+        eps = gdp_epsilon(mu * reports ** 0.5, config.delta) if reports else 0.0
+        entry["all_reports"] = {"epsilon": eps, "delta": config.delta}
+        entry["bound"] = (f"{reports} Gaussian reports compose in Gaussian DP to mu = {mu:.3g} x sqrt({reports}): "
+                          f"({eps:.4g}, {config.delta:g}) over all of them")
+    else:
+        e0 = config.epsilon0
+        entry["all_reports"] = {"epsilon_local": e0 * reports, "delta": 0.0,
+                                "central_per_batch": {"epsilon": config.epsilon, "delta": config.delta}}
+        entry["bound"] = (f"each report is pure {e0:.4g}-LDP ({reports} reports: {e0 * reports:.4g} by basic "
+                          f"composition); in the shuffled batches each is ({config.epsilon:g}, {config.delta:g})-DP "
+                          f"centrally")
+    out["user"] = entry
+    return out
