@@ -21,6 +21,8 @@ from typing import Any
 
 import aiohttp
 
+from .devices import Devices
+
 __all__ = ["ReplayEvent", "ReplayResult", "ReplayError", "replay"]
 
 
@@ -53,7 +55,8 @@ class ReplayError(RuntimeError):
     """The API refused a request the replay cannot recover from."""
 
 
-async def _one(session: aiohttp.ClientSession, base: str, ev: ReplayEvent, listens: bool = True) -> tuple[float, int]:
+async def _one(session: aiohttp.ClientSession, base: str, ev: ReplayEvent, listens: bool = True,
+               devices: Devices | None = None) -> tuple[float, int]:
     params = {"user": ev.user, "k": "1", "candidates": ",".join(ev.pool)}
     async with session.get(f"{base}/recommend", params=params) as resp:
         body = await resp.json()
@@ -61,6 +64,9 @@ async def _one(session: aiohttp.ClientSession, base: str, ev: ReplayEvent, liste
             raise ReplayError(f"/recommend for user {ev.user}: HTTP {resp.status}: {body}")
     top = body["items"][0]["item"]
     reward = 1.0 if top == ev.arm else 0.0
+    if devices is not None:  # local mode: the user's device turns the reward into a report; only that is sent
+        await _send_report(session, base, devices, ev.user, body["rec_id"], body["items"][0], reward)
+        return reward, int(body["model_version"])
     async with session.post(f"{base}/feedback", json={"rec_id": body["rec_id"], "item": top,
                                                       "reward": reward}) as resp:
         if resp.status != 202:
@@ -73,9 +79,22 @@ async def _one(session: aiohttp.ClientSession, base: str, ev: ReplayEvent, liste
     return reward, int(body["model_version"])
 
 
+async def _send_report(session: aiohttp.ClientSession, base: str, devices: Devices, user: str, rec_id: str,
+                       item: dict[str, Any], reward: float) -> None:
+    """Send the device's pending reports (an earlier one first, as it was), then forget them."""
+    devices.report(user, rec_id=rec_id, item=item["item"], x=item["x"], reward=reward)
+    for rep in devices.client(user).pending():
+        async with session.post(f"{base}/report", data=rep.to_json(),
+                                headers={"Content-Type": "application/json"}) as resp:
+            # 409: the server already has this list's report (sent before a crash): it counts as delivered
+            if resp.status not in (202, 409):
+                raise ReplayError(f"/report for user {user}: HTTP {resp.status}: {await resp.text()}")
+        devices.acknowledge(rep)
+
+
 async def _replay(base: str, events: Iterable[ReplayEvent], total: int, rate: float | None, concurrency: int,
                   progress: Callable[[int, ReplayResult], None] | None, checkpoints: int,
-                  listens: bool = True) -> ReplayResult:
+                  listens: bool = True, devices: Devices | None = None) -> ReplayResult:
     result = ReplayResult()
     busy_users: dict[str, asyncio.Future[None]] = {}
     sem = asyncio.Semaphore(concurrency)
@@ -101,7 +120,7 @@ async def _replay(base: str, events: Iterable[ReplayEvent], total: int, rate: fl
             try:
                 if before is not None:
                     await before  # keep each user's events in order
-                reward, version = await _one(session, base, ev, listens)
+                reward, version = await _one(session, base, ev, listens, devices)
                 result.reward += reward
                 result.events += 1
                 result.random_reward += 1.0 / len(ev.pool)
@@ -140,18 +159,20 @@ async def _replay(base: str, events: Iterable[ReplayEvent], total: int, rate: fl
 
 def replay(base_url: str, events: Iterable[ReplayEvent], *, total: int, rate: float | None = None,
            concurrency: int = 8, progress: Callable[[int, ReplayResult], None] | None = None,
-           checkpoints: int = 200, listens: bool = True) -> ReplayResult:
+           checkpoints: int = 200, listens: bool = True, devices: Devices | None = None) -> ReplayResult:
     """Replay ``events`` against the API at ``base_url`` (e.g. ``http://127.0.0.1:8080``).
 
     With ``listens`` (default), a logged listen that was not the recommended item is also sent as an
-    organic positive (``POST /listen``): the information the popularity counter uses.
+    organic positive (``POST /listen``): the information the popularity counter uses. With ``devices``
+    (local mode) each user's device builds a report instead and nothing else is sent (no listens: a
+    raw positive never leaves a device).
     """
     if rate is not None and rate <= 0:
         raise ValueError(f"`rate` must be positive events/s, got {rate}.")
     if concurrency < 1:
         raise ValueError(f"`concurrency` must be at least 1, got {concurrency}.")
     return asyncio.run(_replay(base_url.rstrip("/"), events, total, rate, concurrency, progress, checkpoints,
-                               listens))
+                               listens and devices is None, devices))
 
 
 def summary(result: ReplayResult) -> dict[str, Any]:

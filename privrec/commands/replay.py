@@ -34,6 +34,11 @@ def register(sub: Any) -> None:
                     help="do not send a missed logged artist as an organic listen (POST /listen)")
     lf.add_argument("--no-baselines", action="store_true",
                     help="skip the offline baselines on the same events (random, popularity, private popularity)")
+    lf.add_argument("--mode", choices=("auto", "global", "local"), default="auto",
+                    help="local: every simulated user runs the device library (models.local.LocalClient) and sends "
+                         "only noisy reports (POST /report); auto (default): what the stack runs (GET /local/config)")
+    lf.add_argument("--devices", type=Path, default=None,
+                    help="local mode: keep each simulated device's state in DIR (one file per user; default: memory)")
     lf.add_argument("--no-progress", action="store_true", help="no progress bar")
     lf.set_defaults(func=_lastfm)
 
@@ -91,8 +96,9 @@ def _lastfm(args: argparse.Namespace) -> int:
         if done % 100 == 0:
             bar.set_postfix(ratio=f"{res.ratio:.2f}", model=res.last_model_version)
 
+    devices = _devices(base, args.mode, args.devices)
     result = replay(base, events, total=n, rate=args.rate, concurrency=args.concurrency, progress=progress,
-                    listens=not args.no_listens)
+                    listens=not args.no_listens, devices=devices)
     bar.close()
     info = _api_info(base)
     baselines = {} if args.no_baselines else _baselines(args, n, info, every=max(1, n // 200))
@@ -117,6 +123,22 @@ def _lastfm(args: argparse.Namespace) -> int:
             f"{name} {b['reward'] / result.random_reward:.2f}" for name, b in baselines.items()))
     print(f"wrote {args.out}/replay.json and replay.png", file=sys.stderr)
     return 0
+
+
+def _devices(base: str, mode: str, state_dir: Path | None) -> Any:
+    """Local mode: the simulated users' devices, calibrated from ``GET /local/config`` (``None`` otherwise)."""
+    import urllib.request
+
+    from producers.devices import Devices, config_from_public
+
+    with urllib.request.urlopen(f"{base}/local/config", timeout=10) as resp:
+        public = json.loads(resp.read())
+    running = public.get("mode", "global")
+    if mode == "auto":
+        mode = "local" if running == "local" else "global"
+    if mode != ("local" if running == "local" else "global"):
+        raise ValueError(f"--mode {mode}: the stack at {base} runs in {running} mode (privrec up --mode {mode})")
+    return Devices(config_from_public(public), state_dir) if mode == "local" else None
 
 
 def _baselines(args: argparse.Namespace, n: int, info: dict[str, Any], every: int) -> dict[str, Any]:

@@ -1,0 +1,58 @@
+"""Simulated users' devices for a local-mode replay: each user runs :class:`models.local.LocalClient`.
+
+The replay never sees a user's reward leave the device: the device turns it into a report, and only
+the report goes to ``POST /report``. A device's state lives in memory, or with ``state_dir`` in one
+file per user (so a replay that is stopped and started again continues each device's versions and
+re-sends its pending reports as they were).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from models.local import FileStorage, LocalClient, LocalConfig, LocalReport, MemoryStorage
+
+__all__ = ["Devices", "config_from_public"]
+
+
+def config_from_public(public: dict[str, Any]) -> LocalConfig:
+    """The device calibration from ``GET /local/config``."""
+    if public.get("mode") != "local":
+        raise ValueError(f"the stack runs in {public.get('mode')!r} mode, not local")
+    mech = public.get("mechanism") or {}
+    return LocalConfig(algorithm=str(public["algorithm"]), d=int(public["d"]), epsilon=float(public["epsilon"]),
+                       delta=float(public["delta"]), mechanism=str(mech.get("name") or "blt-exact"),
+                       capacity=int(mech.get("capacity") or 1023), shuffle_batch=int(public.get("shuffle_batch") or 0))
+
+
+class Devices:
+    """One :class:`LocalClient` per user, created on first use."""
+
+    def __init__(self, config: LocalConfig, state_dir: str | Path | None = None) -> None:
+        self.config = config
+        self.state_dir = None if state_dir is None else Path(state_dir)
+        self._clients: dict[str, LocalClient] = {}
+
+    def client(self, user: str) -> LocalClient:
+        c = self._clients.get(user)
+        if c is None:
+            if self.state_dir is None:
+                storage: Any = MemoryStorage()
+            else:
+                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", user)
+                storage = FileStorage(self.state_dir / f"device-{safe}.json")
+            c = self._clients[user] = LocalClient(user, self.config, storage)
+        return c
+
+    def report(self, user: str, *, rec_id: str, item: str, x: list[float], reward: float) -> LocalReport:
+        return self.client(user).report(rec_id=rec_id, item=item, x=np.asarray(x, dtype=np.float64), reward=reward)
+
+    def acknowledge(self, report: LocalReport) -> None:
+        self.client(report.user).acknowledge(report.version)
+
+    def __iter__(self) -> Any:
+        return iter(self._clients.values())
