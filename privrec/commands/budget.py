@@ -40,7 +40,10 @@ def _budget(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     p = doc["privacy"]
-    if not p.get("private"):
+    if p.get("mode") == "local":  # the devices add the noise: their guarantee, in their words
+        print(f"local mode ({p['algorithm']}): {p['statement']}")
+        print(f"trusted: {p['trusted']}")
+    elif not p.get("private"):
         print(f"no privacy: {p.get('guarantee')}")
     else:
         unit = "per user and epoch (a capped user's whole history)" if p.get("unit") == "user" else "per interaction"
@@ -66,6 +69,9 @@ def _budget(args: argparse.Namespace) -> int:
                 print(f"  [{e[i]:.3g}, {e[i + 1]:.3g})".ljust(18) + f"{c}")
     if "user" in doc:
         u = doc["user"]
+        if "reports" in u:  # local mode
+            print(f"user {u['user']}: {u['reports']} reports → {u['bound']}")
+            return 0
         eps = "∞" if u["epsilon"] is None else f"{u['epsilon']:.4g}"
         if u.get("unit") == "user":
             print(f"user {u['user']}: {u['interactions']} interactions in {u['ticks_this_epoch']} of at most {u['cap']} "
