@@ -156,6 +156,15 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
         raise
     except (OSError, ValueError) as exc:
         raise OpsError(f"cannot load the {settings.catalog!r} catalog (setting `catalog`): {exc}") from exc
+    if settings.mode == "local" and settings.shuffle_batch:
+        from collections import Counter
+
+        per_unit = Counter(catalog.unit_of(u) for u in catalog.users)
+        if settings.shuffle_batch > max(per_unit.values()):
+            raise OpsError(f"`shuffle_batch` {settings.shuffle_batch} exceeds the most users any model unit has "
+                           f"({max(per_unit.values())} in the {settings.catalog!r} catalog): a batch holds distinct "
+                           f"users of one unit, so none could ever close (with one user per unit there is no one to "
+                           f"hide among; use a catalog whose units pool users, e.g. --catalog lastfm)")
 
     with locked(state, "`privrec up`"):
         previous = read_stack(state)
