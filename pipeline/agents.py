@@ -15,6 +15,7 @@ module never imports the app (the app imports it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -24,8 +25,9 @@ import faust
 import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
+from .redisconn import connect
 from .catalog import Catalog
-from .ingest import IngestProcessor, UserIngestProcessor, _reason_class
+from .ingest import IngestProcessor, OffsetGap, UserIngestProcessor, _reason_class
 from .metrics import WorkerMetrics
 from .records import TOPICS, dead_letter_value
 from .settings import Settings
@@ -58,6 +60,38 @@ class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned partitions %s (stored offsets %s)", sorted(tp.partition for tp in assigned), stored)
 
 
+#: What a Redis restart looks like to a client: retried with backoff, never fatal.
+REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError,
+              redis.exceptions.ReadOnlyError)
+
+
+class Backoff:
+    """Exponential backoff, 0.1 s doubling to 5 s, reset after a success."""
+
+    def __init__(self, first: float = 0.1, most: float = 5.0) -> None:
+        self.first, self.most, self.delay = first, most, first
+
+    def reset(self) -> None:
+        self.delay = self.first
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.most, self.delay * 2)
+
+
+async def _reseek(consumer: AIOKafkaConsumer, processor: IngestProcessor, partitions: int,
+                  tps: list[TopicPartition]) -> None:
+    """Forget the cached state of ``tps`` and seek them to the offsets stored in Redis (the source of truth)."""
+    stored = processor.store.offsets(partitions)
+    for tp in tps:
+        processor.forget(tp.partition)
+        off = stored[tp.partition] if tp.partition < len(stored) else None
+        if off is None:
+            await consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, off)
+
+
 async def _observe_lag(consumer: AIOKafkaConsumer, assigned: set[TopicPartition], metrics: WorkerMetrics) -> None:
     """Messages between the worker's positions and the ends of its partitions (a metric: never fatal)."""
     try:
@@ -87,7 +121,7 @@ def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str
 async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: WorkerMetrics | None = None,
                  metrics_url: str | None = None, processor: IngestProcessor | None = None) -> None:
     """Consume ``topic`` (``interactions``, or a federated site's own topic) in batches until the worker stops."""
-    client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
+    client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
     if processor is None:
         make = UserIngestProcessor if settings.user_level else IngestProcessor
         processor = make(client, settings.namespace, catalog, item_sums=settings.item_term,
@@ -106,38 +140,60 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
     status_key = f"{settings.namespace}:ops:{{{settings.namespace}:ops}}:workers"
     counted = 0
     last_status = 0.0
+    backoff = Backoff()
+    reread = False  # whether the assigned partitions must be re-read from the offsets Redis holds
     try:
         while True:
+            if reread:
+                try:
+                    await _reseek(consumer, processor, settings.partitions, list(consumer.assignment()))
+                    reread = False
+                except REDIS_DOWN as exc:
+                    log.warning("Redis unavailable (%s); retrying in %.1f s", exc, backoff.delay)
+                    await backoff.wait()
+                    continue
             batches = await consumer.getmany(timeout_ms=int(settings.batch_seconds * 1000),
                                              max_records=settings.batch_size)
-            for tp, records in batches.items():
-                msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
-                batch = processor.prepare(tp.partition, msgs)
-                for item in batch.dead:
-                    await producer.send_and_wait(TOPICS["dead_letters"], key=None, value=dead_letter_value(
-                        item.raw, item.reason, tp.topic, tp.partition, item.offset))
-                    if metrics is not None:
-                        metrics.dead.labels(_reason_class(item.reason)).inc()
-                if not processor.commit(batch):
-                    # another writer moved the offset: reload and redo this batch once
+            try:
+                for tp, records in batches.items():
+                    msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
                     batch = processor.prepare(tp.partition, msgs)
+                    for item in batch.dead:
+                        await producer.send_and_wait(TOPICS["dead_letters"], key=None, value=dead_letter_value(
+                            item.raw, item.reason, tp.topic, tp.partition, item.offset))
+                        if metrics is not None:
+                            metrics.dead.labels(_reason_class(item.reason)).inc()
                     if not processor.commit(batch):
-                        log.warning("partition %d owned elsewhere; skipping batch", tp.partition)
-                        continue
-                counted += batch.counted
-                if metrics is not None:
-                    metrics.ingested.inc(batch.counted)
-            if batches:
-                await consumer.commit()
-            now = time.monotonic()
-            if now - last_status > 1.0:
-                last_status = now
-                assigned = consumer.assignment()
-                if metrics is not None and assigned:
-                    await _observe_lag(consumer, assigned, metrics)
-                client.hset(status_key, worker_id, json.dumps({
-                    "pid": os.getpid(), "counted": counted, "at_ms": int(time.time() * 1000),
-                    "partitions": sorted(tp.partition for tp in assigned), "metrics": metrics_url}))
+                        # another writer moved the offset (or Redis came back with an older state): reload, redo
+                        batch = processor.prepare(tp.partition, msgs)
+                        if not processor.commit(batch):
+                            log.warning("partition %d: stored offset moved twice; re-reading from it", tp.partition)
+                            reread = True
+                            break
+                    counted += batch.counted
+                    if metrics is not None:
+                        metrics.ingested.inc(batch.counted)
+                if batches:
+                    await consumer.commit()
+                now = time.monotonic()
+                if now - last_status > 1.0:
+                    last_status = now
+                    assigned = consumer.assignment()
+                    if metrics is not None and assigned:
+                        await _observe_lag(consumer, assigned, metrics)
+                    client.hset(status_key, worker_id, json.dumps({
+                        "pid": os.getpid(), "counted": counted, "at_ms": int(time.time() * 1000),
+                        "partitions": sorted(tp.partition for tp in assigned), "metrics": metrics_url}))
+                backoff.reset()
+            except OffsetGap as gap:  # Redis holds an older offset than this poll continues from: re-read from it
+                log.warning("%s; re-reading from the stored offset", gap)
+                reread = True
+            except REDIS_DOWN as exc:
+                # Redis restarting: what of this poll was not committed is re-read from the offsets Redis holds
+                # once it answers (its AOF may have kept less than we wrote)
+                log.warning("Redis unavailable (%s: %s); retrying in %.1f s", type(exc).__name__, exc, backoff.delay)
+                reread = True
+                await backoff.wait()
     except asyncio.CancelledError:
         raise
     finally:

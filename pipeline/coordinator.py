@@ -20,6 +20,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import redis  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 
+from .redisconn import connect
 from .catalog import load_catalog  # noqa: E402
 from .federation import Coordinator, MalformedMessage, decode_message  # noqa: E402
 from .records import TOPICS, dead_letter_value  # noqa: E402
@@ -36,7 +37,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     """Consume site releases and publish their sum until ``stop`` is set."""
     catalog = load_catalog(settings)
     structure, V = projection(settings.algorithm, catalog.W)
-    client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
+    client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
     coord = Coordinator(client, settings.namespace, V=V, structure=structure, sites=settings.sites)
     statement = federated_statement(settings, site_guarantee(settings, catalog))
     solver = SolveStage(settings, client, statement)

@@ -29,7 +29,26 @@ from .records import MalformedEvent, parse_batch, parse_interaction
 from .trusted import TrustedStore
 from .userlevel import PENDING_SCRIPT, Contribution, UserLevelKeys, decode_contribution, encode_contribution
 
-__all__ = ["IngestProcessor", "UserIngestProcessor", "PreparedBatch", "DeadLetterItem"]
+__all__ = ["IngestProcessor", "UserIngestProcessor", "PreparedBatch", "DeadLetterItem", "OffsetGap", "fresh_messages"]
+
+
+class OffsetGap(RuntimeError):
+    """A batch does not continue from the stored offset (e.g. Redis came back from its AOF with an older
+    state): committing it would skip events. The caller seeks the partition back to ``stored``."""
+
+    def __init__(self, partition: int, stored: int, first: int) -> None:
+        super().__init__(f"partition {partition}: the batch starts at offset {first}, the stored offset is {stored}")
+        self.partition, self.stored, self.first = partition, stored, first
+
+
+def fresh_messages(partition: int, messages: Sequence[tuple[int, bytes]], stored: int | None
+                   ) -> list[tuple[int, bytes]]:
+    """The messages at or after the stored offset, in offset order; :class:`OffsetGap` if they start after it
+    (the topics here have contiguous offsets: no compaction, no transactions)."""
+    fresh = [(o, v) for o, v in sorted(messages, key=lambda m: m[0]) if stored is None or o >= stored]
+    if fresh and stored is not None and fresh[0][0] > stored:
+        raise OffsetGap(partition, stored, fresh[0][0])
+    return fresh
 
 
 @dataclass(frozen=True)
@@ -101,7 +120,7 @@ class IngestProcessor:
         """Parse ``(offset, value)`` messages of one partition and apply them to a copy of its statistics."""
         stats, items, stored = self._shard(partition)
         msgs = sorted(messages, key=lambda m: m[0])
-        fresh = [(o, v) for o, v in msgs if stored is None or o >= stored]
+        fresh = fresh_messages(partition, msgs, stored)
         parsed = parse_batch([v for _, v in fresh], self.catalog)
         dead = [DeadLetterItem(fresh[i][0], fresh[i][1], reason) for i, reason in parsed.dead]
         users = Counter(parsed.users)
@@ -185,7 +204,7 @@ class UserIngestProcessor(IngestProcessor):
     def prepare(self, partition: int, messages: Sequence[tuple[int, bytes]]) -> PreparedBatch:
         pending, gen, stored = self._pending(partition)
         msgs = sorted(messages, key=lambda m: m[0])
-        fresh = [(o, v) for o, v in msgs if stored is None or o >= stored]
+        fresh = fresh_messages(partition, msgs, stored)
         parsed = parse_batch([v for _, v in fresh], self.catalog)
         dead = [DeadLetterItem(fresh[i][0], fresh[i][1], reason) for i, reason in parsed.dead]
         d = self.catalog.d

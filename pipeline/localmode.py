@@ -43,8 +43,9 @@ from models.local.shuffle import ShuffledBatch, Shuffler
 from models.streaming import ReleasedStats, UnitStats
 
 from . import agents, timers
+from .redisconn import connect
 from .catalog import Catalog, UnknownArmError, UnknownUserError
-from .ingest import DeadLetterItem, IngestProcessor, PreparedBatch
+from .ingest import DeadLetterItem, IngestProcessor, PreparedBatch, fresh_messages
 from .records import TOPICS, dead_letter_value
 from .settings import Settings
 from .local_http import local_statement
@@ -134,7 +135,7 @@ class _LocalIngestBase(IngestProcessor):
 
     def _batch(self, partition: int, msgs: list[tuple[int, bytes]], shard: _Shard) -> tuple[
             list[tuple[int, bytes]], int]:
-        fresh = [(o, v) for o, v in sorted(msgs) if shard.offset is None or o >= shard.offset]
+        fresh = fresh_messages(partition, msgs, shard.offset)
         next_offset = (fresh[-1][0] + 1) if fresh else (shard.offset if shard.offset is not None else 0)
         return fresh, next_offset
 
@@ -311,10 +312,12 @@ class LocalReleaseStage:
 class ShufflerTask:
     """``ldp-reports`` → ``ldp-shuffled``: one report per distinct user per unit batch, stripped and shuffled.
 
-    State (open batches, each user's latest version, the next offset of every partition) is one Redis
-    value written after the completed batches are on ``ldp-shuffled``: a crash in between re-reads the
-    same reports, rebuilds the same batches with the same sequence numbers, and the aggregate drops
-    the repeats. One shuffler per namespace (``privrec up`` runs it in the single worker).
+    State (open batches, each user's latest version, the next offset of every partition, and an
+    *outbox* of completed batches) is one Redis value. Completed batches are saved in the outbox with
+    the state that produced them *before* they are sent, then sent, then the outbox is cleared: after a
+    crash the outbox is sent again as it was (the aggregate drops a batch whose sequence number it has
+    counted), and the reports after the saved offsets are read again. One shuffler per namespace
+    (``privrec up`` runs it in the single worker).
     """
 
     def __init__(self, client: redis.Redis, settings: Settings, catalog: Catalog, config: LocalConfig) -> None:
@@ -324,6 +327,7 @@ class ShufflerTask:
         self.shuffler = Shuffler(config)
         self.versions: dict[str, int] = {}
         self.offsets: dict[int, int] = {}
+        self.outbox: list[bytes] = []
         self._load()
 
     def _load(self) -> None:
@@ -334,6 +338,7 @@ class ShufflerTask:
         self.versions = {k: int(v) for k, v in data["versions"].items()}
         self.offsets = {int(k): int(v) for k, v in data["offsets"].items()}
         self.shuffler.seq = {int(k): int(v) for k, v in data["seq"].items()}
+        self.outbox = [b.encode() for b in data.get("outbox", [])]
         for unit, reps in data["open"].items():
             for body in reps:
                 self.shuffler.add(parse_report(body, d=self.config.d), unit=int(unit))
@@ -341,7 +346,7 @@ class ShufflerTask:
     def save(self) -> None:
         state = self.shuffler.state()
         self.r.set(self.key, json.dumps({"versions": self.versions, "offsets": self.offsets, "seq": state["seq"],
-                                         "open": state["open"]}))
+                                         "open": state["open"], "outbox": [b.decode() for b in self.outbox]}))
 
     def process(self, partition: int, messages: Sequence[tuple[int, bytes]]
                 ) -> tuple[list[ShuffledBatch], list[DeadLetterItem]]:
@@ -382,7 +387,7 @@ async def shuffle_loop(settings: Settings, catalog: Catalog) -> None:
     """Run the shuffler until the worker stops (a task of the worker's app)."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-    client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
+    client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
     task = ShufflerTask(client, settings, catalog, local_config(settings, catalog.d))
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka, enable_auto_commit=False,
                                 auto_offset_reset="earliest", fetch_max_wait_ms=100)
@@ -392,26 +397,51 @@ async def shuffle_loop(settings: Settings, catalog: Catalog) -> None:
     topic = TOPICS["ldp_reports"]
     tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
     consumer.assign(tps)
-    for tp in tps:
-        off = task.offsets.get(tp.partition)
-        if off is None:
-            await consumer.seek_to_beginning(tp)
-        else:
-            consumer.seek(tp, off)
+
+    async def seek_stored() -> None:
+        for tp in tps:
+            off = task.offsets.get(tp.partition)
+            if off is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, off)
+
+    async def flush_outbox() -> None:
+        for value in task.outbox:
+            batch = ShuffledBatch.parse(value, d=task.config.d)
+            await producer.send_and_wait(TOPICS["ldp_shuffled"], key=str(batch.unit).encode(), value=value)
+        if task.outbox:
+            task.outbox = []
+            task.save()
+
+    await flush_outbox()
+    await seek_stored()
+    backoff = agents.Backoff()
     try:
         while True:
             batches = await consumer.getmany(timeout_ms=int(settings.batch_seconds * 1000),
                                              max_records=settings.batch_size)
-            for tp, records in batches.items():
-                msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
-                out, dead = task.process(tp.partition, msgs)
-                for item in dead:
-                    await producer.send_and_wait(TOPICS["dead_letters"], value=dead_letter_value(
-                        item.raw, item.reason, tp.topic, tp.partition, item.offset))
-                for b in out:  # on the topic before the state that consumed them is saved
-                    await producer.send_and_wait(TOPICS["ldp_shuffled"], key=str(b.unit).encode(), value=b.to_json())
-            if batches:
-                task.save()
+            try:
+                for tp, records in batches.items():
+                    msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
+                    out, dead = task.process(tp.partition, msgs)
+                    for item in dead:
+                        await producer.send_and_wait(TOPICS["dead_letters"], value=dead_letter_value(
+                            item.raw, item.reason, tp.topic, tp.partition, item.offset))
+                    task.outbox += [b.to_json() for b in out]
+                if batches:
+                    task.save()           # the state and its completed batches, before any is sent
+                    await flush_outbox()  # then sent, then cleared
+                backoff.reset()
+            except agents.REDIS_DOWN as exc:  # Redis restarting: reload the saved state and re-read from it
+                log.warning("shuffler: Redis unavailable (%s); retrying in %.1f s", exc, backoff.delay)
+                await backoff.wait()
+                try:
+                    task = ShufflerTask(client, settings, catalog, task.config)
+                    await flush_outbox()
+                    await seek_stored()
+                except agents.REDIS_DOWN:
+                    continue
     except asyncio.CancelledError:
         raise
     finally:
@@ -423,7 +453,7 @@ def register(app: Any, settings: Settings, catalog: Catalog, *, metrics: Any = N
              ) -> None:
     """Local mode's worker: the ingest task on the reports (or batches), the shuffler, the release timer."""
     config = local_config(settings, catalog.d)
-    client = redis.Redis.from_url(settings.redis_url or "redis://127.0.0.1:6379/0")
+    client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
     make = BatchIngestProcessor if settings.shuffle_batch else ReportIngestProcessor
     processor = make(client, settings.namespace, catalog, config)
     agents.register(app, settings, catalog, topic=report_topic(settings), metrics=metrics, metrics_url=metrics_url,

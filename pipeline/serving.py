@@ -34,6 +34,7 @@ import redis
 from models.ground.linalg import ucb_scores
 
 from .catalog import Catalog, UnknownArmError, UnknownUserError
+from .redisconn import connect
 from .keys import PublicKeys
 
 __all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "MAX_K"]
@@ -202,6 +203,6 @@ def recommend(user: str, candidates: Sequence[str] | None = None, k: int = 10, *
             s = Settings.from_mapping({})
             if s.redis_url is None:
                 raise RuntimeError("set REDIS_URL (or pass `recommender=`) to use pipeline.serving.recommend")
-            _default = Recommender(redis.Redis.from_url(s.redis_url), s.namespace, load_catalog(s))
+            _default = Recommender(connect(s.redis_url), s.namespace, load_catalog(s))
         rec = _default
     return rec.recommend(user, candidates, k)

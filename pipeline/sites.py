@@ -33,6 +33,7 @@ from models.ground.consensus import edges_adjacency, mixing_matrix, parse_edge_l
 from models.streaming import ReleasedStats
 from models.streaming.federated import assign_sites, block_noise_std, is_sync_tick
 
+from .redisconn import connect
 from .catalog import Catalog, UnknownUserError
 from .federation import ConsensusSite, FedKeys, decode_message, encode_message, site_namespace, site_topic
 from .keys import PublicKeys
@@ -277,7 +278,7 @@ def register(app: faust.App, settings: Settings, catalog: Catalog) -> None:
 
     def build() -> SiteSync:
         if "sync" not in state:
-            client = redis.Redis.from_url(own.redis_url or "redis://127.0.0.1:6379/0")
+            client = connect(own.redis_url or "redis://127.0.0.1:6379/0")
             stage = SiteReleaseStage(own, site_catalog, client)  # type: ignore[arg-type]
             state["sync"] = SiteSync(own, site_catalog, client, stage)  # type: ignore[arg-type]
         sync: SiteSync = state["sync"]

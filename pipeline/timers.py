@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import faust
-import redis
 
+from .redisconn import connect
 from .catalog import Catalog
 from .settings import Settings
 from .metrics import WorkerMetrics
@@ -38,7 +38,7 @@ class ReleaseTicker:
 
     def _build(self) -> tuple[Any, SolveStage]:
         if self._stages is None:
-            client = redis.Redis.from_url(self.settings.redis_url or "redis://127.0.0.1:6379/0")
+            client = connect(self.settings.redis_url or "redis://127.0.0.1:6379/0")
             release = self._release(self.settings, self.catalog, client)
             self._stages = (release, SolveStage(self.settings, client, release.statement))
         return self._stages

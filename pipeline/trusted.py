@@ -167,8 +167,15 @@ class TrustedStore:
         return stored
 
     def noise_seed(self) -> int:
-        """The namespace's secret noise seed, generated on first use."""
-        self.r.set(self.keys.secret, str(secrets.randbits(63)), nx=True)
+        """The namespace's secret noise seed, generated on first use — and on disk before anything uses it.
+
+        With the append-only file's ``everysec`` policy a crash loses up to a second of writes; losing
+        a seed that a release was already drawn from would make the next release draw *new* noise for
+        the same statistic (twice the privacy loss). So a new seed is made durable first:
+        :func:`make_durable`.
+        """
+        if self.r.set(self.keys.secret, str(secrets.randbits(63)), nx=True):
+            make_durable(self.r, self.keys.secret)
         return int(self.r.get(self.keys.secret))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ ingest
@@ -298,6 +305,9 @@ class TrustedStore:
             pipe.delete(self.keys.pending)
             pipe.hset(self.keys.pending, mapping=mapping)
             pipe.execute()
+        # on disk before it is published: were Redis to lose it, the next release of this tick would reuse its
+        # (keyed) noise on other statistics, and the two would reveal their exact difference
+        make_durable(self.r, self.keys.pending)
 
     def pending_version(self) -> int:
         return int(self.r.hget(self.keys.pending, "version") or 0)
@@ -305,6 +315,43 @@ class TrustedStore:
     def publish(self) -> int:
         """Copy the pending release to the released key if it is newer; return the published version."""
         return int(self._publish(keys=[self.keys.pending, self.public.released, self.public.released_log]))
+
+
+def make_durable(client: redis.Redis, key: str) -> bool:
+    """Wait until every write so far is fsynced to Redis's append-only file; ``False`` if that cannot be known.
+
+    ``WAITAOF`` where Redis has it (7.2+). Redis 7.0 has not; there, with ``appendfsync always`` a write is
+    fsynced before its reply and the AOF is written in order, so one write under ``always`` covers every
+    earlier one: the policy is switched for that one write (``key`` rewritten with its own value) and
+    restored. Without ``CONFIG`` rights (a managed Redis, an ACL user) or without an AOF, durability is
+    the operator's configuration (``appendfsync always``): ``False``.
+    """
+    try:
+        client.execute_command("WAITAOF", 1, 0, 5000)  # Redis >= 7.2: wait for the local fsync
+        return True
+    except redis.exceptions.ResponseError:
+        pass  # unknown command (Redis 7.0): switch the policy for one write
+    try:
+        policy = client.config_get("appendfsync").get("appendfsync")
+        if client.config_get("appendonly").get("appendonly") != "yes":
+            return False
+        if policy != "always":
+            client.config_set("appendfsync", "always")
+        try:
+            if client.type(key) == b"string":
+                value = client.get(key)
+                if value is not None:
+                    client.set(key, value, xx=True)
+            else:  # a hash: rewrite one field with its own value
+                field = next(iter(client.hkeys(key)), None)
+                if field is not None:
+                    client.hset(key, field, client.hget(key, field) or b"")
+        finally:
+            if policy != "always":
+                client.config_set("appendfsync", policy)
+        return True
+    except redis.exceptions.ResponseError:  # NOPERM / CONFIG disabled
+        return False
 
 
 def decode_items(raw: dict[bytes, bytes], n_items: int) -> np.ndarray:

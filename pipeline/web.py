@@ -48,6 +48,7 @@ from .federated_serving import SiteRouter, federated_budget, interactions_topic,
 from .federation import site_namespace
 from .budget_view import history, ledger_overview, user_budget
 from .keys import PublicKeys
+from .redisconn import connect, connect_async
 from .local_http import add_routes as add_local_routes, local_budget, refuse_raw_reward, with_contexts
 from .records import TOPICS
 from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
@@ -92,7 +93,7 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     """The aiohttp application (the Kafka producer starts with the app)."""
     if settings.redis_url is None:
         raise ValueError("setting `redis_url` (REDIS_URL) is required to serve")
-    sync = client or redis.Redis.from_url(settings.redis_url)
+    sync = client or connect(settings.redis_url)
     app = web.Application(middlewares=[_observe])
     app["settings"] = settings
     app["catalog"] = catalog
@@ -169,7 +170,7 @@ class _ShownLists:
 
 async def _clients(app: web.Application) -> Any:
     s: Settings = app["settings"]
-    app["redis"] = aioredis.Redis.from_url(s.redis_url)  # type: ignore[arg-type]
+    app["redis"] = connect_async(s.redis_url)  # type: ignore[arg-type]
     app["shown"] = _ShownLists(app["redis"], app["keys"], REC_TTL_SECONDS)
     producer = log_producer = None
     if s.kafka:
@@ -197,6 +198,13 @@ async def _observe(request: web.Request, handler: Any) -> web.StreamResponse:
         resp = await handler(request)
     except web.HTTPException as exc:
         resp = _error(exc.status, None, exc.reason or "error")
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError,
+            OSError) as exc:
+        # Redis restarting (or unreachable): say so, and when to come back; the client reconnects by itself
+        log.warning("Redis unavailable on %s: %s", request.path, exc)
+        resp = _error(503, None, f"the model store (Redis) is unavailable ({type(exc).__name__}); try again in a "
+                                 f"moment")
+        resp.headers["Retry-After"] = "1"
     except Exception as exc:  # a bug must not take the server down; report it as JSON
         log.exception("unhandled error on %s", request.path)
         resp = _error(500, None, f"internal error: {type(exc).__name__}")

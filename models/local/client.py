@@ -95,7 +95,8 @@ class FileStorage:
 
 
 def _floats(a: NDArray[np.float64]) -> list[Any]:
-    return np.asarray(a, dtype=np.float64).tolist()  # json writes floats with repr: an exact round trip
+    out: list[Any] = np.asarray(a, dtype=np.float64).tolist()  # json writes floats with repr: an exact round trip
+    return out
 
 
 class LocalClient:

@@ -171,9 +171,14 @@ class LocalConfig:
                                  f"interaction is in one report; a user's k reports compose to mu sqrt(k) "
                                  f"(k = 4: epsilon {gdp_epsilon(2 * mu, self.delta):.3g})"}
         e0 = self.epsilon0
+        from models.accounting.shuffling import shuffled_epsilon
+
+        g = shuffled_epsilon(e0, self.shuffle_batch, self.delta)
         return {**common, "epsilon": e0, "delta": 0.0, "valid": True, "noise": "laplace",
                 "laplace_scale": self.laplace_scale, "shuffle_batch": self.shuffle_batch,
                 "central_epsilon": self.epsilon, "central_delta": self.delta,
+                "central_bound": {"epsilon": g.epsilon, "delta": g.delta, "bound": g.bound, "amplified": g.amplified,
+                                  "note": g.note},
                 "statement": f"each report m = r x + Laplace({self.laplace_scale:.3g})^d is pure {e0:.4g}-LDP "
                              f"(L1 sensitivity 2 sqrt(d) over every context and reward); batches of "
                              f"{self.shuffle_batch} distinct users are shuffled and stripped of identity, so "

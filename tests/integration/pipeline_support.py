@@ -7,6 +7,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -181,3 +182,67 @@ def offline_stats(catalog: SyntheticCatalog, produced: list[tuple[int, int, byte
             s.add(np.array([u]), x[None, :], np.array([r]))
         shards.append(s)
     return UnitStats.merged(shards)
+
+
+class ReleaseWatcher:
+    """Polls the published release every 20 ms and records each version's ``b_tilde`` bytes; a version published
+    twice with different values is an error (it would reveal the exact difference of two statistics)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.seen: dict[int, bytes] = {}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        from models.streaming import ReleasedStats
+
+        while not self._stop.is_set():
+            try:
+                raw = self.stack.released()
+            except redis.exceptions.RedisError:  # Redis down (a fault test): look again later
+                raw = {}
+            if raw:
+                v, b = int(raw[b"version"]), ReleasedStats.from_mapping(raw).b_tilde.tobytes()
+                if self.seen.setdefault(v, b) != b:
+                    self.errors.append(f"version {v} was published twice with different values")
+            self._stop.wait(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def assert_releases_deterministic(stack: Stack, catalog: SyntheticCatalog, produced: list[tuple[int, int, bytes]],
+                                  watcher: ReleaseWatcher, algorithm: str) -> list[int]:
+    """Every version the watcher saw equals the mechanism's release of the events it covered, recomputed from the
+    release log (version -> offsets) and the secret seed; versions are 1, 2, 3, ... Returns them."""
+    from models.mechanisms import make_mechanism
+    from models.streaming import Releaser
+    from pipeline.stages import projection
+    from pipeline.trusted import TrustedStore
+
+    assert not watcher.errors, watcher.errors
+    s = stack.settings()
+    store = TrustedStore(stack.client, s.namespace)
+    log = [{k.decode(): v.decode() for k, v in fields.items()}
+           for _, fields in stack.client.xrange(f"{s.namespace}:released:{{{s.namespace}:rel}}:log")]
+    versions = [int(e["version"]) for e in log]
+    assert versions == list(range(1, len(log) + 1)), versions  # no version skipped or repeated
+    structure, V = projection(algorithm, catalog.W)
+    mech = make_mechanism(s.mechanism, dim=catalog.n_units * catalog.d,
+                          sensitivity=float(np.linalg.norm(V, axis=0).max()), epsilon=s.epsilon, delta=s.delta,
+                          horizon=s.tree_ticks, seed=store.noise_seed(), mixing=V, block_dim=catalog.d)
+    releaser = Releaser(structure=structure, V=V, d=catalog.d, mechanism=mech)
+    state = mech.init_state()
+    expected: dict[int, bytes] = {}
+    for entry in log:
+        stats = offline_stats(catalog, produced, s.partitions, upto=json.loads(entry["offsets"]))
+        rel, state = releaser.release(stats, state, int(entry["version"]))
+        expected[rel.version] = rel.b_tilde.tobytes()
+    assert watcher.seen
+    for v, b in watcher.seen.items():
+        assert expected[v] == b, f"published version {v} differs from its deterministic release"
+    return versions

@@ -348,3 +348,47 @@ def test_noise_off_the_local_aggregate_equals_the_global_modes_exact_statistics(
         np.testing.assert_allclose(rel.gram, stats.gram, rtol=0, atol=1e-12)
         np.testing.assert_allclose(rel.b_tilde.reshape(-1, cfg.d), stats.b, rtol=0, atol=1e-12)
         client.close()
+
+
+def test_shuffler_sends_batches_of_distinct_users_stripped_and_shuffled(tmp_path: Path) -> None:
+    """LastFM (units are friend-graph clusters, so a unit's batch can hold several users): every batch on
+    ``ldp-shuffled`` is n reports of n distinct users of its unit, without user, version or request, and the
+    aggregate counts exactly the batched reports; /budget states the local and the central guarantee."""
+    from privrec.cli import main
+    from producers.lastfm.raw import resolve_data_dir
+
+    try:
+        data = resolve_data_dir(None)
+    except (OSError, ValueError):
+        pytest.skip("the HetRec LastFM data directory is not available (set PRIVREC_DATA_DIR)")
+    n = 4
+    settings = {"PRIVREC_CATALOG": "lastfm", "PRIVREC_DATA_DIR": str(data), "PRIVREC_MODE": "local",
+                "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_SHUFFLE_BATCH": str(n), "PRIVREC_EPSILON": "2",
+                "PRIVREC_TICK_SECONDS": "0.3", "PRIVREC_LOGLEVEL": "INFO"}
+    with local_stack(tmp_path / "st", settings=settings) as st:
+        assert main(["replay", "lastfm", "--mode", "local", "--events", "400", "--http", st.base_url, "--out",
+                     str(tmp_path / "out"), "--no-baselines", "--no-progress"]) == 0
+        catalog = load_catalog(Settings.from_mapping({}, environ=st.env))
+        time.sleep(2.0)
+        messages = _all_messages(st.broker.address)
+        reports = [json.loads(v) for t, v in messages if t == "ldp-reports"]
+        batches = [json.loads(v) for t, v in messages if t == "ldp-shuffled"]
+        assert len(reports) == 400 and len(batches) >= 5
+        by_vector = {tuple(r["m"]): r for r in reports}
+        reordered = 0
+        for b in batches:
+            assert not {"user", "version", "rec_id"} & set(b), "a batch carries an identity"
+            assert len(b["m"]) == n and len(b["items"]) == n
+            behind = [by_vector[tuple(m)] for m in b["m"]]  # each vector is exactly one device's report
+            assert len({r["user"] for r in behind}) == n  # n distinct users ...
+            assert {catalog.unit_of(r["user"]) for r in behind} == {b["unit"]}  # ... of the batch's unit
+            assert sorted(b["items"]) == sorted(r["item"] for r in behind)
+            arrival = sorted(behind, key=lambda r: reports.index(r))
+            reordered += [r["m"] for r in arrival] != b["m"]
+            assert b["epsilon"] <= 2.0 + 1e-9
+        assert reordered >= 1  # P(no batch reordered) = (1/4!)**batches
+        rel = _wait_released(st, n * len(batches))
+        assert int(rel.count.sum()) == n * len(batches)
+        status, budget = st.get_json("/budget?user=" + reports[0]["user"])
+        g = budget["local"]["guarantee"]
+        assert g["central_epsilon"] == 2.0 and g["epsilon"] >= 2.0 - 1e-9 and g["shuffle_batch"] == n

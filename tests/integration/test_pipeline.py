@@ -8,7 +8,6 @@ computation on the same events.
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.mechanisms import make_mechanism
 from models.ground.linalg import ucb_scores
 from models.streaming import ReleasedStats, Releaser, solve
 from pipeline import services
@@ -24,7 +22,8 @@ from pipeline.serving import Recommender
 from pipeline.stages import projection
 from pipeline.trusted import TrustedStore
 
-from pipeline_support import Stack, offline_stats, open_stack, produce, synthetic_events, wait_for
+from pipeline_support import (ReleaseWatcher, Stack, assert_releases_deterministic, offline_stats, open_stack, produce,
+                              synthetic_events, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -78,33 +77,18 @@ def test_kill9_mid_stream_loses_nothing_and_redraws_nothing(stack: Stack) -> Non
     catalog = stack.catalog()
     events = list(synthetic_events(catalog, 4000, seed=2))
 
-    seen: dict[int, bytes] = {}  # version -> b_tilde bytes, as published
-    stop = threading.Event()
-    errors: list[str] = []
-
-    def watch() -> None:
-        while not stop.is_set():
-            raw = stack.released()
-            if raw:
-                v, b = int(raw[b"version"]), ReleasedStats.from_mapping(raw).b_tilde.tobytes()
-                if seen.setdefault(v, b) != b:
-                    errors.append(f"version {v} was published twice with different values")
-            stop.wait(0.02)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    watcher = ReleaseWatcher(stack)
     produced: list[tuple[int, int, bytes]] = []
     producer_thread = threading.Thread(target=lambda: produced.extend(produce(stack, events, rate=800)))
     producer_thread.start()
     wait_for(lambda: 1000 < stack.released_count() < 3500, 30, "a release in the middle of the stream")
     stack.kill9(worker)
-    before_crash = dict(seen)
+    before_crash = dict(watcher.seen)
     stack.workers.remove(worker)
     stack.start_worker("worker-1")
     producer_thread.join(timeout=60)
     wait_for(lambda: stack.released_count() == 4000, 90, "all 4000 events in a release after the restart")
-    stop.set()
-    watcher.join(timeout=5)
+    watcher.stop()
 
     s = stack.settings()
     store = TrustedStore(stack.client, s.namespace)
@@ -113,26 +97,8 @@ def test_kill9_mid_stream_loses_nothing_and_redraws_nothing(stack: Stack) -> Non
     assert int(streamed.count.sum()) == 4000  # nothing lost, nothing counted twice
 
     # Every published value, before and after the crash, is exactly what the mechanism gives for
-    # the events that release covered: recompute the whole release sequence independently from
-    # the audit log (version -> offsets covered) and the secret seed.
-    assert not errors
-    log = [{k.decode(): v.decode() for k, v in fields.items()}
-           for _, fields in stack.client.xrange(f"{s.namespace}:released:{{{s.namespace}:rel}}:log")]
-    versions = [int(e["version"]) for e in log]
-    assert versions == list(range(1, len(log) + 1))  # no version skipped or repeated across the crash
-    structure, V = projection("colin", catalog.W)
-    mech = make_mechanism(s.mechanism, dim=catalog.n_units * catalog.d,
-                          sensitivity=float(np.linalg.norm(V, axis=0).max()), epsilon=s.epsilon, delta=s.delta,
-                          horizon=s.tree_ticks, seed=store.noise_seed(), mixing=V, block_dim=catalog.d)
-    releaser = Releaser(structure=structure, V=V, d=catalog.d, mechanism=mech)
-    state = mech.init_state()
-    expected: dict[int, bytes] = {}
-    for entry in log:
-        stats = offline_stats(catalog, produced, s.partitions, upto=json.loads(entry["offsets"]))
-        rel, state = releaser.release(stats, state, int(entry["version"]))
-        expected[rel.version] = rel.b_tilde.tobytes()
+    # the events that release covered (recomputed from the audit log and the secret seed).
+    versions = assert_releases_deterministic(stack, catalog, produced, watcher, "colin")
     crash_version = max(before_crash)
     assert crash_version < versions[-1]
-    assert len(before_crash) >= 2 and seen
-    for v, b in seen.items():
-        assert expected[v] == b, f"published version {v} differs from its deterministic release"
+    assert len(before_crash) >= 2
