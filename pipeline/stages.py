@@ -39,6 +39,7 @@ from models.mechanisms import MECHANISMS, Mechanism, TreeState, make_mechanism, 
 from models.mechanisms.participation import participation_bound, participation_factor
 from models.streaming import ReleasedStats, Releaser, solve
 
+from . import faults
 from .baseline_release import BaselineStateStore, build_baseline, widths_summary
 from .catalog import Catalog
 from .keys import PublicKeys
@@ -360,7 +361,9 @@ class ReleaseStage:
         items = self._release_items(item_sums, int(stats.count.sum())) if self.n_items else None
         ledger = None if self.folder is None else self._ledger_entry(version, fold)
         self.store.persist_release(state, released, event, offsets, items, ledger)
+        faults.point("release-persisted")
         self.store.publish()
+        faults.point("release-published")
         return version
 
     def _ledger_entry(self, version: int, fold: dict[str, int]) -> str:
@@ -486,4 +489,5 @@ class SolveStage:
             if item_model is not None:
                 pipe.hset(self.keys.model_items, mapping=item_model)
             pipe.hset(self.keys.model_meta, mapping=meta)
+            faults.point("solve-before-write")
             pipe.execute()

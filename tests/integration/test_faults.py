@@ -102,3 +102,69 @@ def _get(url: str) -> tuple[int, Any, dict[str, str]]:
         return exc.code, json.loads(exc.read() or b"null"), dict(exc.headers)
     except OSError:
         return 0, None, {}
+
+
+@pytest.mark.parametrize("point", ["release-persisted", "solve-before-write"])
+def test_kill9_inside_a_release_or_a_solve_redraws_nothing_and_counts_nothing_twice(
+        tmp_path: Path, redis_server: services.ServiceHandle, point: str) -> None:
+    """The worker SIGKILLs itself at its 3rd pass through ``point`` (pipeline.faults); a new worker finishes the
+    stream: the persisted release is published as it was, every version equals its deterministic release."""
+    with open_stack(tmp_path, redis_server.url, f"kp{next(_ns)}") as stack:
+        stack.env.update({"PRIVREC_EPSILON": "2", "PRIVREC_ALGORITHM": "colin"})
+        faulty = dict(stack.env)
+        stack.env["PRIVREC_FAULT"] = f"{point}@3"
+        worker = stack.start_worker()
+        stack.env.clear()
+        stack.env.update(faulty)
+        catalog = stack.catalog()
+        events = list(synthetic_events(catalog, 2000, seed=6))
+        watcher = ReleaseWatcher(stack)
+        produced: list[tuple[int, int, bytes]] = []
+        producer = threading.Thread(target=lambda: produced.extend(produce(stack, events, rate=800)))
+        producer.start()
+        wait_for(lambda: not services.is_running(worker), 30, f"the worker to kill itself at {point}")
+        stack.workers.remove(worker)
+        at_crash = stack.released_count()
+        stack.start_worker("worker-1")
+        producer.join(timeout=60)
+        wait_for(lambda: stack.released_count() == 2000, 90, "all events in a release after the restart")
+        watcher.stop()
+        assert at_crash < 2000
+        s = stack.settings()
+        streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
+        assert streamed.to_mapping() == offline_stats(catalog, produced, s.partitions).to_mapping()
+        versions = assert_releases_deterministic(stack, catalog, produced, watcher, "colin")
+        assert len(versions) >= 4
+
+
+def test_two_workers_one_killed_its_partitions_move_and_the_statistics_stay_exact(
+        tmp_path: Path, redis_server: services.ServiceHandle) -> None:
+    with open_stack(tmp_path, redis_server.url, f"tw{next(_ns)}") as stack:
+        stack.env.update({"PRIVREC_EPSILON": "2", "PRIVREC_ALGORITHM": "linucb"})
+        first = stack.start_worker("worker-0")
+        second = stack.start_worker("worker-1")
+        status = f"{stack.namespace}:ops:{{{stack.namespace}:ops}}:workers"
+
+        def owned(name: str) -> list[int]:
+            raw = stack.client.hget(status, name)
+            return json.loads(raw)["partitions"] if raw else []
+
+        wait_for(lambda: owned("worker-0") and owned("worker-1"), 30, "both workers to own partitions")
+        catalog = stack.catalog()
+        events = list(synthetic_events(catalog, 3000, seed=8))
+        watcher = ReleaseWatcher(stack)
+        produced: list[tuple[int, int, bytes]] = []
+        producer = threading.Thread(target=lambda: produced.extend(produce(stack, events, rate=600)))
+        producer.start()
+        wait_for(lambda: stack.released_count() > 500, 30, "a release in the middle of the stream")
+        stack.kill9(second)
+        stack.workers.remove(second)
+        producer.join(timeout=60)
+        wait_for(lambda: sorted(owned("worker-0")) == [0, 1, 2, 3], 60, "worker-0 to take every partition")
+        wait_for(lambda: stack.released_count() == 3000, 90, "all events in a release with one worker left")
+        watcher.stop()
+        assert services.is_running(first)
+        s = stack.settings()
+        streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
+        assert streamed.to_mapping() == offline_stats(catalog, produced, s.partitions).to_mapping()
+        assert_releases_deterministic(stack, catalog, produced, watcher, "linucb")
