@@ -26,6 +26,7 @@ import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from .redisconn import connect
+from . import services
 from .catalog import Catalog
 from .ingest import IngestProcessor, OffsetGap, UserIngestProcessor, _reason_class
 from .metrics import WorkerMetrics
@@ -92,6 +93,20 @@ async def _reseek(consumer: AIOKafkaConsumer, processor: IngestProcessor, partit
             consumer.seek(tp, off)
 
 
+async def _identity(ident: AIOKafkaConsumer, kafka: str) -> str:
+    """The broker's identity record (written by the stack's topic creation; written here if missing)."""
+    tp = TopicPartition(services.IDENTITY_TOPIC, 0)
+    if services.IDENTITY_TOPIC in await ident.topics():
+        if ident.assignment() != {tp}:
+            ident.assign([tp])
+        ident.seek(tp, 0)
+        records = (await ident.getmany(tp, timeout_ms=2000, max_records=1)).get(tp) or []
+        if records:
+            return bytes(records[0].value or b"").decode()
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, lambda: services.ensure_identity(kafka))
+
+
 async def _observe_lag(consumer: AIOKafkaConsumer, assigned: set[TopicPartition], metrics: WorkerMetrics) -> None:
     """Messages between the worker's positions and the ends of its partitions (a metric: never fatal)."""
     try:
@@ -134,6 +149,12 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
         heartbeat_interval_ms=1000, max_poll_records=settings.batch_size, fetch_max_wait_ms=100)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka, linger_ms=5)
     await producer.start()
+    # the broker's identity: a memory-only broker that restarts comes back with empty logs and a new identity,
+    # and offsets stored against the old logs must not skip (or re-count) the new ones
+    ident = AIOKafkaConsumer(bootstrap_servers=settings.kafka, enable_auto_commit=False)
+    await ident.start()
+    known: str | None = None
+    last_identity = 0.0
     consumer.subscribe([topic], listener=_SeekToStoredOffsets(consumer, processor, settings.partitions))
     await consumer.start()
     worker_id = os.environ.get("PRIVREC_WORKER_ID", f"worker-{os.getpid()}")
@@ -154,6 +175,30 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
                     continue
             batches = await consumer.getmany(timeout_ms=int(settings.batch_seconds * 1000),
                                              max_records=settings.batch_size)
+            # records in hand: from which broker's logs? (one small fetch per non-empty poll, and every 2 s: a new
+            # broker's shorter logs may return nothing at the old positions)
+            if batches or time.monotonic() - last_identity > 2.0:
+                last_identity = time.monotonic()
+                try:
+                    current = await _identity(ident, settings.kafka or "")
+                except Exception as exc:  # noqa: BLE001 - the broker going away: poll again
+                    log.warning("broker identity unreadable (%s); re-reading", exc)
+                    reread = True
+                    await asyncio.sleep(0.5)
+                    continue
+                if current != known:
+                    try:
+                        if processor.store.adopt_broker(current, settings.partitions):
+                            log.warning("a new broker (identity %s): its logs start again, the stored offsets "
+                                        "were reset; statistics, noise and releases are kept", current)
+                    except REDIS_DOWN as exc:
+                        log.warning("Redis unavailable (%s); retrying in %.1f s", exc, backoff.delay)
+                        reread = True
+                        await backoff.wait()
+                        continue
+                    known = current
+                    reread = True  # this poll may have been read against the old offsets: read again
+                    continue
             try:
                 for tp, records in batches.items():
                     msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
@@ -199,3 +244,4 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
     finally:
         await consumer.stop()
         await producer.stop()
+        await ident.stop()

@@ -81,6 +81,11 @@ class TrustedKeys:
     def config(self) -> str:
         return self._key("config", "rel", "settings")
 
+    @property
+    def broker(self) -> str:
+        """The identity of the broker whose logs the stored ingest offsets refer to."""
+        return self._key("config", "rel", "broker")
+
 
 # KEYS[1] - offset key of the partition
 # KEYS[2] - stats hash of the partition
@@ -240,6 +245,29 @@ class TrustedStore:
                 counted += sum(int(v) for k, v in self.r.hgetall(self.keys.stats(p)).items() if k.startswith(b"n:"))
             self.r.delete(*keys)
         return counted, old
+
+    def adopt_broker(self, identity: str, partitions: int) -> bool:
+        """Record the broker the offsets refer to; if another was recorded, forget the offsets (a new log) first.
+
+        Returns whether the offsets were reset. Atomic (WATCH): of several workers noticing the same new
+        broker, one resets, the others find it adopted.
+        """
+        keys = [self.keys.offset(p) for p in range(partitions)]
+        with self.r.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(self.keys.broker)
+                    stored = pipe.get(self.keys.broker)
+                    if stored is not None and stored.decode() == identity:
+                        return False
+                    pipe.multi()
+                    if stored is not None:
+                        pipe.delete(*keys)
+                    pipe.set(self.keys.broker, identity)
+                    pipe.execute()
+                    return stored is not None
+                except redis.exceptions.WatchError:
+                    continue
 
     def offsets(self, partitions: int) -> list[int | None]:
         vals = self.r.mget([self.keys.offset(p) for p in range(partitions)])

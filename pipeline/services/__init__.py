@@ -18,7 +18,7 @@ here, so callers write ``from pipeline import services``.
 
 from __future__ import annotations
 
-from .broker import create_topics, kafka_ready, start_broker
+from .broker import IDENTITY_TOPIC, create_topics, ensure_identity, kafka_ready, read_identity, start_broker
 from .process import (
     LOOPBACK,
     PortInUseError,
@@ -40,6 +40,9 @@ __all__ = [
     "ServiceError",
     "ServiceHandle",
     "create_topics",
+    "ensure_identity",
+    "read_identity",
+    "IDENTITY_TOPIC",
     "free_port",
     "is_running",
     "kafka_ready",

@@ -167,6 +167,59 @@ def create_topics(
                     f"({entry.get('error_message')})"
                 )
         admin.wait_for_topics(list(counts), timeout_ms=int(timeout * 1000))
+        if IDENTITY_TOPIC not in admin.list_topics():
+            ensure_identity(address, timeout=timeout)
         return created
     finally:
         admin.close()
+
+
+#: A one-partition topic whose first record is the broker's identity (a random UUID written when the stack's
+#: topics are first created): a memory-only broker that restarts comes back without it, or with another.
+IDENTITY_TOPIC = "privrec-broker-id"
+
+
+def ensure_identity(address: str, *, timeout: float = 10.0) -> str:
+    """The broker's identity, written (a new UUID) if the broker has none yet; the first record wins."""
+    import uuid
+
+    from kafka import KafkaProducer
+
+    admin = _admin(address, timeout)
+    try:
+        result = admin.create_topics({IDENTITY_TOPIC: {"num_partitions": 1, "replication_factor": 1}},
+                                     timeout_ms=int(timeout * 1000), raise_errors=False)
+        admin.wait_for_topics([IDENTITY_TOPIC], timeout_ms=int(timeout * 1000))
+    finally:
+        admin.close()
+    created = any(e["error_code"] == 0 for e in result["topics"])
+    found = None if created else read_identity(address, timeout=1.0)
+    if found is not None:
+        return found
+    producer = KafkaProducer(bootstrap_servers=address)
+    try:
+        producer.send(IDENTITY_TOPIC, uuid.uuid4().hex.encode()).get(timeout=timeout)
+    finally:
+        producer.close()
+    found = read_identity(address, timeout=timeout)
+    if found is None:
+        raise KafkaError(f"the broker at {address} did not keep its identity record")
+    return found
+
+
+def read_identity(address: str, *, timeout: float = 5.0) -> str | None:
+    """The first record of :data:`IDENTITY_TOPIC` (``None`` if the topic is missing or empty)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=address, enable_auto_commit=False, consumer_timeout_ms=int(timeout * 1000))
+    try:
+        if IDENTITY_TOPIC not in consumer.topics():
+            return None
+        tp = TopicPartition(IDENTITY_TOPIC, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        for record in consumer:
+            return bytes(record.value).decode()
+        return None
+    finally:
+        consumer.close()

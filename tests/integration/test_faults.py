@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pipeline import services
@@ -168,3 +169,36 @@ def test_two_workers_one_killed_its_partitions_move_and_the_statistics_stay_exac
         streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
         assert streamed.to_mapping() == offline_stats(catalog, produced, s.partitions).to_mapping()
         assert_releases_deterministic(stack, catalog, produced, watcher, "linucb")
+
+
+def test_broker_restart_new_logs_are_neither_skipped_nor_counted_twice(
+        tmp_path: Path, redis_server: services.ServiceHandle) -> None:
+    """The embedded broker is memory-only: SIGKILL it and start a new one on the same port (empty logs, a new
+    identity). Events produced to the new broker are counted exactly once; events already ingested stay counted;
+    statistics, noise and releases are kept."""
+    with open_stack(tmp_path, redis_server.url, f"br{next(_ns)}") as stack:
+        stack.env.update({"PRIVREC_EPSILON": "2", "PRIVREC_ALGORITHM": "linucb"})
+        worker = stack.start_worker()
+        catalog = stack.catalog()
+        s = stack.settings()
+        first = produce(stack, list(synthetic_events(catalog, 800, seed=10)))
+        wait_for(lambda: stack.released_count() == 800, 60, "the first 800 events in a release")
+        old_identity = services.read_identity(stack.broker.address)
+        port = int(stack.broker.address.rsplit(":", 1)[1])
+        os.kill(stack.broker.pid, 9)
+        wait_for(lambda: not services.is_running(stack.broker), 10, "the broker to exit")
+        stack.broker = services.start_broker(tmp_path / "broker2", port=port)
+        services.create_topics(stack.broker.address, {"interactions": s.partitions, "dead-letters": 1,
+                                                      "recommendations": 1})
+        assert services.read_identity(stack.broker.address) not in (None, old_identity)
+        second = produce(stack, list(synthetic_events(catalog, 700, seed=11)))
+        wait_for(lambda: stack.released_count() == 1500, 90, "all 1,500 events in a release")
+        time.sleep(1.0)
+        assert stack.released_count() == 1500 and services.is_running(worker)
+        streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
+        expected = offline_stats(catalog, first, s.partitions)
+        later = offline_stats(catalog, second, s.partitions)
+        np.testing.assert_array_equal(streamed.count, expected.count + later.count)
+        np.testing.assert_allclose(streamed.b, expected.b + later.b, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(streamed.gram, expected.gram + later.gram, rtol=0, atol=1e-9)
+        assert b"a new broker" in Path(worker.log_path).read_bytes()
