@@ -24,7 +24,11 @@ def test_flags_override_environment_over_defaults() -> None:
 @pytest.mark.parametrize(
     ("values", "setting"),
     [
-        ({"mode": "local"}, "mode"),
+        ({"mode": "hybrid"}, "mode"),
+        ({"mode": "local", "epsilon": "inf"}, "epsilon"),
+        ({"mode": "local", "local_algorithm": "tree", "shuffle_batch": "10"}, "shuffle_batch"),
+        ({"local_algorithm": "gossip"}, "local_algorithm"),
+        ({"mode": "local", "algorithm": "ss-gaussian"}, "algorithm"),
         ({"algorithm": "ucb"}, "algorithm"),
         ({"mechanism": "magic"}, "mechanism"),
         ({"epsilon": "0"}, "epsilon"),
