@@ -37,7 +37,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 
-__all__ = ["ROLES_FILE", "acl_rules", "new_credentials", "apply_acl", "role_url", "load_credentials"]
+__all__ = ["ROLES_FILE", "acl_rules", "global_rules", "new_credentials", "apply_acl", "role_url", "load_credentials"]
 
 #: Where ``privrec up`` keeps the generated passwords (mode 0600) in the state directory.
 ROLES_FILE = "redis-users.json"
@@ -59,6 +59,14 @@ def acl_rules(namespace: str, *, sites: int, star: bool) -> dict[str, list[str]]
         web += [f"%R~{_site_ns(ns, i)}:{kind}:*" for kind in _PUBLIC_READ]
     rules["web"] = web
     return rules
+
+
+def global_rules(namespace: str) -> dict[str, list[str]]:
+    """The global and local modes' roles: ``worker`` — every key of the namespace (it ingests, releases and
+    solves); ``web`` — read-only on the public kinds, read-write on its shown lists, nothing trusted."""
+    ns = namespace
+    return {"worker": [f"~{ns}:*"],
+            "web": [f"%R~{ns}:{kind}:*" for kind in _PUBLIC_READ] + [f"~{ns}:recs:*"]}
 
 
 def new_credentials(roles: list[str]) -> dict[str, str]:
