@@ -25,6 +25,7 @@ import faust
 import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
+from .kafkaconn import client_kwargs
 from .redisconn import connect
 from . import services
 from .catalog import Catalog
@@ -144,14 +145,14 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
     TrustedStore(client, settings.namespace).ensure_config(
         settings.model_config() | {"catalog_fingerprint": catalog.fingerprint})
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka, group_id=f"privrec-{settings.namespace}-ingest",
+        **client_kwargs(settings), group_id=f"privrec-{settings.namespace}-ingest",
         enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6000,
         heartbeat_interval_ms=1000, max_poll_records=settings.batch_size, fetch_max_wait_ms=100)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka, linger_ms=5)
+    producer = AIOKafkaProducer(**client_kwargs(settings), linger_ms=5)
     await producer.start()
     # the broker's identity: a memory-only broker that restarts comes back with empty logs and a new identity,
     # and offsets stored against the old logs must not skip (or re-count) the new ones
-    ident = AIOKafkaConsumer(bootstrap_servers=settings.kafka, enable_auto_commit=False)
+    ident = AIOKafkaConsumer(**client_kwargs(settings), enable_auto_commit=False)
     await ident.start()
     known: str | None = None
     last_identity = 0.0

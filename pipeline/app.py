@@ -31,6 +31,7 @@ import faust
 
 from . import agents, localmode, sites, timers
 from .catalog import load_catalog
+from .kafkaconn import faust_credentials
 from .metrics import WorkerMetrics, serve_metrics
 from .settings import Settings
 
@@ -45,6 +46,7 @@ def create_app(settings: Settings, *, state_dir: Path | None = None, web_port: i
     return faust.App(
         f"privrec-{settings.namespace}",
         broker=f"kafka://{settings.kafka}",
+        broker_credentials=faust_credentials(settings),
         store="memory://",
         processing_guarantee="at_least_once",
         broker_session_timeout=6.0,

@@ -20,6 +20,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import redis  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 
+from .kafkaconn import client_kwargs
 from .redisconn import connect
 from .catalog import load_catalog  # noqa: E402
 from .federation import Coordinator, MalformedMessage, decode_message  # noqa: E402
@@ -41,11 +42,11 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     coord = Coordinator(client, settings.namespace, V=V, structure=structure, sites=settings.sites)
     statement = federated_statement(settings, site_guarantee(settings, catalog))
     solver = SolveStage(settings, client, statement)
-    consumer = AIOKafkaConsumer(TOPICS["federated_updates"], bootstrap_servers=settings.kafka,
+    consumer = AIOKafkaConsumer(TOPICS["federated_updates"], **client_kwargs(settings),
                                 group_id=f"privrec-{settings.namespace}-coordinator", auto_offset_reset="earliest",
                                 enable_auto_commit=False, session_timeout_ms=6000, heartbeat_interval_ms=1000,
                                 max_partition_fetch_bytes=16 * 1024 * 1024)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka, linger_ms=5)
+    producer = AIOKafkaProducer(**client_kwargs(settings), linger_ms=5)
     await consumer.start()
     await producer.start()
     loop = asyncio.get_running_loop()

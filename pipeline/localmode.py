@@ -43,6 +43,7 @@ from models.local.shuffle import ShuffledBatch, Shuffler
 from models.streaming import ReleasedStats, UnitStats
 
 from . import agents, timers
+from .kafkaconn import client_kwargs
 from .redisconn import connect
 from .catalog import Catalog, UnknownArmError, UnknownUserError
 from .ingest import DeadLetterItem, IngestProcessor, PreparedBatch, fresh_messages
@@ -389,9 +390,9 @@ async def shuffle_loop(settings: Settings, catalog: Catalog) -> None:
 
     client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
     task = ShufflerTask(client, settings, catalog, local_config(settings, catalog.d))
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**client_kwargs(settings), enable_auto_commit=False,
                                 auto_offset_reset="earliest", fetch_max_wait_ms=100)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka, linger_ms=5)
+    producer = AIOKafkaProducer(**client_kwargs(settings), linger_ms=5)
     await producer.start()
     await consumer.start()
     topic = TOPICS["ldp_reports"]

@@ -63,6 +63,9 @@ USER_LEVEL_MECHANISMS = ("blt-exact", "blt-zcdp", "gaussian-exact", "gaussian-zc
 TOPOLOGIES = ("star", "ring", "complete")
 FED_SCHEDULES = ("tick", "doubling")
 CATALOGS = ("synthetic", "lastfm")
+#: Kafka security (pipeline.kafkaconn).
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 class SettingsError(ValueError):
@@ -196,7 +199,12 @@ class Settings:
     namespace
         Prefix of every Redis key.
     kafka, redis_url
-        External endpoints (``None``: the embedded services of ``privrec up``).
+        External endpoints (``None``: the embedded services of ``privrec up``). Redis AUTH and TLS
+        go in the URL (``rediss://user:password@host:port/0``).
+    kafka_security_protocol, kafka_sasl_mechanism, kafka_sasl_username, kafka_sasl_password, kafka_ssl_cafile
+        Kafka TLS and SASL (``SSL``, ``SASL_PLAINTEXT``, ``SASL_SSL``; ``PLAIN`` or ``SCRAM-SHA-256/512``;
+        the CA bundle that signs the brokers' certificates). Used by every Kafka client of the
+        pipeline (:mod:`pipeline.kafkaconn`).
     partitions
         Partitions of the ``interactions`` topic.
     batch_size, batch_seconds
@@ -237,6 +245,11 @@ class Settings:
     default_pool: str | None = None
     namespace: str = "privrec"
     kafka: str | None = None
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_sasl_mechanism: str = "PLAIN"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = None
+    kafka_ssl_cafile: str | None = None
     redis_url: str | None = None
     partitions: int = 4
     batch_size: int = 2000
@@ -318,6 +331,19 @@ class Settings:
         if not self.namespace or any(c in self.namespace for c in "{}: \t\n*?[]"):
             raise SettingsError("namespace", f"must be a non-empty name without braces, colons, spaces or "
                                              f"glob characters, got {self.namespace!r}.")
+        if self.kafka_security_protocol not in KAFKA_PROTOCOLS:
+            raise SettingsError("kafka_security_protocol", f"must be one of {KAFKA_PROTOCOLS}, got "
+                                                           f"{self.kafka_security_protocol!r}.")
+        if self.kafka_sasl_mechanism not in KAFKA_SASL_MECHANISMS:
+            raise SettingsError("kafka_sasl_mechanism", f"must be one of {KAFKA_SASL_MECHANISMS}, got "
+                                                        f"{self.kafka_sasl_mechanism!r}.")
+        if self.kafka_security_protocol.startswith("SASL") and not (self.kafka_sasl_username
+                                                                    and self.kafka_sasl_password):
+            raise SettingsError("kafka_sasl_username", f"{self.kafka_security_protocol} needs a user name and a "
+                                                       f"password (PRIVREC_KAFKA_SASL_USERNAME, "
+                                                       f"PRIVREC_KAFKA_SASL_PASSWORD).")
+        if self.kafka_ssl_cafile is not None and not os.path.isfile(self.kafka_ssl_cafile):
+            raise SettingsError("kafka_ssl_cafile", f"no such file: {self.kafka_ssl_cafile!r}.")
         if not self.batch_seconds > 0:
             raise SettingsError("batch_seconds", f"must be positive, got {self.batch_seconds}.")
 

@@ -33,6 +33,7 @@ from models.ground.consensus import edges_adjacency, mixing_matrix, parse_edge_l
 from models.streaming import ReleasedStats
 from models.streaming.federated import assign_sites, block_noise_std, is_sync_tick
 
+from .kafkaconn import client_kwargs
 from .redisconn import connect
 from .catalog import Catalog, UnknownUserError
 from .federation import ConsensusSite, FedKeys, decode_message, encode_message, site_namespace, site_topic
@@ -307,7 +308,7 @@ def register(app: faust.App, settings: Settings, catalog: Catalog) -> None:
     if settings.topology != "star":
         @app.task
         async def site_inbox() -> None:
-            consumer = AIOKafkaConsumer(TOPICS["federated_updates"], bootstrap_servers=own.kafka,
+            consumer = AIOKafkaConsumer(TOPICS["federated_updates"], **client_kwargs(own),
                                         group_id=f"privrec-{own.namespace}-inbox", auto_offset_reset="earliest",
                                         session_timeout_ms=6000, heartbeat_interval_ms=1000)
             await consumer.start()
@@ -323,7 +324,7 @@ def register(app: faust.App, settings: Settings, catalog: Catalog) -> None:
 async def _producer(state: dict[str, Any], settings: Settings) -> AIOKafkaProducer:
     producer = state.get("producer")
     if producer is None:
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka, linger_ms=5, max_request_size=16 * 1024 * 1024)
+        producer = AIOKafkaProducer(**client_kwargs(settings), linger_ms=5, max_request_size=16 * 1024 * 1024)
         await producer.start()
         state["producer"] = producer
     return producer

@@ -126,3 +126,22 @@ def test_dead_letter_value_keeps_the_original_bytes() -> None:
     assert d["original_encoding"] == "base64" and d["partition"] == 2 and d["offset"] == 40
     t = json.loads(dead_letter_value(b'{"a": 1}', "missing", "interactions", 0, 1))
     assert t["original"] == '{"a": 1}' and t["original_encoding"] == "utf-8" and not math.isnan(t["offset"])
+
+
+def test_kafka_security_settings_reach_every_client(tmp_path) -> None:
+    """SASL/TLS settings: validated, and turned into aiokafka options (pipeline.kafkaconn)."""
+    from pipeline.kafkaconn import client_kwargs, faust_credentials
+
+    with pytest.raises(SettingsError, match="needs a user name and a password"):
+        Settings(kafka="k:9093", kafka_security_protocol="SASL_SSL")
+    with pytest.raises(SettingsError, match="kafka_security_protocol"):
+        Settings(kafka_security_protocol="TLS")
+    with pytest.raises(SettingsError, match="no such file"):
+        Settings(kafka_ssl_cafile=str(tmp_path / "missing.pem"))
+    s = Settings(kafka="k:9093", kafka_security_protocol="SASL_SSL", kafka_sasl_mechanism="SCRAM-SHA-512",
+                 kafka_sasl_username="u", kafka_sasl_password="p")
+    kw = client_kwargs(s)
+    assert kw["security_protocol"] == "SASL_SSL" and kw["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert kw["sasl_plain_username"] == "u" and kw["ssl_context"] is not None
+    assert faust_credentials(s).mechanism.value == "SCRAM-SHA-512"
+    assert faust_credentials(Settings()) is None
