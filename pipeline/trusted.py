@@ -81,10 +81,9 @@ class TrustedKeys:
     def config(self) -> str:
         return self._key("config", "rel", "settings")
 
-    @property
-    def broker(self) -> str:
-        """The identity of the broker whose logs the stored ingest offsets refer to."""
-        return self._key("config", "rel", "broker")
+    def broker(self, partition: int) -> str:
+        """The identity of the broker whose log the partition's stored offset refers to."""
+        return self._key("trusted", f"p{partition}", "broker")
 
 
 # KEYS[1] - offset key of the partition
@@ -123,6 +122,18 @@ redis.call('SET', KEYS[1], ARGV[2])
 return 1
 """
 
+# KEYS[1] - the partition's broker identity; KEYS[2] - its offset (same hash slot)
+# ARGV[1] - the current broker's identity
+# return 1 if another broker was recorded (the offset is then deleted), 0 otherwise
+ADOPT_SCRIPT = """
+local stored = redis.call('GET', KEYS[1])
+if stored == ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+if stored == false then return 0 end
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
 # KEYS[1] - pending release hash (noise kind)
 # KEYS[2] - released hash
 # KEYS[3] - released log stream
@@ -156,6 +167,7 @@ class TrustedStore:
         self.public = PublicKeys(ns)
         self._ingest = client.register_script(INGEST_SCRIPT)
         self._publish = client.register_script(PUBLISH_SCRIPT)
+        self._adopt = client.register_script(ADOPT_SCRIPT)
 
     # ------------------------------------------------------------ config and secret
 
@@ -237,40 +249,34 @@ class TrustedStore:
         the previous broker would make the workers skip the new log's first events as
         "already counted". Statistics, noise state and releases are kept; new events add to them.
         """
-        keys = [self.keys.offset(p) for p in range(partitions)]
-        old = [None if v is None else int(v) for v in self.r.mget(keys)]
+        old = self.offsets(partitions)
         counted = 0
         if any(o is not None for o in old):
             for p in range(partitions):
                 counted += sum(int(v) for k, v in self.r.hgetall(self.keys.stats(p)).items() if k.startswith(b"n:"))
-            self.r.delete(*keys)
+            with self.r.pipeline(transaction=False) as pipe:  # one key per command: a cluster spreads them
+                for p in range(partitions):
+                    pipe.delete(self.keys.offset(p))
+                pipe.execute()
         return counted, old
 
     def adopt_broker(self, identity: str, partitions: int) -> bool:
-        """Record the broker the offsets refer to; if another was recorded, forget the offsets (a new log) first.
+        """Record, per partition, the broker its stored offset refers to; where another was recorded, forget the
+        offset (a new log) in the same script. Returns whether any offset was reset.
 
-        Returns whether the offsets were reset. Atomic (WATCH): of several workers noticing the same new
-        broker, one resets, the others find it adopted.
+        Atomic per partition (one script on the partition's hash slot, so also in a Redis Cluster): of several
+        workers noticing the same new broker, one resets each partition, the others find it adopted.
         """
-        keys = [self.keys.offset(p) for p in range(partitions)]
-        with self.r.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(self.keys.broker)
-                    stored = pipe.get(self.keys.broker)
-                    if stored is not None and stored.decode() == identity:
-                        return False
-                    pipe.multi()
-                    if stored is not None:
-                        pipe.delete(*keys)
-                    pipe.set(self.keys.broker, identity)
-                    pipe.execute()
-                    return stored is not None
-                except redis.exceptions.WatchError:
-                    continue
+        reset = 0
+        for p in range(partitions):
+            reset += int(self._adopt(keys=[self.keys.broker(p), self.keys.offset(p)], args=[identity]))
+        return reset > 0
 
     def offsets(self, partitions: int) -> list[int | None]:
-        vals = self.r.mget([self.keys.offset(p) for p in range(partitions)])
+        with self.r.pipeline(transaction=False) as pipe:  # not MGET: in a cluster the keys live on several nodes
+            for p in range(partitions):
+                pipe.get(self.keys.offset(p))
+            vals = pipe.execute()
         return [None if v is None else int(v) for v in vals]
 
     # ------------------------------------------------------------ release

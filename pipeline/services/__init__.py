@@ -32,7 +32,7 @@ from .process import (
     stop_all,
     tail,
 )
-from .redis_server import redis_ready, start_redis
+from .redis_server import redis_ready, start_redis, start_redis_cluster
 
 __all__ = [
     "LOOPBACK",
@@ -40,6 +40,7 @@ __all__ = [
     "ServiceError",
     "ServiceHandle",
     "create_topics",
+    "start_redis_cluster",
     "ensure_identity",
     "read_identity",
     "IDENTITY_TOPIC",

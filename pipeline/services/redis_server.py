@@ -8,9 +8,9 @@ from pathlib import Path
 
 import redis
 
-from .process import LOOPBACK, ServiceError, ServiceHandle, start_on_free_port, start_process
+from .process import LOOPBACK, ServiceError, ServiceHandle, free_port, start_on_free_port, start_process
 
-__all__ = ["redis_ready", "start_redis"]
+__all__ = ["redis_ready", "start_redis", "start_redis_cluster"]
 
 
 def redis_ready(url: str, timeout: float = 2.0) -> bool:
@@ -31,6 +31,7 @@ def start_redis(
     host: str = LOOPBACK,
     name: str = "redis",
     appendonly: bool = True,
+    cluster: bool = False,
     timeout: float = 30.0,
 ) -> ServiceHandle:
     """Start ``redis-server`` with append-only persistence and wait until it answers PING.
@@ -52,6 +53,8 @@ def start_redis(
         Service name, unique within ``state_dir``; also the data directory's name.
     appendonly
         Turn the append-only file on (default) or off.
+    cluster
+        Start the node in cluster mode (its slots are assigned by :func:`start_redis_cluster`).
     timeout
         Seconds to wait for readiness (loading a large AOF counts).
 
@@ -84,6 +87,9 @@ def start_redis(
             "--save", "",
             "--daemonize", "no",
             "--logfile", "",  # log to stdout, which start_process sends to <name>.log
+            *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000",
+               "--cluster-port", str(free_port(host))]  # the bus port: explicit (default port + 10000 may be taken)
+              if cluster else []),
         ]  # fmt: skip
         url = f"redis://{host}:{p}/0"
         return start_process(
@@ -97,3 +103,47 @@ def start_redis(
         )
 
     return start_on_free_port(start, port, host)
+
+
+def start_redis_cluster(state_dir: str | os.PathLike[str], *, nodes: int = 3, host: str = LOOPBACK,
+                        timeout: float = 60.0) -> list[ServiceHandle]:
+    """Start ``nodes`` cluster-mode ``redis-server`` masters and assign them the 16,384 slots.
+
+    Each node keeps its AOF in ``state_dir/redis-node<i>/``. Returns the handles (stop each with
+    :func:`~pipeline.services.stop`); ``handles[0].url`` is a seed URL for a cluster client.
+    """
+    import subprocess
+    import time
+
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        raise ServiceError("redis-cli not found on PATH (Debian: apt-get install redis-tools)")
+    handles: list[ServiceHandle] = []
+    try:
+        for i in range(nodes):
+            handles.append(start_redis(state_dir, host=host, name=f"redis-node{i}", cluster=True, timeout=timeout))
+        out = subprocess.run([cli, "--cluster", "create", *(h.address for h in handles), "--cluster-replicas", "0",
+                              "--cluster-yes"], capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise ServiceError(f"redis-cli --cluster create failed: {out.stdout[-500:]}{out.stderr[-500:]}")
+        deadline = time.monotonic() + timeout
+        while True:
+            states = []
+            for h in handles:
+                c = redis.Redis.from_url(h.url)
+                try:
+                    info = c.execute_command("CLUSTER", "INFO")
+                    states.append(info.decode() if isinstance(info, bytes) else str(info))
+                finally:
+                    c.close()
+            if all("cluster_state:ok" in st for st in states):
+                return handles
+            if time.monotonic() > deadline:
+                raise ServiceError("the Redis cluster did not reach cluster_state:ok")
+            time.sleep(0.2)
+    except BaseException:
+        from .process import stop
+
+        for h in handles:
+            stop(h)
+        raise

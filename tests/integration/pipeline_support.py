@@ -58,7 +58,9 @@ class Stack:
 
     @property
     def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis_url)
+        from pipeline.redisconn import connect
+
+        return connect(self.redis_url)  # a cluster client when the URL names a Redis Cluster node
 
     def settings(self) -> Settings:
         return Settings.from_mapping({}, environ=self.env)
