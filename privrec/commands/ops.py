@@ -50,7 +50,8 @@ def register(sub: Any) -> None:
                     "the HTTP server. Waits until every worker has partitions and /healthz answers, then prints "
                     "where everything runs. Settings come from the flags below, then PRIVREC_* variables, "
                     "then defaults; invalid settings fail before anything starts. Refuses to start a second "
-                    "stack on the same state directory.")
+                    "stack on the same state directory; on a degraded one (some of its processes died) it "
+                    "starts again only the dead ones, with the settings the stack was started with.")
     _state_dir_arg(u)
     u.add_argument("--workers", type=_positive, default=1, help="faust workers (default 1; at most --partitions)")
     u.add_argument("--http-port", type=_http_port, default=None, metavar="PORT",
@@ -60,6 +61,9 @@ def register(sub: Any) -> None:
     u.add_argument("--loglevel", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="log level of workers and web (env PRIVREC_LOGLEVEL; default INFO)")
     u.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each step (default 120)")
+    u.add_argument("--no-supervise", dest="supervise", action="store_false",
+                   help="start no supervisor (by default one restarts a crashed worker or web server, with "
+                        "exponential backoff, at most 5 times in 60 s each)")
     u.add_argument("--json", action="store_true", help="print the status as JSON instead of text")
     settings_group = u.add_argument_group("pipeline settings (flags win over the environment)")
     add_arguments(settings_group)  # an argument group takes add_argument like a parser
@@ -108,13 +112,20 @@ def _up(args: argparse.Namespace) -> int:
     say = None if args.json else (lambda line: print(f"  {line}", flush=True))
     try:
         info = ops.up(settings, state_dir, workers=args.workers, http_port=port, http_host=host,
-                      loglevel=args.loglevel, timeout=args.timeout, say=say)
+                      loglevel=args.loglevel, timeout=args.timeout, say=say, supervise=args.supervise)
     except ops.OpsError as exc:
         return _err("up", str(exc))
     if args.json:
         print(json.dumps(info, indent=2))
     else:
-        print(f"privrec up: ready. page: {info['page']}")
+        repaired = info.get("repaired")
+        if repaired:
+            what = ", ".join(f"{n} (pid {p})" for n, p in repaired["restarted"].items()) or "the supervisor"
+            print(f"privrec up: repaired: started again {what}"
+                  + ("; a new broker, ingest offsets reset" if repaired["new_broker"] else "")
+                  + f". page: {info['page']}")
+        else:
+            print(f"privrec up: ready. page: {info['page']}")
         print(f"  status: privrec status --state-dir {state_dir}    stop: privrec down --state-dir {state_dir}")
     return 0
 
@@ -144,6 +155,16 @@ def _status(args: argparse.Namespace) -> int:
         print(f"  {name:<9} pid {pid:<8} {where.get(name, '')}")
     for name, pid in info["stopped"].items():
         print(f"  {name:<9} NOT RUNNING (pid {pid}); log: {info['logs'].get(name, '-')}")
+    sup = info.get("supervisor")
+    if sup:
+        restarts = ", ".join(f"{n} {c}" for n, c in info["restarts"].items()) or "none"
+        if sup["running"]:
+            print(f"  supervisor pid {sup['pid']:<8} restarts: {restarts}")
+        else:
+            print(f"  supervisor NOT RUNNING (pid {sup['pid']}); restarts: {restarts}; log: {sup['log']}; "
+                  f"`privrec up` starts a new one")
+        for name, why in info["given_up"].items():
+            print(f"  {name:<9} GIVEN UP by the supervisor: {why}; `privrec up` starts it again")
     for name in ("kafka", "redis"):
         if ext.get(name):
             print(f"  {name:<9} external     {where[name]}")
@@ -168,7 +189,7 @@ def _down(args: argparse.Namespace) -> int:
 
     state_dir = _resolve_state_dir(args)
     try:
-        stopped = ops.down(state_dir, grace_seconds=args.grace)
+        stopped = ops.down(state_dir, grace_seconds=args.grace, say=lambda line: print(f"  {line}", flush=True))
     except ops.OpsError as exc:
         return _err("down", str(exc))
     if stopped:

@@ -11,6 +11,9 @@ from typing import Any
 
 import redis
 
+from pipeline import services
+
+from .relaunch import SUPERVISOR, read_report, supervisor_handle
 from .stackfile import STACK_FILE, admin_redis_url, http_probe, read_stack, recorded_handles, running_processes, worker_status_key
 
 __all__ = ["status"]
@@ -20,10 +23,13 @@ def status(state_dir: str | os.PathLike[str], *, probe: bool = True) -> dict[str
 
     Keys ``kafka`` (``host:port``), ``redis`` (``redis://…``), ``http`` (``http://host:port``)
     and ``processes`` (``{name: pid}`` of the processes that run) are a contract; the others
-    are informational: ``running`` (every recorded process runs), ``stopped`` (recorded
-    processes that do not run), ``external``, ``namespace``, ``settings``, ``phase``, and
-    with ``probe`` the live view: ``model_version``, ``released_events``, ``workers``
-    (their Redis reports) and ``health`` (the ``/healthz`` answer).
+    are informational: ``running`` (every recorded process runs, and the supervisor if the stack
+    has one), ``stopped`` (recorded processes that do not run), ``external``, ``namespace``,
+    ``settings``, ``phase``; with a supervisor ``supervisor`` (``{"pid", "running", "policy",
+    "log", "last"}``; not one of ``processes``), ``restarts`` (``{name: count}`` of its restarts)
+    and ``given_up`` (``{name: why}``: processes it no longer restarts); after a repair by ``up``
+    ``repairs``; and with ``probe`` the live view: ``model_version``, ``released_events``,
+    ``workers`` (their Redis reports) and ``health`` (the ``/healthz`` answer).
     """
     state = Path(state_dir).resolve()
     stack = read_stack(state)
@@ -43,6 +49,12 @@ def status(state_dir: str | os.PathLike[str], *, probe: bool = True) -> dict[str
                logs={h.name: str(h.log_path) for h in handles})
     if stack.get("offsets_reset"):
         out["offsets_reset"] = stack["offsets_reset"]
+    if stack.get("supervisor"):
+        out.update(_supervision(state, stack))
+        if not out["supervisor"]["running"]:
+            out["running"] = False  # degraded: `privrec up` starts a new one
+    if stack.get("repairs"):
+        out["repairs"] = stack["repairs"]
     missing = [n for n in stack.get("processes", []) if n not in running and n not in out["stopped"]]
     out["stopped"].update(dict.fromkeys(missing))
     if probe and running:
@@ -51,6 +63,19 @@ def status(state_dir: str | os.PathLike[str], *, probe: bool = True) -> dict[str
             answer = http_probe(stack["http"] + "/healthz")
             out["health"] = None if answer is None else {"http_status": answer[0], **answer[1]}
     return out
+
+
+def _supervision(state: Path, stack: Mapping[str, Any]) -> dict[str, Any]:
+    """The supervisor's process and report: ``supervisor``, ``restarts`` and ``given_up``."""
+    h = supervisor_handle(state)
+    running = h is not None and services.is_running(h)
+    report = read_report(state)  # a dead supervisor's last report still tells what it did
+    restarts: dict[str, int] = dict(report.get("restarts") or {})
+    given_up: dict[str, str] = dict(report.get("given_up") or {})
+    return {"supervisor": {"pid": h.pid if h else None, "running": running, "policy": stack.get("supervisor"),
+                           "log": str(h.log_path) if h else str(state / f"{SUPERVISOR}.log"),
+                           "last": report.get("last") or {}},
+            "restarts": restarts, "given_up": given_up}
 
 
 def _probe_redis(stack: Mapping[str, Any]) -> dict[str, Any]:

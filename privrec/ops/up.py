@@ -17,10 +17,12 @@ from pipeline import services
 from pipeline.services import ServiceError, ServiceHandle
 from pipeline.settings import Settings
 
-from .stackfile import (KAFKA, REDIS, STACK_FILE, STACK_SCHEMA, TOPIC_PARTITIONS, WEB, AlreadyRunningError, OpsError, child_env, http_probe, locked, read_stack, recorded_handles,
+from .relaunch import SUPERVISION_DEFAULTS, SUPERVISOR_FILE, start_supervisor, supervisor_handle
+from .repair import check_same_settings, repair
+from .stackfile import (KAFKA, REDIS, STACK_FILE, STACK_SCHEMA, WEB, AlreadyRunningError, OpsError, child_env, http_probe, locked, read_stack, recorded_handles,
                         running_processes, settings_dict, worker_status_key, write_stack)
 from .status import status
-from .workers import check_namespace, check_topic, reset_offsets, wait_workers
+from .workers import check_namespace, create_stack_topics, reset_after_new_broker, wait_workers
 
 __all__ = ["up", "wait_workers"]
 
@@ -63,16 +65,7 @@ def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: d
     try:
         check_namespace(client, settings, catalog.fingerprint)
         if not external["kafka"]:
-            counted, old_offsets = reset_offsets(client, settings)
-            if settings.mode == "local" and settings.shuffle_batch:
-                from pipeline.localmode import reset_shuffler_offsets
-
-                reset_shuffler_offsets(client, settings.namespace)
-            if any(o is not None for o in old_offsets):
-                stack["offsets_reset"] = {"previous": old_offsets, "events_kept": counted}
-                note(f"namespace {settings.namespace!r} keeps {counted} events counted by an earlier "
-                     f"run; the new (memory-only) broker's log starts at offset 0, so the stored "
-                     f"ingest offsets {old_offsets} were reset")
+            reset_after_new_broker(client, settings, stack, note)
         env = child_env(settings, state, loglevel=loglevel)
         wk: list[ServiceHandle] = []
         names = [f"worker-{i}" for i in range(workers)]
@@ -93,7 +86,7 @@ def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: d
 
 def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 1, http_port: int = 0,
        http_host: str = services.LOOPBACK, loglevel: str | None = None, timeout: float = 120.0,
-       say: Callable[[str], None] | None = None) -> dict[str, Any]:
+       say: Callable[[str], None] | None = None, supervise: bool | dict[str, float] = True) -> dict[str, Any]:
     """Start a stack in ``state_dir`` and wait until it is ready; return :func:`status`.
 
     Parameters
@@ -117,11 +110,17 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
         Seconds to wait for each step to be ready.
     say
         Called with one line per step (progress); ``None`` is silent.
+    supervise
+        Start the supervisor (:mod:`privrec.ops.supervise`), which restarts a crashed worker or web
+        server; a dict overrides its policy (``max_restarts``, ``window_s``, ``backoff_s``,
+        ``max_backoff_s``, ``poll_s``; defaults ``SUPERVISION_DEFAULTS``). Not in federated mode.
 
     Returns
     -------
     dict
-        :func:`status` of the started stack.
+        :func:`status` of the started stack. On a *degraded* stack (some of its processes died while
+        others run) nothing new is started: the dead processes are started again with the settings
+        ``stack.json`` recorded (:func:`privrec.ops.repair.repair`), and the status has ``repaired``.
 
     Raises
     ------
@@ -130,7 +129,8 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
         stack already running in ``state_dir`` (:class:`AlreadyRunningError`). After: a
         service or process that fails or is not ready in time, external services that do
         not answer, a topic with another partition count, a namespace created with other
-        model settings. Whatever this call started is stopped before it raises.
+        model settings. Whatever this call started is stopped before it raises. A degraded stack
+        asked to be repaired with other settings, or a federated one (not repaired).
     """
     note = say or (lambda _line: None)
     state = Path(state_dir).resolve()
@@ -142,11 +142,11 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
                        f"shuffler's open batches live in one process; got `--workers` {workers}.")
     if not 0 <= http_port < 65536:
         raise OpsError(f"`--http-port` must be a port number (0 = a free one), got {http_port}.")
-    if http_port and not _port_free(http_host, http_port):
-        raise OpsError(f"`--http-port` {http_port} is already in use on {http_host}; pick another port, "
-                       f"or 0 for a free one.")
     if state.exists() and not state.is_dir():
         raise OpsError(f"state directory {state} exists and is not a directory")
+    if http_port and not (state / STACK_FILE).exists() and not _port_free(http_host, http_port):
+        raise OpsError(f"`--http-port` {http_port} is already in use on {http_host}; pick another port, "
+                       f"or 0 for a free one.")  # with a stack recorded: checked below, unless it is repaired
     from pipeline.catalog import load_catalog
     from pipeline.settings import SettingsError
 
@@ -170,10 +170,29 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
         previous = read_stack(state)
         old = recorded_handles(state, previous)
         alive = running_processes(old)
-        if alive:
-            raise AlreadyRunningError(state, alive)
-        for h in old:  # a stack that died without `down` (crash, reboot): forget its files
+        keeper = supervisor_handle(state)
+        if alive and previous is not None:
+            dead = [n for n in previous.get("processes", []) if n not in alive]
+            keeper_dead = bool(previous.get("supervisor")) and not (keeper and services.is_running(keeper))
+            if (not dead and not keeper_dead) or previous.get("phase") != "running" \
+                    or (previous.get("settings") or {}).get("mode") == "federated":
+                raise AlreadyRunningError(state, alive)  # nothing to repair (or not repairable: down, then up)
+            check_same_settings(state, previous, settings, workers)
+            try:
+                done = repair(state, previous, note=note, timeout=timeout)
+            except ServiceError as exc:
+                raise OpsError(f"repair failed: {exc}") from exc
+            except (OSError, redis.RedisError, KafkaError) as exc:
+                if isinstance(exc, OpsError):
+                    raise
+                raise OpsError(f"repair failed: {type(exc).__name__}: {exc}") from exc
+            return {**status(state), "repaired": done}
+        if http_port and not _port_free(http_host, http_port):
+            raise OpsError(f"`--http-port` {http_port} is already in use on {http_host}; pick another port, "
+                           f"or 0 for a free one.")
+        for h in old + ([keeper] if keeper else []):  # a stack that died without `down` (crash, reboot)
             services.stop(h)
+        (state / SUPERVISOR_FILE).unlink(missing_ok=True)  # a new stack: no restarts yet
         if previous is not None:
             note(f"previous stack in {state} was not running; cleaned up its files")
             (state / STACK_FILE).unlink(missing_ok=True)
@@ -189,7 +208,7 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
             "external": external, "kafka": settings.kafka, "redis": settings.redis_url, "http": None,
             "workers": workers, "processes": [], "phase": "starting",
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "up_pid": os.getpid(),
-            "settings": settings_dict(settings),
+            "settings": settings_dict(settings), "loglevel": loglevel, "http_host": http_host,
         }
         started: list[ServiceHandle] = []
 
@@ -226,14 +245,7 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
             write_stack(state, stack)
             assert settings.kafka is not None and settings.redis_url is not None
 
-            topics = {"interactions": settings.partitions, **TOPIC_PARTITIONS}
-            if settings.mode == "local":  # reports keyed by user; the shuffler's batches keyed by unit
-                topics.update({"ldp-reports": settings.partitions, "ldp-shuffled": settings.partitions})
-            created = services.create_topics(settings.kafka, topics)
-            check_topic(settings.kafka, "interactions", settings.partitions)
-            listed = ", ".join(f"{t} ({n})" for t, n in topics.items())
-            kept = [t for t in topics if t not in created]
-            note(f"topics   {listed}" + (f"; already there: {', '.join(kept)}" if kept else ""))
+            create_stack_topics(settings, note)
 
             if settings.mode == "federated":
                 # one worker per site, a coordinator (star), Redis ACL users (privrec/ops/federated.py)
@@ -252,6 +264,13 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
             started.append(web)
             stack["http"] = web.url
             note(f"web      {web.url}/  pid {web.pid} {took()}")
+            if supervise and settings.mode != "federated":
+                policy = {**SUPERVISION_DEFAULTS, **(supervise if isinstance(supervise, dict) else {})}
+                stack["supervisor"] = policy
+                sup = start_supervisor(state, policy, timeout=timeout)
+                started.append(sup)
+                note(f"supervisor pid {sup.pid}  restarts a crashed worker or web (at most "
+                     f"{policy['max_restarts']:g} times in {policy['window_s']:g} s each) {took()}")
             stack["phase"] = "running"
             write_stack(state, stack)
         except BaseException as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -12,9 +13,10 @@ from pipeline import services
 from pipeline.services import ServiceHandle
 from pipeline.settings import Settings
 
-from .stackfile import POLL_SECONDS, OpsError, worker_status_key
+from .stackfile import POLL_SECONDS, TOPIC_PARTITIONS, OpsError, worker_status_key
 
-__all__ = ["check_topic", "check_namespace", "reset_offsets", "wait_workers"]
+__all__ = ["check_topic", "check_namespace", "create_stack_topics", "reset_after_new_broker", "reset_offsets",
+           "wait_workers"]
 
 
 def check_topic(address: str, topic: str, partitions: int) -> None:
@@ -65,6 +67,34 @@ def reset_offsets(client: redis.Redis, settings: Settings) -> tuple[int, list[in
     from pipeline.trusted import TrustedStore
 
     return TrustedStore(client, settings.namespace).reset_offsets(settings.partitions)
+
+
+def create_stack_topics(settings: Settings, note: Callable[[str], None]) -> None:
+    """Create the missing topics of a global- or local-mode stack; refuse an ``interactions`` of another size."""
+    assert settings.kafka is not None
+    topics = {"interactions": settings.partitions, **TOPIC_PARTITIONS}
+    if settings.mode == "local":  # reports keyed by user; the shuffler's batches keyed by unit
+        topics.update({"ldp-reports": settings.partitions, "ldp-shuffled": settings.partitions})
+    created = services.create_topics(settings.kafka, topics)
+    check_topic(settings.kafka, "interactions", settings.partitions)
+    listed = ", ".join(f"{t} ({n})" for t, n in topics.items())
+    kept = [t for t in topics if t not in created]
+    note(f"topics   {listed}" + (f"; already there: {', '.join(kept)}" if kept else ""))
+
+
+def reset_after_new_broker(client: redis.Redis, settings: Settings, stack: dict[str, Any],
+                           note: Callable[[str], None]) -> None:
+    """After starting a new (memory-only) broker: forget the namespace's ingest offsets, and say so."""
+    counted, old_offsets = reset_offsets(client, settings)
+    if settings.mode == "local" and settings.shuffle_batch:
+        from pipeline.localmode import reset_shuffler_offsets
+
+        reset_shuffler_offsets(client, settings.namespace)
+    if any(o is not None for o in old_offsets):
+        stack["offsets_reset"] = {"previous": old_offsets, "events_kept": counted}
+        note(f"namespace {settings.namespace!r} keeps {counted} events counted by an earlier "
+             f"run; the new (memory-only) broker's log starts at offset 0, so the stored "
+             f"ingest offsets {old_offsets} were reset")
 
 
 def wait_workers(client: redis.Redis, namespace: str, workers: list[ServiceHandle], partitions: int,

@@ -1,0 +1,157 @@
+"""``privrec up`` on a degraded stack: start again only what died, keep what runs.
+
+A stack is *degraded* when some of the processes ``stack.json`` lists (or its supervisor) no longer run
+while others do: a crashed worker, a web server the supervisor gave up on, a dead redis or broker.
+:func:`repair` (called by :func:`~privrec.ops.up.up` under the state directory's lock) stops the
+supervisor (so the two do not restart the same process), then starts again, with the settings
+``stack.json`` recorded:
+
+* a dead ``redis`` — on its port, from its AOF (the workers reconnect on their own);
+* a dead ``kafka`` — a *new* memory-only broker on its port, whose log starts at offset 0: every worker and
+  the web server are restarted too (their clients and in-memory positions belong to the old log), the
+  topics created again and the namespace's stored ingest offsets reset, exactly as ``up`` does for a new
+  broker (otherwise the new log's first events would be skipped as "already counted"); events the old
+  broker held but no worker had counted are lost with it;
+* the dead workers and web server, exactly as ``up`` started them
+  (:func:`~privrec.ops.relaunch.relaunch`), waiting until every worker has partitions again;
+* a new supervisor, which carries on the restart counts.
+
+The live broker and redis are never replaced. Federated stacks are not repaired (``down``, then ``up``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from pipeline import services
+from pipeline.services import PortInUseError, ServiceHandle
+from pipeline.settings import Settings
+
+from .relaunch import (SUPERVISION_DEFAULTS, fallback_handle, relaunch, stack_settings, start_supervisor, stop_supervisor,
+                       supervised)
+from .stackfile import KAFKA, REDIS, OpsError, read_stack, recorded_handles, running_processes, settings_dict, worker_status_key, write_stack
+from .workers import create_stack_topics, reset_after_new_broker, wait_workers
+
+__all__ = ["check_same_settings", "repair"]
+
+
+def check_same_settings(state: Path, stack: Mapping[str, Any], settings: Settings, workers: int) -> None:
+    """Refuse to repair with other settings than the stack was started with (the repair uses the recorded ones)."""
+    recorded = stack_settings(stack)
+    external = stack.get("external") or {}
+    wanted = settings
+    if not external.get("kafka"):
+        wanted = wanted.replace(kafka=recorded.kafka)
+    if not external.get("redis"):
+        wanted = wanted.replace(redis_url=recorded.redis_url)
+    a, b = settings_dict(recorded), settings_dict(wanted)
+    diff = {k: {"stack": a[k], "requested": b[k]} for k in sorted(a) if a[k] != b.get(k)}
+    if int(stack.get("workers", workers)) != workers:
+        diff["workers"] = {"stack": stack.get("workers"), "requested": workers}
+    if diff:
+        raise OpsError(f"the degraded stack in {state} was started with other settings than requested: {diff}; "
+                       f"`privrec up` repairs it only with the same settings (it restarts the dead processes as "
+                       f"they were), or stop it first with `privrec down --state-dir {state}`")
+
+
+def _port(address: str) -> int:
+    return int(address.rstrip("/").rpartition(":")[2].split("/")[0])
+
+
+def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], timeout: float) -> dict[str, Any]:
+    """Repair the degraded stack ``stack`` of ``state`` (the caller holds the lock); return what was done."""
+    t0 = time.monotonic()
+
+    def took() -> str:
+        return f"[{time.monotonic() - t0:.1f} s]"
+
+    names: list[str] = list(stack.get("processes", []))
+    sup_pid = stop_supervisor(state)
+    if sup_pid is not None:
+        note(f"supervisor pid {sup_pid} stopped while repairing (a new one starts at the end)")
+    handles = {h.name: h for h in recorded_handles(state, stack)}  # after the supervisor: it may have restarted some
+    running = running_processes(list(handles.values()))
+    dead = [n for n in names if n not in running]
+    note(f"repairing the stack in {state}: {', '.join(dead) or 'only the supervisor'} not running"
+         + (f"; still running: {', '.join(f'{n} pid {p}' for n, p in running.items())}" if running else ""))
+    settings = stack_settings(stack)
+    external = stack.get("external") or {}
+    restart = [n for n in dead if supervised(n)]
+    done: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dead": dead, "restarted": {},
+                            "new_broker": False}
+
+    def stop_clients(why: str) -> None:
+        live = [h for h in (handles[n] for n in names if supervised(n) and n in running)
+                if services.stop(h, grace_seconds=10)]
+        if live:
+            note(f"stopped {', '.join(f'{h.name} (pid {h.pid})' for h in live)}: {why}")
+        restart[:] = [n for n in names if supervised(n)]
+
+    if REDIS in dead and not external.get("redis"):
+        assert settings.redis_url is not None
+        try:
+            rds = services.start_redis(state, port=_port(settings.redis_url), timeout=timeout)
+        except PortInUseError:
+            rds = services.start_redis(state, timeout=timeout)
+            stop_clients("redis came back on another port")
+        settings = settings.replace(redis_url=rds.url)
+        done["restarted"][REDIS] = rds.pid
+        note(f"redis    {rds.url}  pid {rds.pid}  (again, from the AOF in {state / REDIS}) {took()}")
+    if KAFKA in dead and not external.get("kafka"):
+        assert settings.kafka is not None
+        stop_clients("the broker is memory-only: they read and wrote the old broker's log")
+        try:
+            kafka = services.start_broker(state, port=_port(settings.kafka), timeout=timeout)
+        except PortInUseError:
+            kafka = services.start_broker(state, timeout=timeout)
+        settings = settings.replace(kafka=kafka.address)
+        done["restarted"][KAFKA] = kafka.pid
+        done["new_broker"] = True
+        note(f"kafka    {kafka.address}  pid {kafka.pid}  (a NEW embedded Tansu broker, memory-only: its log "
+             f"starts at offset 0; events the old one held and no worker had counted are lost) {took()}")
+        create_stack_topics(settings, note)
+    stack.update(kafka=settings.kafka, redis=settings.redis_url, settings=settings_dict(settings))
+    assert settings.redis_url is not None
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
+    try:
+        if done["new_broker"]:
+            before = stack.pop("offsets_reset", None)
+            reset_after_new_broker(client, settings, stack, note)
+            if "offsets_reset" not in stack:
+                note(f"namespace {settings.namespace!r}: no stored ingest offsets to reset for the new broker")
+                if before is not None:
+                    stack["offsets_reset"] = before
+            done["offsets_reset"] = True
+        workers = [n for n in restart if n.startswith("worker-")]
+        if workers:
+            client.hdel(worker_status_key(settings.namespace), *workers)
+        new: dict[str, ServiceHandle] = {}
+        for name in restart:
+            old = handles.get(name) or fallback_handle(state, stack, name)
+            new[name] = relaunch(state, stack, old, timeout=timeout)
+            done["restarted"][name] = new[name].pid
+        all_workers = [new.get(n) or handles[n] for n in names if n.startswith("worker-")]
+        if workers:
+            assigned = wait_workers(client, settings.namespace, all_workers, settings.partitions, timeout)
+            for n in workers:
+                was = f" (was {handles[n].pid})" if n in handles else ""
+                note(f"{n:<8} pid {new[n].pid}{was}  partitions {assigned[n]} {took()}")
+        if "web" in new:
+            was = f" (was {handles['web'].pid})" if "web" in handles else ""
+            note(f"web      {new['web'].url}/  pid {new['web'].pid}{was} {took()}")
+    finally:
+        client.close()
+    policy = stack.get("supervisor")
+    if policy:
+        sup = start_supervisor(state, {**SUPERVISION_DEFAULTS, **policy}, timeout=timeout)
+        done["supervisor"] = sup.pid
+        note(f"supervisor pid {sup.pid}  restarts crashed workers and web {took()}")
+    stack.setdefault("repairs", []).append(done)
+    write_stack(state, stack)
+    assert read_stack(state) is not None
+    return done
