@@ -394,7 +394,8 @@ async def budget(request: web.Request) -> web.Response:
                   # per-unit widths (Shariff & Sheffet) replace the global alpha
                   "alpha": None if meta.get("width") == "per-unit" else float(meta.get("alpha", "nan")),
                   "lambda": float(meta["lambda"]) if "lambda" in meta else s.lambda_,
-                  "d": int(meta.get("d", 0)), "units": int(meta.get("n_units", 0)), "catalog": s.catalog},
+                  "d": int(meta.get("d", 0)), "units": int(meta.get("n_units", 0)), "catalog": s.catalog,
+                  "tick_seconds": s.tick_seconds},
         "releases": version,
         "events_released": int(meta.get("events", 0)),
         "tree": {"levels": s.tree_levels, "ticks_per_epoch": capacity, "epoch": (version - 1) // capacity,

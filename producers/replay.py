@@ -45,6 +45,11 @@ class ReplayResult:
     cumulative: list[tuple[int, float, float]] = field(default_factory=list)  # (events, reward, random)
     first_model_version: int | None = None
     last_model_version: int | None = None
+    versions: list[int] = field(default_factory=list)  # the model version each event was ranked with, in order
+
+    def versions_per_1000(self) -> list[int]:
+        """Distinct model versions seen in each window of 1,000 events: whether the model could follow."""
+        return [len(set(self.versions[i:i + 1000])) for i in range(0, len(self.versions), 1000)]
 
     @property
     def ratio(self) -> float:
@@ -127,6 +132,7 @@ async def _replay(base: str, events: Iterable[ReplayEvent], total: int, rate: fl
                 if result.first_model_version is None:
                     result.first_model_version = version
                 result.last_model_version = version
+                result.versions.append(version)
                 if result.events % every == 0 or result.events == total:
                     result.cumulative.append((result.events, result.reward, result.random_reward))
                 if progress is not None:
@@ -179,4 +185,5 @@ def summary(result: ReplayResult) -> dict[str, Any]:
     return {"events": result.events, "reward": result.reward, "random_reward": result.random_reward,
             "ratio": result.ratio, "seconds": result.seconds,
             "events_per_second": result.events / result.seconds if result.seconds else None,
-            "first_model_version": result.first_model_version, "last_model_version": result.last_model_version}
+            "first_model_version": result.first_model_version, "last_model_version": result.last_model_version,
+            "model_versions_per_1000_events": result.versions_per_1000()}

@@ -31,7 +31,7 @@ fi
 # has learned from them. PRIVREC_REPLAY_EVENTS=0 skips it.
 events=${PRIVREC_REPLAY_EVENTS:-3000}
 if [ "$events" -gt 0 ]; then
-    "$privrec" replay lastfm --state-dir "$state" --events "$events" --rate "${PRIVREC_REPLAY_RATE:-200}" \
+    "$privrec" replay lastfm --state-dir "$state" --events "$events" --rate "${PRIVREC_REPLAY_RATE:-auto}" \
         --out "$root/out/replay"
 fi
 

@@ -22,7 +22,9 @@ def register(sub: Any) -> None:
                     "The stack must run with --catalog lastfm.")
     lf.add_argument("--events", type=int, default=5000, help="events to replay (default 5000)")
     lf.add_argument("--start", type=int, default=0, help="index of the first event (default 0)")
-    lf.add_argument("--rate", type=float, default=None, help="at most RATE events/s (default: as fast as the API)")
+    lf.add_argument("--rate", default="auto",
+                    help="events/s: a number, 'max' (as fast as the API answers) or 'auto' (default: 100 events per "
+                         "release tick, so that the model can follow: 100/s at the default 1 s tick)")
     lf.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
     lf.add_argument("--out", type=Path, required=True, help="output directory")
     lf.add_argument("--http", default=None, help="API base URL (default: $PRIVREC_HTTP_URL, or the running "
@@ -96,14 +98,17 @@ def _lastfm(args: argparse.Namespace) -> int:
         if done % 100 == 0:
             bar.set_postfix(ratio=f"{res.ratio:.2f}", model=res.last_model_version)
 
+    info = _api_info(base)
+    rate = _rate(args.rate, info)
     devices = _devices(base, args.mode, args.devices)
-    result = replay(base, events, total=n, rate=args.rate, concurrency=args.concurrency, progress=progress,
+    result = replay(base, events, total=n, rate=rate, concurrency=args.concurrency, progress=progress,
                     listens=not args.no_listens, devices=devices)
     bar.close()
     info = _api_info(base)
     baselines = {} if args.no_baselines else _baselines(args, n, info, every=max(1, n // 200))
     doc = {**summary(result),
-           "settings": {"http": base, "events_requested": args.events, "start": args.start, "rate": args.rate,
+           "settings": {"http": base, "events_requested": args.events, "start": args.start, "rate": rate,
+                        "rate_setting": args.rate,
                         "concurrency": args.concurrency, "k": 1, "pool_size": 25,
                         "positives": catalog.params.positives, "catalog_seed": catalog.params.seed,
                         "protocol": "recommend the top item of each logged event's pool; reward 1 iff it is the "
@@ -117,12 +122,32 @@ def _lastfm(args: argparse.Namespace) -> int:
     _plot(doc, args.out / "replay.png")
     print(f"events {result.events}  reward {result.reward:.0f}  random {result.random_reward:.1f}  "
           f"ratio {result.ratio:.2f}  ({result.seconds:.0f} s, model v{result.first_model_version}"
-          f"→v{result.last_model_version})")
+          f"→v{result.last_model_version}; versions per 1,000 events {result.versions_per_1000()})")
     if baselines:
         print("  on the same events, offline: " + ", ".join(
             f"{name} {b['reward'] / result.random_reward:.2f}" for name, b in baselines.items()))
     print(f"wrote {args.out}/replay.json and replay.png", file=sys.stderr)
     return 0
+
+
+#: ``--rate auto``: events per release tick, so that each release covers about this many new events.
+EVENTS_PER_TICK = 100
+
+
+def _rate(text: str, info: dict[str, Any]) -> float | None:
+    """``--rate``: a positive number, ``max`` (None: unthrottled) or ``auto`` (EVENTS_PER_TICK per release tick)."""
+    if text == "max":
+        return None
+    if text == "auto":
+        tick = float((info.get("model") or {}).get("tick_seconds") or 1.0)
+        return EVENTS_PER_TICK / tick
+    try:
+        rate = float(text)
+    except ValueError:
+        raise ValueError(f"`--rate` must be a number of events/s, 'auto' or 'max', got {text!r}.") from None
+    if not (rate > 0 and rate != float("inf")):
+        raise ValueError(f"`--rate` must be positive, got {text!r}.")
+    return rate
 
 
 def _devices(base: str, mode: str, state_dir: Path | None) -> Any:
