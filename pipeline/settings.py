@@ -209,6 +209,9 @@ class Settings:
         Partitions of the ``interactions`` topic.
     batch_size, batch_seconds
         Ingest batching: at most ``batch_size`` events or ``batch_seconds``.
+    web_processes
+        Processes of the HTTP server, all on one port (``SO_REUSEPORT``; the kernel spreads the
+        connections); they share nothing but Redis and Kafka.
     """
 
     mode: str = "global"
@@ -254,6 +257,7 @@ class Settings:
     partitions: int = 4
     batch_size: int = 2000
     batch_seconds: float = 0.05
+    web_processes: int = 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -344,6 +348,8 @@ class Settings:
                                                        f"PRIVREC_KAFKA_SASL_PASSWORD).")
         if self.kafka_ssl_cafile is not None and not os.path.isfile(self.kafka_ssl_cafile):
             raise SettingsError("kafka_ssl_cafile", f"no such file: {self.kafka_ssl_cafile!r}.")
+        if not 1 <= self.web_processes <= 64:
+            raise SettingsError("web_processes", f"must be an integer in [1, 64], got {self.web_processes}.")
         if not self.batch_seconds > 0:
             raise SettingsError("batch_seconds", f"must be positive, got {self.batch_seconds}.")
 
