@@ -15,7 +15,6 @@ module never imports the app (the app imports it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os

@@ -17,14 +17,13 @@ import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import redis  # noqa: E402
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402
 
-from .kafkaconn import client_kwargs
-from .redisconn import connect
 from .catalog import load_catalog  # noqa: E402
 from .federation import Coordinator, MalformedMessage, decode_message  # noqa: E402
+from .kafkaconn import client_kwargs  # noqa: E402
 from .records import TOPICS, dead_letter_value  # noqa: E402
+from .redisconn import connect  # noqa: E402
 from .settings import Settings  # noqa: E402
 from .sites import federated_statement, site_guarantee  # noqa: E402
 from .stages import SolveStage, projection  # noqa: E402

@@ -248,3 +248,26 @@ def assert_releases_deterministic(stack: Stack, catalog: SyntheticCatalog, produ
     for v, b in watcher.seen.items():
         assert expected[v] == b, f"published version {v} differs from its deterministic release"
     return versions
+
+
+class Stream:
+    """Events produced in a background thread at ``rate``, with a :class:`ReleaseWatcher` on the releases."""
+
+    def __init__(self, stack: Stack, events: list[dict[str, Any]], rate: float) -> None:
+        self.watcher = ReleaseWatcher(stack)
+        self.produced: list[tuple[int, int, bytes]] = []
+        self._thread = threading.Thread(target=lambda: self.produced.extend(produce(stack, events, rate=rate)))
+        self._thread.start()
+
+    def join(self, timeout: float = 60.0) -> None:
+        self._thread.join(timeout=timeout)
+
+
+def assert_exact(stack: Stack, catalog: SyntheticCatalog, produced: list[tuple[int, int, bytes]]) -> UnitStats:
+    """The streamed statistics equal the offline computation of the produced events (nothing lost or doubled)."""
+    from pipeline.trusted import TrustedStore
+
+    s = stack.settings()
+    streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
+    assert streamed.to_mapping() == offline_stats(catalog, produced, s.partitions).to_mapping()
+    return streamed

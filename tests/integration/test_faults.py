@@ -12,7 +12,6 @@ import itertools
 import json
 import os
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,8 +25,8 @@ import pytest
 from pipeline import services
 from pipeline.trusted import TrustedStore
 
-from pipeline_support import (ReleaseWatcher, Stack, assert_releases_deterministic, offline_stats, open_stack, produce,
-                              synthetic_events, wait_for)
+from pipeline_support import (Stack, Stream, assert_exact, assert_releases_deterministic, offline_stats, open_stack,
+                              produce, synthetic_events, wait_for)
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +51,7 @@ def _redis_fault(stack: Stack, rds: services.ServiceHandle, tmp_path: Path) -> N
     stack.env.update({"PRIVREC_EPSILON": "2", "PRIVREC_ALGORITHM": "colin"})
     worker = stack.start_worker()
     catalog = stack.catalog()
-    events = list(synthetic_events(catalog, 3000, seed=4))
-    watcher = ReleaseWatcher(stack)
-    produced: list[tuple[int, int, bytes]] = []
-    producer = threading.Thread(target=lambda: produced.extend(produce(stack, events, rate=600)))
-    producer.start()
+    stream = Stream(stack, list(synthetic_events(catalog, 3000, seed=4)), rate=600)
     web = _start_web(stack)
     wait_for(lambda: _get(web.url + "/recommend?user=1&k=3")[0] == 200, 30, "the web to serve")
     wait_for(lambda: stack.released_count() > 600, 30, "a release in the middle of the stream")
@@ -71,17 +66,14 @@ def _redis_fault(stack: Stack, rds: services.ServiceHandle, tmp_path: Path) -> N
     port = int(rds.address.rsplit(":", 1)[1])
     back = services.start_redis(tmp_path, name="redis-fault", port=port)  # the same data directory: the AOF
     try:
-        producer.join(timeout=60)
+        stream.join()
         wait_for(lambda: stack.released_count() == 3000, 90, "all 3000 events in a release after Redis came back")
-        watcher.stop()
+        stream.watcher.stop()
         assert services.is_running(worker) and services.is_running(web), "a process crashed"
         assert _get(web.url + "/recommend?user=1&k=3")[0] == 200  # the web reconnected by itself
         assert b"Redis unavailable" in Path(worker.log_path).read_bytes()
-        s = stack.settings()
-        streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
-        assert streamed.to_mapping() == offline_stats(catalog, produced, s.partitions).to_mapping()
-        assert int(streamed.count.sum()) == 3000  # nothing lost, nothing counted twice
-        assert_releases_deterministic(stack, catalog, produced, watcher, "colin")
+        assert int(assert_exact(stack, catalog, stream.produced).count.sum()) == 3000  # nothing lost or doubled
+        assert_releases_deterministic(stack, catalog, stream.produced, stream.watcher, "colin")
     finally:
         services.stop(web)
         services.stop(back)
@@ -118,23 +110,17 @@ def test_kill9_inside_a_release_or_a_solve_redraws_nothing_and_counts_nothing_tw
         stack.env.clear()
         stack.env.update(faulty)
         catalog = stack.catalog()
-        events = list(synthetic_events(catalog, 2000, seed=6))
-        watcher = ReleaseWatcher(stack)
-        produced: list[tuple[int, int, bytes]] = []
-        producer = threading.Thread(target=lambda: produced.extend(produce(stack, events, rate=800)))
-        producer.start()
+        stream = Stream(stack, list(synthetic_events(catalog, 2000, seed=6)), rate=800)
         wait_for(lambda: not services.is_running(worker), 30, f"the worker to kill itself at {point}")
         stack.workers.remove(worker)
         at_crash = stack.released_count()
         stack.start_worker("worker-1")
-        producer.join(timeout=60)
+        stream.join()
         wait_for(lambda: stack.released_count() == 2000, 90, "all events in a release after the restart")
-        watcher.stop()
+        stream.watcher.stop()
         assert at_crash < 2000
-        s = stack.settings()
-        streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
-        assert streamed.to_mapping() == offline_stats(catalog, produced, s.partitions).to_mapping()
-        versions = assert_releases_deterministic(stack, catalog, produced, watcher, "colin")
+        assert_exact(stack, catalog, stream.produced)
+        versions = assert_releases_deterministic(stack, catalog, stream.produced, stream.watcher, "colin")
         assert len(versions) >= 4
 
 
@@ -152,23 +138,17 @@ def test_two_workers_one_killed_its_partitions_move_and_the_statistics_stay_exac
 
         wait_for(lambda: owned("worker-0") and owned("worker-1"), 30, "both workers to own partitions")
         catalog = stack.catalog()
-        events = list(synthetic_events(catalog, 3000, seed=8))
-        watcher = ReleaseWatcher(stack)
-        produced: list[tuple[int, int, bytes]] = []
-        producer = threading.Thread(target=lambda: produced.extend(produce(stack, events, rate=600)))
-        producer.start()
+        stream = Stream(stack, list(synthetic_events(catalog, 3000, seed=8)), rate=600)
         wait_for(lambda: stack.released_count() > 500, 30, "a release in the middle of the stream")
         stack.kill9(second)
         stack.workers.remove(second)
-        producer.join(timeout=60)
+        stream.join()
         wait_for(lambda: sorted(owned("worker-0")) == [0, 1, 2, 3], 60, "worker-0 to take every partition")
         wait_for(lambda: stack.released_count() == 3000, 90, "all events in a release with one worker left")
-        watcher.stop()
+        stream.watcher.stop()
         assert services.is_running(first)
-        s = stack.settings()
-        streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
-        assert streamed.to_mapping() == offline_stats(catalog, produced, s.partitions).to_mapping()
-        assert_releases_deterministic(stack, catalog, produced, watcher, "linucb")
+        assert_exact(stack, catalog, stream.produced)
+        assert_releases_deterministic(stack, catalog, stream.produced, stream.watcher, "linucb")
 
 
 def test_broker_restart_new_logs_are_neither_skipped_nor_counted_twice(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +17,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import services
-from pipeline.trusted import TrustedStore
 
-from pipeline_support import (ReleaseWatcher, assert_releases_deterministic, offline_stats, open_stack, produce,
-                              synthetic_events, wait_for)
+from pipeline_support import Stream, assert_exact, assert_releases_deterministic, open_stack, synthetic_events, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -39,22 +36,16 @@ def test_the_stack_runs_on_a_three_node_redis_cluster(tmp_path: Path, cluster: l
         stack.env.update({"PRIVREC_EPSILON": "2", "PRIVREC_ALGORITHM": "colin"})
         stack.start_worker()
         catalog = stack.catalog()
-        watcher = ReleaseWatcher(stack)
-        produced: list[tuple[int, int, bytes]] = []
-        producer = threading.Thread(target=lambda: produced.extend(
-            produce(stack, list(synthetic_events(catalog, 1500, seed=12)), rate=1000)))
-        producer.start()
-        producer.join(timeout=60)
+        stream = Stream(stack, list(synthetic_events(catalog, 1500, seed=12)), rate=1000)
+        stream.join()
         wait_for(lambda: stack.released_count() == 1500, 90, "all events in a release")
-        watcher.stop()
-        s = stack.settings()
+        stream.watcher.stop()
         client = stack.client
         assert type(client).__name__ == "RedisCluster"
         nodes = {client.keyslot(k) for k in (f"cl:trusted:{{cl:p{p}}}:stats" for p in range(4))}
         assert len(nodes) > 1  # the partitions' keys are spread over slots (and nodes)
-        streamed, _ = TrustedStore(client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
-        assert streamed.to_mapping() == offline_stats(catalog, produced, s.partitions).to_mapping()
-        assert_releases_deterministic(stack, catalog, produced, watcher, "colin")
+        assert_exact(stack, catalog, stream.produced)
+        assert_releases_deterministic(stack, catalog, stream.produced, stream.watcher, "colin")
         # and the web serves from the cluster
         port = services.free_port()
         web = services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)],
