@@ -9,6 +9,8 @@
 - ``aggregate`` — :class:`LocalAggregate`, the server's sums of reports per model unit (no exact
   per-user value ever enters it), and the public noise level of the sum.
 - ``shuffle`` — :class:`Shuffler`, batches of one report per distinct user, stripped and shuffled.
+- ``policy`` — :class:`LocalUCB`, the offline twin (devices + the server's sums + LinUCB per unit) that
+  ``privrec experiment modes`` runs.
 
 Nothing here imports Kafka, Redis or faust: a device can run it alone.
 """
@@ -16,8 +18,9 @@ Nothing here imports Kafka, Redis or faust: a device can run it alone.
 from .aggregate import LocalAggregate, StaleReport
 from .client import FileStorage, LocalClient, MemoryStorage, Storage
 from .config import ALGORITHMS, LocalConfig
+from .policy import LocalUCB
 from .reports import SCHEMA, LocalReport, ReportError, parse_report
 from .shuffle import ShuffledBatch, Shuffler
 
 __all__ = ["ALGORITHMS", "LocalConfig", "LocalClient", "Storage", "FileStorage", "MemoryStorage", "LocalReport",
-           "ReportError", "parse_report", "SCHEMA", "LocalAggregate", "StaleReport", "Shuffler", "ShuffledBatch"]
+           "ReportError", "parse_report", "SCHEMA", "LocalAggregate", "StaleReport", "Shuffler", "ShuffledBatch", "LocalUCB"]

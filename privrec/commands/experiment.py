@@ -112,10 +112,12 @@ def register(sub: Any) -> None:
     o = esub.add_parser(
         "modes",
         help="the trust modes side by side: regret against epsilon, LastFM reward ratio, communication",
-        description="Run LinUCB per unit under each trust mode (global, federated star and ring, ...) with the "
-                    "default mechanism on the synthetic environment (regret against epsilon) and on the first "
-                    "LastFM replay events (reward ratio to random play, offline), same seeds. Federated rows "
-                    "report bytes per site per release tick. Writes modes.json, modes.md and modes.png to --out.",
+        description="Run LinUCB per unit under each trust mode (global, federated star and ring, local per-user "
+                    "tree, local per-round, local + shuffling) with the default mechanism on the synthetic "
+                    "environment (regret against epsilon) and on the first LastFM replay events (reward ratio to "
+                    "random play, offline), same seeds; and the local mode's added regret against the global "
+                    "mode's as the users grow. Federated rows report bytes per site per release tick. Writes "
+                    "modes.json, modes.md and modes.png to --out.",
     )
     o.add_argument("--out", type=Path, required=True, help="output directory")
     o.add_argument("--runs", type=int, default=None, help="seeded synthetic runs (default 5; --quick: 2)")
@@ -126,6 +128,10 @@ def register(sub: Any) -> None:
     o.add_argument("--no-lastfm", action="store_true", help="skip the LastFM part (no data needed)")
     o.add_argument("--data-dir", default=None, help="LastFM data directory (default: PRIVREC_DATA_DIR or ../shared/data/lastfm-2k)")
     o.add_argument("--sites", type=int, default=4, help="federated sites M (default 4)")
+    o.add_argument("--shuffle-batch", type=int, default=200,
+                   help="local-shuffle: distinct users of a unit per shuffled batch (default 200)")
+    o.add_argument("--scaling-users", default="10,40,160",
+                   help="comma-separated user counts for local vs global as N grows ('' to skip; default 10,40,160)")
     o.add_argument("--seed", type=int, default=0, help="seed of synthetic run 0 (run r uses seed+r)")
     o.add_argument("--rows", default=None,
                    help="comma-separated subset of modes (default all): " + ", ".join(r.name for r in MODE_ROWS))
@@ -189,7 +195,14 @@ def _mechanisms(args: argparse.Namespace) -> int:
 def _modes(args: argparse.Namespace) -> int:
     from privrec.experiments.modes import ModesConfig, run_modes
 
-    kw: dict[str, Any] = {"sites": args.sites, "seed": args.seed, "data_dir": args.data_dir, "lastfm": not args.no_lastfm}
+    kw: dict[str, Any] = {"sites": args.sites, "seed": args.seed, "data_dir": args.data_dir, "lastfm": not args.no_lastfm,
+                          "shuffle_batch": args.shuffle_batch}
+    if args.shuffle_batch < 1:
+        raise ValueError(f"`--shuffle-batch` must be positive, got {args.shuffle_batch}.")
+    try:
+        kw["scaling_users"] = tuple(int(v) for v in args.scaling_users.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"`--scaling-users` must be comma-separated integers, got {args.scaling_users!r}.") from None
     for name in ("runs", "horizon", "tick", "lastfm_events", "lastfm_runs"):
         value = getattr(args, name)
         if value is not None:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from models.ground.environment import SyntheticEnvironment
+from models.local import LocalConfig, LocalUCB
 from models.policies import make_policy
 from models.streaming.federated import FederatedUCB, assign_sites
 
@@ -71,6 +72,8 @@ class ModesConfig:
     lastfm_noise_ridge: float = 100.0
     tree_levels: int = 14               # the pipeline's tree: 2**14 - 1 release ticks per epoch
     kappa: float = 0.5
+    shuffle_batch: int = 200            # local-shuffle: distinct users per batch of a unit (LastFM clusters)
+    scaling_users: tuple[int, ...] = (10, 40, 160)  # local vs global added regret as N grows (epsilon = 2)
     delta: float = 1e-5
     seed: int = 0
     rows: tuple[str, ...] = ()
@@ -110,14 +113,40 @@ def _federated(topology: str) -> Callable[..., Any]:
     return make
 
 
-#: The modes, in report order. Other modes (local) register their rows here.
+def _local(algorithm: str) -> Callable[..., Any]:
+    """Local mode: a device per user (models.local.LocalClient) and the server's sums; epsilon = inf falls back
+    to the non-private twin (a device never sends its exact statistic)."""
+    def make(V: np.ndarray, d: int, epsilon: float, seed: int, cfg: ModesConfig, *, tick: int, lam: float,
+             kappa: float, horizon: int) -> Any:
+        if math.isinf(epsilon):
+            return _global(V, d, epsilon, seed, cfg, tick=tick, lam=lam, kappa=kappa, horizon=horizon)
+        shuffle = cfg.shuffle_batch if algorithm == "shuffle" else 0
+        config = LocalConfig(algorithm="round" if algorithm == "shuffle" else algorithm, d=d, epsilon=epsilon,
+                             delta=cfg.delta, shuffle_batch=shuffle)
+        return LocalUCB(d=d, n_units=V.shape[0], config=config, tick=tick, seed=seed, lambda_=lam, alpha=cfg.alpha,
+                        noise_ridge=kappa)
+    return make
+
+
+#: The modes, in report order.
 ROWS: list[Row] = [
     Row("global", "trusted server, default mechanism (user-blt-exact + noise ridge)", _global),
     Row("federated-star", "M sites with their own mechanisms; a coordinator sums their releases",
         _federated("star"), federated=True),
     Row("federated-ring", "M sites on a ring, running consensus with P = I - (kappa/d_max) L",
         _federated("ring"), federated=True),
+    Row("local-tree", "each device releases its own b_u through blt-exact (LDP-CoLin's per-user continual release)",
+        _local("tree")),
+    Row("local-round", "one Gaussian report r x + N(0, sigma^2 I) per interaction ((eps, delta)-LDP each)",
+        _local("round")),
+    Row("local-shuffle", "pure eps0-LDP Laplace reports, shuffled in batches of distinct users of a unit; "
+                         "epsilon is the central guarantee of a batch (Feldman, McMillan & Talwar)",
+        _local("shuffle")),
 ]
+
+#: Rows that cannot run on the synthetic world: there each user is their own unit, so a unit's batch can never
+#: hold several distinct users (nothing to hide among).
+NEEDS_POOLED_UNITS = {"local-shuffle"}
 
 
 def register_row(row: Row) -> None:
@@ -165,7 +194,14 @@ def _execute(job: _Job) -> _Result:
     row = next(r for r in ROWS if r.name == job.row)
     t0 = time.perf_counter()
     seed = derive_seed("modes-noise", job.dataset, job.run, job.row, job.epsilon)
-    if job.dataset == "synthetic":
+    if job.dataset.startswith("scaling"):  # the synthetic world with N users (local vs global as N grows)
+        n_users = int(job.dataset[len("scaling"):])
+        env = SyntheticEnvironment(d=cfg.d, n_users=n_users, horizon=cfg.horizon, seed=cfg.seed + job.run)
+        policy = _policy(row, job.epsilon, seed, cfg, "synthetic", env.n_users, env.d)
+        from .runner import simulate
+
+        value, _ = simulate(env, policy, checkpoints=1)
+    elif job.dataset == "synthetic":
         env = SyntheticEnvironment(d=cfg.d, n_users=cfg.n_users, horizon=cfg.horizon, seed=cfg.seed + job.run)
         policy = _policy(row, job.epsilon, seed, cfg, "synthetic", env.n_users, env.d)
         from .runner import simulate
@@ -174,7 +210,7 @@ def _execute(job: _Job) -> _Result:
     else:
         lf = _CTX["lastfm"]
         policy = _policy(row, job.epsilon, seed, cfg, "lastfm", lf["n_units"], lf["d"])
-        value = lastfm_reward(policy, lf["units"], lf["pools"], lf["features"], lf["correct"])
+        value = lastfm_reward(policy, lf["units"], lf["pools"], lf["features"], lf["correct"], lf["users"])
     per_tick = None
     if isinstance(policy, FederatedUCB) and policy.ticks:
         per_tick = float(policy.bytes_sent.mean() / policy.ticks)
@@ -182,17 +218,22 @@ def _execute(job: _Job) -> _Result:
 
 
 def lastfm_reward(policy: Any, units: np.ndarray, pools: np.ndarray, features: np.ndarray,
-                  correct: np.ndarray) -> float:
+                  correct: np.ndarray, users: np.ndarray | None = None) -> float:
     """Offline replay: recommend each pool's top item to the event's unit; reward 1 iff it is the logged one.
 
     ``pools`` are row indices into ``features``; ``correct[i]`` is the position of the logged item in pool ``i``.
+    A policy with ``per_user`` (the local mode's devices) also learns who the user is.
     """
     reward = 0.0
+    per_user = users is not None and getattr(policy, "per_user", False)
     for i in range(len(units)):
         X = features[pools[i]]
         k = policy.select(int(units[i]), X)
         r = 1.0 if k == int(correct[i]) else 0.0
-        policy.update(int(units[i]), X[k], r)
+        if per_user:
+            policy.update(int(units[i]), X[k], r, user=str(users[i]))  # type: ignore[index]
+        else:
+            policy.update(int(units[i]), X[k], r)
         reward += r
     return reward
 
@@ -206,7 +247,8 @@ def _lastfm_arrays(n: int, data_dir: str | None) -> dict[str, Any]:
     units = np.array([cat.cluster_of(str(u)) for u in ev.users[:n]], dtype=np.int64)
     pools = np.array([[cat.artist_index[str(a)] for a in row] for row in ev.pools[:n]], dtype=np.int64)
     correct = np.array([int(np.flatnonzero(ev.pools[i] == ev.arms[i])[0]) for i in range(n)], dtype=np.int64)
-    return {"units": units, "pools": pools, "features": np.asarray(cat.feature_matrix), "correct": correct,
+    return {"units": units, "users": np.array([str(u) for u in ev.users[:n]]), "pools": pools,
+            "features": np.asarray(cat.feature_matrix), "correct": correct,
             "n_units": cat.n_clusters, "d": cat.d, "events": n, "pool_size": int(ev.pools.shape[1])}
 
 
@@ -226,9 +268,14 @@ def run_modes(cfg: ModesConfig, out: Path, *, jobs: int | None = None, progress:
     work: list[_Job] = []
     for r in rows:
         for e in eps_all:
-            work += [_Job(r.name, e, k, "synthetic") for k in range(cfg.runs)]
+            if r.name not in NEEDS_POOLED_UNITS:
+                work += [_Job(r.name, e, k, "synthetic") for k in range(cfg.runs)]
             if cfg.lastfm:
                 work += [_Job(r.name, e, k, "lastfm") for k in range(cfg.lastfm_runs)]
+    if cfg.scaling_users and {"global", "local-tree"} <= {r.name for r in rows}:
+        for n_users in cfg.scaling_users:
+            for row_name, e in (("global", math.inf), ("global", 2.0), ("local-tree", 2.0)):
+                work += [_Job(row_name, e, k, f"scaling{n_users}") for k in range(cfg.runs)]
     n = max(1, jobs or os.cpu_count() or 1)
     bar = tqdm(total=len(work), desc="modes", unit="run", disable=not progress, dynamic_ncols=True)
     results: list[_Result] = []
@@ -261,12 +308,12 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         entry: dict[str, Any] = {"about": row.about, "regret": [], "regret_sd": [], "added_regret": [],
                                  "lastfm_ratio": [], "lastfm_ratio_sd": []}
         base = summarize(values(row.name, math.inf, "synthetic"))[0]
-        entry["nonprivate_regret"] = base
+        entry["nonprivate_regret"] = _num(base)
         for e in cfg.epsilons:
             m, sd = summarize(values(row.name, e, "synthetic"))
-            entry["regret"].append(m)
-            entry["regret_sd"].append(sd)
-            entry["added_regret"].append(m - base)
+            entry["regret"].append(_num(m))
+            entry["regret_sd"].append(_num(sd))
+            entry["added_regret"].append(_num(m - base))
             if lf:
                 rm, rsd = summarize([v / random_reward for v in values(row.name, e, "lastfm")])
                 entry["lastfm_ratio"].append(rm)
@@ -289,6 +336,23 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         "seconds": round(seconds, 1),
         "machine": machine_info(),
     }
+    scaling = [r for r in results if r.job.dataset.startswith("scaling")]
+    if scaling:
+        sc: dict[str, Any] = {"n_users": list(cfg.scaling_users), "global_added": [], "local_added": [],
+                              "ratio": [], "local_minus_global": [], "epsilon": 2.0}
+        for n_users in cfg.scaling_users:
+            def mean(row: str, eps: float, n_users: int = n_users) -> float:
+                return summarize([r.value for r in scaling if r.job.row == row and r.job.epsilon == eps
+                                  and r.job.dataset == f"scaling{n_users}"])[0]
+            base = mean("global", math.inf)
+            g, loc = mean("global", 2.0) - base, mean("local-tree", 2.0) - base
+            sc["global_added"].append(g)
+            sc["local_added"].append(loc)
+            sc["ratio"].append(loc / g if g > 0 else None)
+            sc["local_minus_global"].append(mean("local-tree", 2.0) - mean("global", 2.0))
+        doc_scaling = sc
+    else:
+        doc_scaling = None
     if "global" in modes and "federated-star" in modes and 2.0 in cfg.epsilons:
         i = list(cfg.epsilons).index(2.0)
         g = modes["global"]["added_regret"][i]
@@ -296,7 +360,21 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         doc["target"] = {"what": f"federated star (M = {cfg.sites}) at epsilon = 2 within 1.5x the global mode's "
                                  f"added regret", "star_added": st, "global_added": g,
                          "ratio": st / g if g > 0 else None, "met": bool(g > 0 and st <= 1.5 * g)}
+    if doc_scaling is not None:
+        doc["scaling"] = doc_scaling
+    if "local-shuffle" in modes and 2.0 in cfg.epsilons and lf:
+        i = list(cfg.epsilons).index(2.0)
+        got = modes["local-shuffle"]["lastfm_ratio"][i]
+        doc["local_target"] = {"what": "local mode with shuffling: LastFM ratio at central epsilon = 2 at least the "
+                                       "papers' global system at epsilon = 2 (0.79, README)",
+                               "reached": got, "papers_global": 0.79,
+                               "met": bool(isinstance(got, float) and not math.isnan(got) and got >= 0.79)}
     return doc
+
+
+def _num(x: float) -> float | None:
+    """JSON has no NaN: a value that could not be measured is null."""
+    return None if math.isnan(x) else x
 
 
 def _fmt(x: float | None, digits: int = 0) -> str:
@@ -335,6 +413,22 @@ def _markdown(doc: dict[str, Any]) -> str:
     if t:
         lines += ["", f"Target — {t['what']}: star {_fmt(t['star_added'])} vs global {_fmt(t['global_added'])}, "
                       f"ratio {_fmt(t['ratio'], 2)}: **{'met' if t['met'] else 'missed'}**."]
+    lt = doc.get("local_target")
+    if lt:
+        lines += ["", f"Target — {lt['what']}: reached {_fmt(lt['reached'], 2)}: "
+                      f"**{'met' if lt['met'] else 'missed'}**."]
+    sc = doc.get("scaling")
+    if sc:
+        lines += ["", f"## Local against global as the users grow (synthetic, ε = {sc['epsilon']:g}, added regret "
+                      f"against the non-private twin)", "",
+                  "| N users | global | local-tree | local / global | local − global (regret) |", "|---|---|---|---|---|"]
+        for n_users, g, loc, r, diff in zip(sc["n_users"], sc["global_added"], sc["local_added"], sc["ratio"],
+                                            sc["local_minus_global"]):
+            lines.append(f"| {n_users} | {_fmt(g)} | {_fmt(loc)} | {_fmt(r, 2)} | {_fmt(diff)} |")
+        lines += ["", "(The collaborative paper claims the local mode's added regret is about √N times the global "
+                      "mode's.)"]
+    lines += ["", "`local-shuffle` has no synthetic row: there every user is a unit of their own, so no batch of "
+                  "distinct users of one unit can form.", ""] if "local-shuffle" in doc["modes"] else []
     lines += ["", f"Machine yardstick: sum(range(1000)) = {doc['machine']['python_speed_us']} µs.", ""]
     return "\n".join(lines)
 
@@ -342,9 +436,22 @@ def _markdown(doc: dict[str, Any]) -> str:
 def _plot(doc: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     has_lf = any(m["lastfm_ratio"] for m in doc["modes"].values())
-    fig, axes = plt.subplots(1, 2 if has_lf else 1, figsize=(12 if has_lf else 6.5, 4.5), squeeze=False)
+    sc = doc.get("scaling")
+    panels = 1 + int(has_lf) + int(bool(sc))
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), squeeze=False)
+    if sc:
+        ax = axes[0][panels - 1]
+        ax.plot(sc["n_users"], sc["global_added"], marker="o", label="global")
+        ax.plot(sc["n_users"], sc["local_added"], marker="o", label="local-tree")
+        ax.set_xscale("log")
+        ax.set_xlabel("users N")
+        ax.set_ylabel(f"added regret at ε = {sc['epsilon']:g}")
+        ax.set_title("local against global as N grows")
+        ax.legend()
     ax = axes[0][0]
     for name, m in doc["modes"].items():
+        if all(v is None for v in m["regret"]):
+            continue  # no synthetic row (local-shuffle)
         ax.errorbar(doc["epsilons"], m["regret"], yerr=m["regret_sd"], marker="o", capsize=3, label=name)
     epsilon_axis(ax, doc["epsilons"])
     ax.set_ylabel("cumulative regret (synthetic)")

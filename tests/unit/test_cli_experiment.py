@@ -62,16 +62,24 @@ def test_bad_alpha_is_an_argparse_error(tmp_path: Path) -> None:
 def test_modes_writes_every_output_with_the_schema(tmp_path: Path) -> None:
     out = tmp_path / "modes"
     rc = main(["experiment", "modes", "--out", str(out), "--runs", "1", "--horizon", "400", "--tick", "100",
-               "--no-lastfm", "--jobs", "1", "--no-progress"])
+               "--no-lastfm", "--jobs", "1", "--no-progress", "--scaling-users", "3,6"])
     assert rc == 0
     doc = json.loads((out / "modes.json").read_text())
     assert doc["epsilons"] == [0.5, 1.0, 2.0, 5.0, 10.0]
-    assert {"global", "federated-star", "federated-ring"} <= set(doc["modes"])
+    assert {"global", "federated-star", "federated-ring", "local-tree", "local-round", "local-shuffle"} <= set(
+        doc["modes"])
     for name, m in doc["modes"].items():
         assert len(m["regret"]) == 5 and m["lastfm_ratio"] == []
+        if name == "local-shuffle":  # per-user units on the synthetic world: no batch can form, nothing measured
+            assert m["regret"] == [None] * 5
+            continue
         assert all(r >= 0 for r in m["regret"])
         if name.startswith("federated"):
             assert m["bytes_per_site_per_tick"] > 0
+    # the local rows ran real devices: their regret differs from the global mode's at the same seeds
+    assert doc["modes"]["local-round"]["regret"] != doc["modes"]["global"]["regret"]
+    sc = doc["scaling"]
+    assert sc["n_users"] == [3, 6] and len(sc["local_added"]) == len(sc["global_added"]) == 2
     # a 4-site ring sends each release to two neighbours, a star's site to one coordinator
     assert doc["modes"]["federated-ring"]["bytes_per_site_per_tick"] == pytest.approx(
         2 * doc["modes"]["federated-star"]["bytes_per_site_per_tick"])
