@@ -35,6 +35,7 @@
     version: null,        // latest served model version known to the page
     learning: null,       // {since, fromVersion, item, reward} while waiting for the model
     budget: null,
+    local: null,          // local mode: GET /local/config (this page is then the user's device)
   };
 
   // ---------- API ----------------------------------------------------------------------
@@ -214,11 +215,15 @@
     setModelState("learning", "learning…");
     $("feedback-status").textContent = `You ${verb} “${it.name}”. Sending…`;
     try {
-      await api("/feedback", {
-        method: "POST",
-        headers: { "Content-Type": "application/json", "Accept": "application/json" },
-        body: JSON.stringify({ rec_id: rec.rec_id, item: it.item, reward }),
-      });
+      if (state.local) {
+        await sendReport(rec, it, reward);  // local mode: only a noisy report leaves the page
+      } else {
+        await api("/feedback", {
+          method: "POST",
+          headers: { "Content-Type": "application/json", "Accept": "application/json" },
+          body: JSON.stringify({ rec_id: rec.rec_id, item: it.item, reward }),
+        });
+      }
     } catch (e) {
       state.learning = null;
       setModelState("error", "feedback not recorded");
@@ -231,6 +236,37 @@
     $("feedback-status").textContent =
       `You ${verb} “${it.name}”. Waiting for the model to learn it (served: v${rec.model_version})…`;
     await waitForModel(rec.model_version, it, verb);
+  }
+
+  // ---------- local mode: the page is the device ---------------------------------------
+
+  async function sendReport(rec, it, reward) {
+    const L = window.PrivrecLocal;
+    const st = L.load(state.local, state.user);
+    L.buildReport(st, state.local, rec.rec_id, it.item, it.x, reward);
+    L.save(st);  // the new state and the pending report are stored before anything is sent
+    await flushReports(st);
+  }
+
+  // Send the stored reports, oldest first, as they were (a reload re-sends, never redraws);
+  // 409: the server already has it; 404: its list expired (dropped, noted).
+  async function flushReports(st) {
+    const L = window.PrivrecLocal;
+    while (st.pending.length) {
+      const rep = st.pending[0];
+      try {
+        await api("/report", {
+          method: "POST",
+          headers: { "Content-Type": "application/json", "Accept": "application/json" },
+          body: JSON.stringify(rep),
+        });
+      } catch (e) {
+        if (!(e instanceof ApiError) || (e.status !== 409 && e.status !== 404)) throw e;
+        if (e.status === 404) $("feedback-status").textContent = `An earlier report (v${rep.version}) was dropped: ${e.message}`;
+      }
+      st.pending.shift();
+      L.save(st);
+    }
   }
 
   async function waitForModel(fromVersion, it, verb) {
@@ -319,6 +355,7 @@
       $("neighbours").textContent = p.neighbours;
       $("accounting").textContent = p.note + (p.valid === false ? " (not a valid (ε, δ) bound)" : "");
     }
+    if (b.local) renderLocal(b, p);
     renderMode(b, p);
     const t = b.tree || {};
     $("releases").textContent = `${b.releases}, covering ${b.events_released} interactions`;
@@ -337,7 +374,37 @@
     }
   }
 
+  function renderLocal(b, p) {
+    const g = b.local.guarantee || {};
+    const u = (b.local.user) || {};
+    const k = u.reports ?? 0;
+    $("tagline").textContent = "Recommendations that learn from every listen — your browser adds the noise: " +
+      "your listens and skips never leave this page.";
+    $("user-epsilon").textContent = g.central_epsilon !== undefined
+      ? `ε₀ = ${fmtEps(g.epsilon)} per report`
+      : `ε = ${fmtEps(g.epsilon)} per answer`;
+    $("user-delta").textContent = fmtDelta(g.delta);
+    $("user-budget-note").textContent = k === 0
+      ? "You have sent no report yet: nothing the server holds depends on you."
+      : `${k} reports from this browser: ${u.bound}`;
+    $("guarantee-plain").textContent = "Local mode: this page is your device. It keeps your listens and skips, " +
+      "adds the noise itself (from your browser's cryptographic random numbers) and sends only the noisy report; " +
+      "the server, Kafka and Redis never see a raw answer. " + (g.statement || "");
+    $("event-guarantee").textContent = g.central_epsilon !== undefined
+      ? `each report (ε₀, 0) = (${fmtEps(g.epsilon)}, 0) on your device; each shuffled batch ` +
+        `(${fmtEps(g.central_epsilon)}, ${fmtDelta(g.central_delta)}) centrally`
+      : `(ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)}) on your device`;
+    $("mechanism").textContent = g.mechanism ? `${g.mechanism} on your device` : `${g.noise} noise on your device`;
+  }
+
   function renderMode(b, p) {
+    if (b.local) {
+      const g = b.local.guarantee || {};
+      $("trust-mode").textContent = `local (${g.algorithm}): your browser adds the noise before anything is sent` +
+        (g.shuffle_batch ? `; reports are shuffled in batches of ${g.shuffle_batch} users` : "");
+      $("sites-row").hidden = true;
+      return;
+    }
     const fed = b.federated;
     if (!fed) {
       $("trust-mode").textContent = "global: this server adds the noise before anything is published";
@@ -394,6 +461,7 @@
     clearError();
     setModelState("idle", "loading…");
     try {
+      if (state.local) await flushReports(window.PrivrecLocal.load(state.local, user));  // re-send what a reload left
       await Promise.all([loadRecommendations(), loadBudget()]);
       setModelState("fresh", "up to date");
       $("feedback-status").textContent =
@@ -457,6 +525,10 @@
       return;
     }
     select.value = first;
+    try {
+      const c = await api("/local/config");
+      if (c && c.mode === "local") state.local = c;
+    } catch (e) { /* an older server without local mode: the global page */ }
     await selectUser(first);
     setTimeout(idlePoll, IDLE_POLL_MS);
   }

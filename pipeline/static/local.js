@@ -1,0 +1,117 @@
+// privrec local mode: this page is the user's device. It keeps the user's exact statistic and noise
+// state in localStorage, perturbs in the browser, and sends only the noisy report (POST /report); a raw
+// reward never leaves the page. The protocol is docs/local-mode.md; the Python twin is
+// models.local.LocalClient. Noise comes from crypto.getRandomValues only (never Math.random).
+"use strict";
+
+window.PrivrecLocal = (() => {
+  const SCHEMA = "privrec.LocalReport/1";
+  const STATE_SCHEMA = "privrec.LocalPageState/1";
+
+  // ---------- randomness ---------------------------------------------------------------
+
+  // a uniform double in (0, 1] from 53 random bits
+  function uniform() {
+    const w = new Uint32Array(2);
+    crypto.getRandomValues(w);
+    const hi = w[0] >>> 5, lo = w[1] >>> 6;          // 27 + 26 bits
+    return (hi * 67108864 + lo + 1) / 9007199254740992; // (k + 1) / 2^53, k in [0, 2^53)
+  }
+
+  // N(0, sigma^2) by Box–Muller
+  function gaussian(sigma) {
+    const u1 = uniform(), u2 = uniform();
+    return sigma * Math.sqrt(-2 * Math.log(u1)) * Math.cos(2 * Math.PI * u2);
+  }
+
+  // Laplace(0, scale) by the inverse CDF
+  function laplace(scale) {
+    const u = uniform() - 0.5;  // (-0.5, 0.5]
+    const a = Math.max(1e-300, 1 - 2 * Math.abs(u));
+    return -scale * Math.sign(u) * Math.log(a);
+  }
+
+  // ---------- state --------------------------------------------------------------------
+
+  const zeros = (n) => new Array(n).fill(0);
+
+  // what makes a stored state usable: the same algorithm and calibration (else it would release again)
+  function fingerprint(config) {
+    return JSON.stringify({ a: config.algorithm, d: config.d, e: config.epsilon, dl: config.delta,
+                            m: config.mechanism, n: config.noise, s: config.shuffle_batch });
+  }
+
+  function newState(config, user) {
+    const d = config.d;
+    const m = config.mechanism && config.mechanism.kind === "blt" ? config.mechanism.theta.length : 0;
+    return { schema: STATE_SCHEMA, user, config: fingerprint(config), version: 0, exact: zeros(d),
+             step: 0, eta: zeros(d), carry: zeros(d), buffers: Array.from({ length: m }, () => zeros(d)),
+             pending: [] };
+  }
+
+  function key(user) { return `privrec.local.${location.host}.${user}`; }
+
+  function load(config, user) {
+    const raw = localStorage.getItem(key(user));
+    if (raw) {
+      const s = JSON.parse(raw);
+      if (s.schema === STATE_SCHEMA && s.user === user && s.config === fingerprint(config)) return s;
+    }
+    return newState(config, user);
+  }
+
+  function save(state) { localStorage.setItem(key(state.user), JSON.stringify(state)); }
+
+  // ---------- the mechanisms -----------------------------------------------------------
+
+  // One tick of the buffered-linear-Toeplitz mechanism (models.mechanisms.factorization.BLTMechanism):
+  // z ~ N(0, scale^2)^d; eta = z + sum_j w_j S_j; S_j <- theta_j S_j + z; the release adds carry + eta;
+  // after `capacity` ticks the epoch closes (carry absorbs eta, the buffers restart).
+  // `draw(i)` gives the noise of coordinate i (tests pass zeros).
+  function bltStep(state, mech, draw) {
+    const d = state.exact.length;
+    const z = Array.from({ length: d }, (_, i) => (draw ? draw(i) : gaussian(mech.scale)));
+    const eta = z.slice();
+    for (let j = 0; j < mech.w.length; j++) {
+      for (let i = 0; i < d; i++) eta[i] += mech.w[j] * state.buffers[j][i];
+    }
+    for (let j = 0; j < mech.theta.length; j++) {
+      for (let i = 0; i < d; i++) state.buffers[j][i] = mech.theta[j] * state.buffers[j][i] + z[i];
+    }
+    state.eta = eta;
+    state.step += 1;
+    const release = state.exact.map((b, i) => b + state.carry[i] + eta[i]);
+    if (state.step >= mech.capacity) {
+      state.carry = state.carry.map((c, i) => c + eta[i]);
+      state.eta = zeros(d);
+      state.buffers = state.buffers.map(() => zeros(d));
+      state.step = 0;
+    }
+    return release;
+  }
+
+  // The report of one answer: reward r on `item` (context x) of the list `recId`. Updates the state;
+  // the caller saves it (with the report pending) before sending.
+  function buildReport(state, config, recId, item, x, reward, draw) {
+    const norm = Math.sqrt(x.reduce((s, v) => s + v * v, 0));
+    const xc = norm > 1 ? x.map((v) => v / norm) : x.slice();
+    state.exact = state.exact.map((b, i) => b + reward * xc[i]);
+    state.version += 1;
+    const report = { schema: SCHEMA, user: state.user, version: state.version, algorithm: config.algorithm,
+                     rec_id: recId, item };
+    if (config.algorithm === "tree") {
+      if (!config.mechanism || config.mechanism.kind !== "blt") {
+        throw new Error(`this page runs the BLT mechanism; the server's devices use ${config.mechanism && config.mechanism.name}`);
+      }
+      report.b = bltStep(state, config.mechanism, draw);
+    } else {
+      const noise = config.noise;
+      const one = (i) => (draw ? draw(i) : noise.kind === "laplace" ? laplace(noise.scale) : gaussian(noise.sigma));
+      report.m = xc.map((v, i) => reward * v + one(i));
+    }
+    state.pending.push(report);
+    return report;
+  }
+
+  return { uniform, gaussian, laplace, newState, load, save, key, bltStep, buildReport, fingerprint };
+})();
