@@ -63,16 +63,16 @@ def with_contexts(out: dict[str, Any], catalog: Catalog) -> dict[str, Any]:
 
 
 def add_routes(app: web.Application) -> None:
+    s: Settings = app["settings"]
+    if s.mode == "local":  # the calibration, computed once before the app starts
+        app["local_config"] = s.local_config(app["catalog"].d)
     app.router.add_get("/local/config", config_view)
     app.router.add_post("/report", report)
 
 
 def _config(request: web.Request) -> LocalConfig:
-    cfg = request.app.get("local_config")
-    if cfg is None:
-        s: Settings = request.app["settings"]
-        cfg = request.app["local_config"] = s.local_config(request.app["catalog"].d)
-    return cfg  # type: ignore[no-any-return]
+    cfg: LocalConfig = request.app["local_config"]
+    return cfg
 
 
 async def config_view(request: web.Request) -> web.Response:

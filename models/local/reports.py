@@ -98,15 +98,15 @@ def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | 
                                     "on the device")
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
-        raise ReportError(unknown[0], f"unknown field (a report has {sorted(_FIELDS)})")
-    if body.get("schema") != SCHEMA:
+        raise ReportError(unknown[0] or "(a field with an empty name)", f"unknown field (a report has {sorted(_FIELDS)})")
+    if not isinstance(body.get("schema"), str) or body.get("schema") != SCHEMA:
         raise ReportError("schema", f"must be {SCHEMA!r}, got {body.get('schema')!r:.60}")
     user, rec_id, item = _string(body, "user"), _string(body, "rec_id"), _string(body, "item")
     version = body.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**53:
         raise ReportError("version", f"must be an integer >= 1 (the device's report counter), got {version!r:.60}")
     alg = body.get("algorithm")
-    if alg not in _VECTOR:
+    if not isinstance(alg, str) or alg not in _VECTOR:
         raise ReportError("algorithm", f"must be one of {sorted(_VECTOR)}, got {alg!r:.60}")
     if algorithm is not None and alg != algorithm:
         raise ReportError("algorithm", f"this namespace runs local algorithm {algorithm!r}, got {alg!r}")

@@ -75,13 +75,22 @@ class ShuffledBatch:
         unit, seq, items, m = body.get("unit"), body.get("seq"), body.get("items"), body.get("m")
         if not isinstance(unit, int) or not isinstance(seq, int) or unit < 0 or seq < 1:
             raise ValueError("batch: unit and seq must be integers (unit >= 0, seq >= 1)")
+        if isinstance(unit, bool) or isinstance(seq, bool):
+            raise ValueError("batch: unit and seq must be integers, not booleans")
         if not isinstance(items, list) or not isinstance(m, list) or len(items) != len(m) or not m:
             raise ValueError("batch: items and m must be non-empty lists of the same length")
+        if not all(isinstance(i, str) and i for i in items):
+            raise ValueError("batch: items must be non-empty strings")
+        if not all(isinstance(row, list) and len(row) == d and all(isinstance(v, (int, float)) and
+                                                                    not isinstance(v, bool) for v in row) for row in m):
+            raise ValueError(f"batch: m must be {len(m)} lists of {d} numbers")
         arr = np.asarray(m, dtype=np.float64)
-        if arr.shape != (len(m), d) or not np.isfinite(arr).all():
+        if not np.isfinite(arr).all():
             raise ValueError(f"batch: m must be {len(m)} finite vectors of length {d}")
-        return cls(unit, seq, [str(i) for i in items], arr.tolist(), float(body.get("epsilon", 0.0)),
-                   float(body.get("delta", 0.0)), str(body.get("bound", "")))
+        eps, delta = body.get("epsilon", 0.0), body.get("delta", 0.0)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (eps, delta)):
+            raise ValueError("batch: epsilon and delta must be numbers")
+        return cls(unit, seq, list(items), arr.tolist(), float(eps), float(delta), str(body.get("bound", "")))
 
 
 @dataclass
