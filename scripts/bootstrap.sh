@@ -78,4 +78,6 @@ missing=()
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 # Debian's prometheus provides promtool: the tests run `promtool check metrics` on every /metrics
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# Debian's docker-compose (Compose 1.x, no Docker engine needed): `docker-compose config` validates deploy/
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
