@@ -59,6 +59,7 @@ from .conversions import (
 )
 from .events import (
     DGSEvent,
+    DiscreteGaussianTreeEvent,
     DpEvent,
     FactorizationEvent,
     GaussianTreeEvent,
@@ -78,6 +79,7 @@ __all__ = [
     "FactorizationEvent",
     "WishartTreeEvent",
     "DGSEvent",
+    "DiscreteGaussianTreeEvent",
     "Guarantee",
     "ZCDPAccountant",
     "GDPAccountant",

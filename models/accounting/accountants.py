@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass
 
 from .conversions import epsilon_from_rho, gdp_epsilon
-from .events import (DGSEvent, DpEvent, FactorizationEvent, GaussianTreeEvent, LaplaceTreeEvent, NoNoiseEvent,
-                     WishartTreeEvent, gaussian_mu_squared)
+from .events import (DGSEvent, DiscreteGaussianTreeEvent, DpEvent, FactorizationEvent, GaussianTreeEvent,
+                     LaplaceTreeEvent, NoNoiseEvent, WishartTreeEvent, gaussian_mu_squared)
 
 __all__ = ["Guarantee", "ZCDPAccountant", "GDPAccountant", "LaplaceAccountant", "UnsupportedEventError",
            "describe", "group_guarantee"]
@@ -59,7 +59,7 @@ class ZCDPAccountant:
         self.ledger: list[DpEvent] = []
 
     def supports(self, event: DpEvent) -> bool:
-        return isinstance(event, (GaussianTreeEvent, FactorizationEvent, NoNoiseEvent))
+        return isinstance(event, (GaussianTreeEvent, FactorizationEvent, DiscreteGaussianTreeEvent, NoNoiseEvent))
 
     def compose(self, event: DpEvent, count: int = 1) -> ZCDPAccountant:
         if count < 1:
@@ -71,6 +71,9 @@ class ZCDPAccountant:
         elif isinstance(event, (GaussianTreeEvent, FactorizationEvent)):
             # a mu-GDP Gaussian mechanism is (mu**2 / 2)-zCDP
             self.rho += count * gaussian_mu_squared(event) / 2
+        elif isinstance(event, DiscreteGaussianTreeEvent):
+            # h nodes, each Delta^2 / (2 sigma^2)-zCDP (Canonne, Kamath & Steinke 2020, Thm 14)
+            self.rho += count * event.max_nodes_per_leaf / (2 * event.noise_multiplier**2)
         self.ledger.append(event)
         return self
 
@@ -161,6 +164,10 @@ def describe(event: DpEvent, delta: float) -> Guarantee:
     """The guarantee one event gives on its own, with the tightest accountant we have."""
     if isinstance(event, (GaussianTreeEvent, FactorizationEvent)):
         return GDPAccountant().compose(event).guarantee(delta)
+    if isinstance(event, DiscreteGaussianTreeEvent):
+        g = ZCDPAccountant().compose(event).guarantee(delta)
+        return Guarantee(g.epsilon, g.delta, g.valid, f"discrete Gaussian tree on a grid of {event.grid:g}, {g.note} "
+                                                      f"(Canonne, Kamath & Steinke 2020)")
     if isinstance(event, WishartTreeEvent):
         return Guarantee(event.epsilon, event.delta, True,
                          f"Wishart tree (Shariff & Sheffet 2018): per-node Sheffet (2015) Thm 4.1 with k = "
@@ -203,6 +210,9 @@ def group_guarantee(event: DpEvent, k: int, delta: float) -> Guarantee:
             return Guarantee(math.inf, delta, False, "no noise")
         mu = k * math.sqrt(gaussian_mu_squared(event))
         return Guarantee(gdp_epsilon(mu, delta), delta, True, f"group of {k}: GDP mu={mu:.6g}")
+    if isinstance(event, DiscreteGaussianTreeEvent):  # k times the sensitivity: k**2 times rho
+        rho = k**2 * event.max_nodes_per_leaf / (2 * event.noise_multiplier**2)
+        return Guarantee(epsilon_from_rho(rho, delta), delta, True, f"group of {k}: zCDP rho={rho:.6g}")
     if isinstance(event, (WishartTreeEvent, DGSEvent)):
         g = describe(event, delta)
         return Guarantee(k * g.epsilon, k * math.exp((k - 1) * g.epsilon) * g.delta, g.valid,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 __all__ = ["DpEvent", "NoNoiseEvent", "LaplaceTreeEvent", "GaussianTreeEvent", "FactorizationEvent",
-           "WishartTreeEvent", "DGSEvent", "event_to_dict", "event_from_dict", "register_event_type",
+           "WishartTreeEvent", "DGSEvent", "DiscreteGaussianTreeEvent", "event_to_dict", "event_from_dict", "register_event_type",
            "gaussian_mu_squared"]
 
 
@@ -73,6 +73,22 @@ class GaussianTreeEvent:
     noise_multiplier: float
     max_nodes_per_leaf: int
     kind: str = field(default="gaussian_tree", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DiscreteGaussianTreeEvent:
+    """A continual-release tree with i.i.d. *discrete* Gaussian node noise on a grid (no float artefacts).
+
+    The discrete Gaussian satisfies ``rho = Delta**2 / (2 sigma**2)`` zCDP (Canonne, Kamath & Steinke 2020,
+    Thm 14 for the multivariate product), not the continuous Gaussian's exact privacy profile: it is
+    accounted in zCDP only. ``noise_multiplier`` is relative to the rounded increment's sensitivity
+    (``Delta + grid sqrt(d)``), so it already covers the rounding to the grid.
+    """
+
+    noise_multiplier: float
+    max_nodes_per_leaf: int
+    grid: float
+    kind: str = field(default="discrete_gaussian_tree", init=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +164,8 @@ def gaussian_mu_squared(event: GaussianTreeEvent | FactorizationEvent) -> float:
 
 _EVENT_TYPES: dict[str, type] = {"none": NoNoiseEvent, "laplace_tree": LaplaceTreeEvent,
                                  "gaussian_tree": GaussianTreeEvent, "factorization": FactorizationEvent,
-                                 "wishart_tree": WishartTreeEvent, "dgs_tree": DGSEvent}
+                                 "wishart_tree": WishartTreeEvent, "dgs_tree": DGSEvent,
+                                 "discrete_gaussian_tree": DiscreteGaussianTreeEvent}
 
 
 def event_to_dict(event: DpEvent) -> dict[str, object]:

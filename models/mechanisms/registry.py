@@ -12,6 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .base import Mechanism
+from .discrete import DiscreteTreeMechanism
 from .factorization import BLTMechanism
 from .honaker import HonakerTreeMechanism
 from .smooth import SmoothBinaryMechanism
@@ -20,7 +21,8 @@ from .userspace import UserSpaceMechanism
 
 __all__ = ["MECHANISMS", "MechanismName", "make_mechanism"]
 
-MechanismName = Literal["paper", "laplace-l1", "gaussian-zcdp", "gaussian-exact", "honaker-paper", "honaker-zcdp",
+MechanismName = Literal["paper", "laplace-l1", "gaussian-zcdp", "gaussian-exact", "discrete-zcdp", "honaker-paper",
+                        "honaker-zcdp",
                         "honaker-exact", "smooth-zcdp", "smooth-exact", "blt-zcdp", "blt-exact",
                         "user-gaussian-exact", "user-honaker-exact", "user-blt-exact"]
 
@@ -30,6 +32,8 @@ MECHANISMS: dict[str, str] = {
     "laplace-l1": "binary tree, Laplace scaled to the L1 sensitivity (valid pure epsilon-DP)",
     "gaussian-zcdp": "binary tree, Gaussian noise accounted in zCDP, converted to (epsilon, delta)",
     "gaussian-exact": "binary tree, Gaussian noise with exact Gaussian-DP accounting",
+    "discrete-zcdp": "binary tree, discrete Gaussian noise on a 2**-30 grid sampled with integers only (no "
+                     "floating-point artefacts; Canonne, Kamath & Steinke 2020), accounted in zCDP",
     "honaker-paper": "binary tree with Honaker's online estimator, the papers' Laplace-on-L2 calibration "
                      "(same noise as 'paper'; not a valid pure-DP proof)",
     "honaker-zcdp": "binary tree with Honaker's online estimator, Gaussian noise accounted in zCDP",
@@ -136,6 +140,7 @@ _EXTRA_FACTORIES: dict[str, Callable[..., Mechanism]] = {
     "smooth-exact": _smooth("exact"),
     "blt-zcdp": _blt("zcdp"),
     "blt-exact": _blt("exact"),
+    "discrete-zcdp": lambda **kw: DiscreteTreeMechanism.calibrate(**kw),
 }
 
 
