@@ -102,7 +102,8 @@ class DiscreteTreeMechanism(BinaryTreeMechanism):
         if state.step >= self.capacity:
             state = self.reset_state(state)
         t = state.step + 1
-        rounded = self.grid * np.round((prefix - state.prefix) / self.grid)
+        inc = prefix - state.prefix
+        rounded = inc if self.scale == 0 else self.grid * np.round(inc / self.grid)  # noise off: nothing to harden
         nodes = state.nodes.copy()
         nodes[:-1] = self._advance_nodes(replace(state, nodes=state.nodes[:-1]), t)
         nodes[-1] = state.nodes[-1] + rounded
