@@ -106,6 +106,14 @@ class TreeState:
 NoiseKind = Literal["laplace", "gaussian"]
 
 
+def state_with_nodes(mapping: dict[str, bytes] | dict[bytes, bytes], shape: tuple[int, int]) -> TreeState:
+    """Decode a state written by ``state.to_mapping()``, checking its ``nodes`` have the mechanism's ``shape``."""
+    state = TreeState.from_mapping(mapping)
+    if state.nodes.shape != shape:
+        raise ValueError(f"state has nodes of shape {state.nodes.shape}, expected {shape}.")
+    return state
+
+
 def check_sensitivity(value: float, name: str = "sensitivity") -> float:
     v = float(value)
     if not (v >= 0 and math.isfinite(v)):

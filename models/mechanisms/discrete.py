@@ -30,7 +30,7 @@ from models.accounting import DiscreteGaussianTreeEvent, DpEvent, NoNoiseEvent
 from models.accounting.conversions import check_delta, check_epsilon, rho_from_epsilon
 from models.ground.discrete import discrete_gaussian
 
-from .base import TreeState, check_sensitivity, levels_for_horizon
+from .base import TreeState, check_sensitivity, levels_for_horizon, state_with_nodes
 from .tree import BinaryTreeMechanism
 
 __all__ = ["DiscreteTreeMechanism", "DEFAULT_GRID"]
@@ -88,10 +88,7 @@ class DiscreteTreeMechanism(BinaryTreeMechanism):
         return replace(state, step=0, epoch=state.epoch + 1, carry=self.noise(state), nodes=nodes)
 
     def state_from_mapping(self, mapping: dict[str, bytes] | dict[bytes, bytes]) -> TreeState:
-        state = TreeState.from_mapping(mapping)
-        if state.nodes.shape != (self.levels + 1, self.dim):
-            raise ValueError(f"state has nodes of shape {state.nodes.shape}, expected {(self.levels + 1, self.dim)}.")
-        return state
+        return state_with_nodes(mapping, (self.levels + 1, self.dim))
 
     def noise(self, state: TreeState) -> FloatArray:
         out: FloatArray = state.carry + state.nodes[:-1].sum(axis=0)

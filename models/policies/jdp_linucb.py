@@ -56,6 +56,7 @@ from models.accounting import (DpEvent, GaussianTreeEvent, NoNoiseEvent, Wishart
                                gdp_mu)
 from models.ground.noise import KeyedNoise
 from models.mechanisms import TreeState, levels_for_horizon
+from models.mechanisms.base import state_with_nodes
 
 from .peruser import PerUserLinUCB, levels_ceil
 
@@ -186,10 +187,7 @@ class SSTreeMechanism:
                        nodes=np.zeros_like(state.nodes))
 
     def state_from_mapping(self, mapping: dict[str, bytes] | dict[bytes, bytes]) -> TreeState:
-        state = TreeState.from_mapping(mapping)
-        if state.nodes.shape != (self.levels + 1, self.dim):
-            raise ValueError(f"state has nodes of shape {state.nodes.shape}, expected {(self.levels + 1, self.dim)}.")
-        return state
+        return state_with_nodes(mapping, (self.levels + 1, self.dim))
 
     def noise(self, state: TreeState) -> FloatArray:
         out: FloatArray = state.carry + state.nodes.sum(axis=0)

@@ -271,3 +271,22 @@ def assert_exact(stack: Stack, catalog: SyntheticCatalog, produced: list[tuple[i
     streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
     assert streamed.to_mapping() == offline_stats(catalog, produced, s.partitions).to_mapping()
     return streamed
+
+
+def produce_synthetic(kafka: str, n: int, seed: int) -> None:
+    """``n`` synthetic interactions of the ops tests' world (6 users, d = 5, 40 arms) to ``interactions``."""
+    catalog = SyntheticCatalog(n_users=6, d=5, n_arms=40, seed=0)
+    prod = KafkaProducer(bootstrap_servers=kafka, linger_ms=5)
+    for ev in synthetic_events(catalog, n, seed=seed):
+        prod.send("interactions", key=ev["user"].encode(), value=json.dumps(ev).encode())
+    prod.flush()
+    prod.close()
+
+
+def released_events(redis_url: str, namespace: str) -> int:
+    """Events covered by the namespace's latest release."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return int(client.hget(f"{namespace}:released:{{{namespace}:rel}}:stats", "count") or 0)
+    finally:
+        client.close()

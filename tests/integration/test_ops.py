@@ -19,13 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from kafka import KafkaProducer
 
 from pipeline import services
-from pipeline.catalog import SyntheticCatalog
 
-from pipeline_support import synthetic_events, wait_for
+from pipeline_support import produce_synthetic as produce, released_events, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -67,23 +64,6 @@ def healthz(http: str) -> int:
             return resp.status
     except urllib.error.HTTPError as exc:
         return exc.code
-
-
-def produce(kafka: str, n: int, seed: int) -> None:
-    catalog = SyntheticCatalog(n_users=6, d=5, n_arms=40, seed=0)
-    prod = KafkaProducer(bootstrap_servers=kafka, linger_ms=5)
-    for ev in synthetic_events(catalog, n, seed=seed):
-        prod.send("interactions", key=ev["user"].encode(), value=json.dumps(ev).encode())
-    prod.flush()
-    prod.close()
-
-
-def released_events(redis_url: str, namespace: str) -> int:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        return int(client.hget(f"{namespace}:released:{{{namespace}:rel}}:stats", "count") or 0)
-    finally:
-        client.close()
 
 
 def test_up_status_refuse_down_then_up_again(tmp_path: Path) -> None:

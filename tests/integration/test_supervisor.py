@@ -21,16 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from kafka import KafkaProducer
 
 from pipeline import services
-from pipeline.catalog import SyntheticCatalog
 from pipeline.settings import Settings
 from privrec import ops
 from privrec.ops.relaunch import SUPERVISOR
 
-from pipeline_support import synthetic_events, wait_for
+from pipeline_support import produce_synthetic as produce, released_events, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -86,23 +83,6 @@ def processes_of(state: Path) -> list[int]:
 def cli_status(state: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "privrec.cli", "status", "--state-dir", str(state), *extra],
                           capture_output=True, text=True, timeout=60)
-
-
-def produce(kafka: str, n: int, seed: int) -> None:
-    catalog = SyntheticCatalog(n_users=6, d=5, n_arms=40, seed=0)
-    prod = KafkaProducer(bootstrap_servers=kafka, linger_ms=5)
-    for ev in synthetic_events(catalog, n, seed=seed):
-        prod.send("interactions", key=ev["user"].encode(), value=json.dumps(ev).encode())
-    prod.flush()
-    prod.close()
-
-
-def released_events(redis_url: str, namespace: str) -> int:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        return int(client.hget(f"{namespace}:released:{{{namespace}:rel}}:stats", "count") or 0)
-    finally:
-        client.close()
 
 
 def _new_pid(state: Path, name: str, old: int, timeout: float) -> int:

@@ -115,46 +115,26 @@ def _check_batch(raw: bytes) -> None:
     assert b.n == len(b.items) and b.seq >= 1
 
 
-@_profile(False)
-@given(EVENT_BYTES)
-def test_event_decoding(raw: bytes) -> None:
-    _check_event(raw)
+def _fuzz_pair(strategy: st.SearchStrategy[bytes], check: Callable[[bytes], None]) -> tuple[Any, Any]:
+    """The default test of a decoder and its 10,000-example ``slow`` twin."""
+    @_profile(False)
+    @given(raw=strategy)
+    def default(raw: bytes) -> None:
+        check(raw)
+
+    @pytest.mark.slow
+    @_profile(True)
+    @given(raw=strategy)
+    def full(request: pytest.FixtureRequest, raw: bytes) -> None:
+        _full(request)
+        check(raw)
+
+    return default, full
 
 
-@pytest.mark.slow
-@_profile(True)
-@given(raw=EVENT_BYTES)
-def test_event_decoding_10k(request: pytest.FixtureRequest, raw: bytes) -> None:
-    _full(request)
-    _check_event(raw)
-
-
-@_profile(False)
-@given(REPORT_BYTES)
-def test_report_decoding(raw: bytes) -> None:
-    _check_report(raw)
-
-
-@pytest.mark.slow
-@_profile(True)
-@given(raw=REPORT_BYTES)
-def test_report_decoding_10k(request: pytest.FixtureRequest, raw: bytes) -> None:
-    _full(request)
-    _check_report(raw)
-
-
-@_profile(False)
-@given(BATCH_BYTES)
-def test_batch_decoding(raw: bytes) -> None:
-    _check_batch(raw)
-
-
-@pytest.mark.slow
-@_profile(True)
-@given(raw=BATCH_BYTES)
-def test_batch_decoding_10k(request: pytest.FixtureRequest, raw: bytes) -> None:
-    _full(request)
-    _check_batch(raw)
+test_event_decoding, test_event_decoding_10k = _fuzz_pair(EVENT_BYTES, _check_event)
+test_report_decoding, test_report_decoding_10k = _fuzz_pair(REPORT_BYTES, _check_report)
+test_batch_decoding, test_batch_decoding_10k = _fuzz_pair(BATCH_BYTES, _check_batch)
 
 
 # ---------------------------------------------------------------------------------------------- HTTP
