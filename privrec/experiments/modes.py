@@ -226,9 +226,10 @@ def lastfm_reward(policy: Any, units: np.ndarray, pools: np.ndarray, features: n
     """
     reward = 0.0
     per_user = users is not None and getattr(policy, "per_user", False)
+    by_user = users is not None and getattr(policy, "select_by_user", False)
     for i in range(len(units)):
         X = features[pools[i]]
-        k = policy.select(int(units[i]), X)
+        k = policy.select(int(units[i]), X, user=str(users[i])) if by_user else policy.select(int(units[i]), X)  # type: ignore[index]
         r = 1.0 if k == int(correct[i]) else 0.0
         if per_user:
             policy.update(int(units[i]), X[k], r, user=str(users[i]))  # type: ignore[index]
