@@ -1,0 +1,152 @@
+"""``privrec bench all``: every benchmark in one run, side by side, with the machine's yardstick.
+
+Writes ``bench.json`` (``{"machine", "core", "ingest", "freshness", "serve", "scale", "memory", "noise"}``) and
+``bench.md``. The parts that already exist run as their own commands (``core``, ``ingest``, ``serve``,
+``scale``, ``noise``: their JSON is read back); two are measured here:
+
+* **freshness** — on a running stack (synthetic world, 1 s release tick): feedback after feedback at random
+  phases of the tick, the time from ``POST /feedback``'s 202 until the *serving model* covers it (its
+  ``events`` count reaches the feedback's), p50 and p99;
+* **memory** — on the same stack after seeding: Redis ``used_memory`` over the users with statistics, and the
+  worker's and web server's resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["register", "bench_freshness_memory"]
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def bench_freshness_memory(workdir: Path, *, feedbacks: int = 40, seed_events_n: int = 5000) -> dict[str, Any]:
+    import redis
+
+    from privrec.bench.serve import local_stack, seed_events
+
+    settings = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "25", "PRIVREC_N_USERS": "10", "PRIVREC_N_ARMS": "200",
+                "PRIVREC_TICK_SECONDS": "1", "PRIVREC_EPSILON": "2", "PRIVREC_LOGLEVEL": "WARNING"}
+    rng = random.Random(0)
+    out: dict[str, Any] = {}
+    with local_stack(workdir / "stack", settings=settings) as st:
+        client = redis.Redis.from_url(st.redis_url)
+        base_mem = int(client.info("memory")["used_memory"])
+        ns = st.namespace
+        meta = f"{ns}:model:{{{ns}:model}}:meta"
+        seconds = []
+        for i in range(feedbacks):
+            time.sleep(rng.random())  # a random phase of the release tick
+            status, rec = st.get_json(f"/recommend?user={i % 10}&k=3")
+            before = int(client.hget(meta, "events") or 0)
+            status, _ = st.post_json("/feedback", {"rec_id": rec["rec_id"], "item": rec["items"][0]["item"],
+                                                   "reward": 1.0})
+            t0 = time.perf_counter()
+            if status != 202:
+                raise RuntimeError(f"/feedback answered {status}")
+            while int(client.hget(meta, "events") or 0) <= before:
+                time.sleep(0.01)
+                if time.perf_counter() - t0 > 30:
+                    raise RuntimeError("a feedback did not reach the serving model within 30 s")
+            seconds.append(time.perf_counter() - t0)
+        out["freshness"] = {"feedbacks": feedbacks, "p50_s": float(np.percentile(seconds, 50)),
+                            "p99_s": float(np.percentile(seconds, 99)), "max_s": float(max(seconds)),
+                            "tick_seconds": 1.0,
+                            "what": "POST /feedback answered 202 -> the serving model's event count covers it"}
+        seed_events(st, seed_events_n)
+        mem = client.info("memory")
+        users = 10
+        worker = next(h for h in st.handles if h.name == "worker-0")
+        out["memory"] = {"redis_used_memory_mb": mem["used_memory"] / 2**20,
+                         "redis_bytes_per_user": (int(mem["used_memory"]) - base_mem) / users,
+                         "users": users, "events": seed_events_n + feedbacks,
+                         "worker_rss_mb": _rss_mb(worker.pid), "web_rss_mb": _rss_mb(st.web.pid)}
+        client.close()
+    return out
+
+
+def _cli(args: list[str], out: Path, name: str) -> dict[str, Any]:
+    """Run ``privrec bench <args> --out out/name`` and read its JSON back (``{}`` and the error if it failed)."""
+    target = out / name
+    done = subprocess.run([sys.executable, "-m", "privrec.cli", "bench", *args, "--out", str(target)],
+                          capture_output=True, text=True)
+    files = sorted(target.glob("*.json"))
+    if done.returncode != 0 or not files:
+        return {"error": (done.stderr or done.stdout)[-500:]}
+    doc: dict[str, Any] = json.loads(files[0].read_text())
+    return doc
+
+
+def register(bsub: Any) -> None:
+    p = bsub.add_parser("all", help="every benchmark in one run; bench.json and bench.md",
+                        description="core (with MABWiser's LinUCB when installed), ingest, freshness, serve, scale, "
+                                    "memory and noise, one after the other; writes bench.json and bench.md to --out.")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--ingest-events", type=int, default=50_000, help="events of the ingest benchmark (default 50000)")
+    p.add_argument("--quick", action="store_true", help="smaller runs (a few minutes)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from privrec.experiments.runner import machine_info
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    q = args.quick
+    doc: dict[str, Any] = {"machine": machine_info()}
+    doc["core"] = _cli(["core", "--steps", "1000" if q else "3000"], out, "core")
+    doc["ingest"] = _cli(["ingest", "--events", str(10_000 if q else args.ingest_events)], out, "ingest")
+    doc.update(bench_freshness_memory(out / "work", feedbacks=15 if q else 40))
+    doc["serve"] = _cli(["serve", "--concurrency", "8", "--repeats", "1" if q else "2", "--duration", "3" if q else "5"],
+                        out, "serve")
+    doc["scale"] = _cli(["scale", "--sizes", "100,1892" if q else "100,1892,100000"], out, "scale")
+    doc["noise"] = _cli(["noise", "--ticks", "50" if q else "200"], out, "noise")
+    doc["machine_after"] = machine_info()
+    (out / "bench.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (out / "bench.md").write_text(_markdown(doc))
+    print((out / "bench.md").read_text())
+    print(f"wrote {out}/bench.json and bench.md", file=sys.stderr)
+    return 0
+
+
+def _get(d: dict[str, Any], *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, dict) or p not in d:
+            return None
+        d = d[p]
+    return d
+
+
+def _markdown(doc: dict[str, Any]) -> str:
+    c, f, m = doc.get("core", {}), doc.get("freshness", {}), doc.get("memory", {})
+    lines = ["# privrec bench all", "",
+             f"Machine yardstick sum(range(1000)): {doc['machine']['python_speed_us']} µs before, "
+             f"{doc['machine_after']['python_speed_us']} µs after.", "",
+             "| part | figure |", "|---|---|",
+             f"| core: LinUCB decide+update | {_get(c, 'linucb_us')} µs |",
+             f"| core: MABWiser LinUCB | {_get(c, 'mabwiser_linucb_us')} µs (ours {_get(c, 'speedup_vs_mabwiser_linucb')}× faster) |",
+             f"| core: CoLin / GOB.Lin | {_get(c, 'colin_us')} / {_get(c, 'goblin_us')} µs |",
+             f"| freshness p50 / p99 (1 s tick) | {f.get('p50_s')} / {f.get('p99_s')} s |",
+             f"| memory: Redis per user / worker RSS / web RSS | {m.get('redis_bytes_per_user')} B / "
+             f"{m.get('worker_rss_mb')} MB / {m.get('web_rss_mb')} MB |"]
+    for part in ("ingest", "serve", "scale", "noise"):
+        v = doc.get(part, {})
+        lines.append(f"| {part} | see {part}/ ({'error: ' + v['error'][:80] if 'error' in v else 'ok'}) |")
+    return "\n".join(lines) + "\n"
