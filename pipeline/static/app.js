@@ -36,6 +36,8 @@
     learning: null,       // {since, fromVersion, item, reward} while waiting for the model
     budget: null,
     local: null,          // local mode: GET /local/config (this page is then the user's device)
+    modeKnown: false,     // GET /local/config answered (or 404: a server without local mode)
+    modeError: null,      // GET /local/config failed: the mode is unknown, so no answer is sent at all
   };
 
   // ---------- API ----------------------------------------------------------------------
@@ -113,8 +115,10 @@
   // ---------- recommendations ----------------------------------------------------------
 
   async function loadRecommendations() {
-    const q = new URLSearchParams({ user: state.user, k: String(state.k) });
+    const user = state.user;
+    const q = new URLSearchParams({ user, k: String(state.k) });
     const rec = await api(`/recommend?${q}`);
+    if (user !== state.user) return rec;  // another user was chosen meanwhile: not shown
     if (state.rec && state.rec.user === rec.user) {
       state.ranks = new Map(state.rec.items.map((it, i) => [it.item, i]));
     } else {
@@ -217,6 +221,12 @@
     try {
       if (state.local) {
         await sendReport(rec, it, reward);  // local mode: only a noisy report leaves the page
+      } else if (!state.modeKnown || it.x !== undefined) {
+        // the server may be in local mode (its config did not load, or it sends contexts): a raw
+        // reward must not leave the page, so nothing is sent
+        throw new Error(state.modeError
+          ? `the server's mode is unknown (GET /local/config: ${state.modeError.message}); nothing was sent`
+          : "this server sends item contexts (local mode) but GET /local/config did not say so; nothing was sent");
       } else {
         await api("/feedback", {
           method: "POST",
@@ -240,34 +250,58 @@
 
   // ---------- local mode: the page is the device ---------------------------------------
 
+  // The device's step, under its lock: load the stored state, add the answer and draw the noise, store
+  // the new state with the report pending, and only then send.
   async function sendReport(rec, it, reward) {
     const L = window.PrivrecLocal;
-    const st = L.load(state.local, state.user);
-    L.buildReport(st, state.local, rec.rec_id, it.item, it.x, reward);
-    L.save(st);  // the new state and the pending report are stored before anything is sent
-    await flushReports(st);
+    const user = state.user;
+    await L.exclusive(user, async () => {
+      const st = L.load(state.local, user);
+      L.buildReport(st, state.local, rec.rec_id, it.item, it.x, reward);
+      L.save(st);  // the new state and the pending report are stored before anything is sent
+      await sendPending(st);
+    });
   }
 
-  // Send the stored reports, oldest first, as they were (a reload re-sends, never redraws);
-  // 409: the server already has it; 404: its list expired (dropped, noted).
-  async function flushReports(st) {
+  // Send the stored reports of `user`, oldest first, exactly as they were stored (a failed POST or a
+  // reload re-sends the same bytes; noise is never redrawn). Returns how many were delivered.
+  function flushReports(user) {
     const L = window.PrivrecLocal;
+    return L.exclusive(user, () => sendPending(L.load(state.local, user)));
+  }
+
+  // (holding the device's lock) 202: delivered; 409: the server already has this list's report (an
+  // earlier send whose answer was lost); 404 and 400: it can never be accepted (its list expired, or
+  // it is malformed) — dropped and said, and its data stays in the later reports' running sum.
+  // Anything else (no network, 5xx): kept for the next try, and the error is raised.
+  async function sendPending(st) {
+    const L = window.PrivrecLocal;
+    let delivered = 0;
     while (st.pending.length) {
       const rep = st.pending[0];
+      let dropped = null;
       try {
         await api("/report", {
           method: "POST",
           headers: { "Content-Type": "application/json", "Accept": "application/json" },
           body: JSON.stringify(rep),
         });
+        delivered += 1;
       } catch (e) {
-        if (!(e instanceof ApiError) || (e.status !== 409 && e.status !== 404)) throw e;
-        if (e.status === 404) $("feedback-status").textContent = `An earlier report (v${rep.version}) was dropped: ${e.message}`;
+        if (!(e instanceof ApiError) || ![400, 404, 409].includes(e.status)) throw e;
+        if (e.status !== 409) dropped = e;
       }
-      st.pending.shift();
+      L.acknowledge(st, rep.version);
       L.save(st);
+      if (dropped) {
+        $("feedback-status").textContent = `Report v${rep.version} was not accepted and is dropped: ${dropped.message}`;
+        if (st.pending.length === 0) throw dropped;
+      }
     }
+    return delivered;
   }
+
+  const hasPending = (user) => state.local && window.PrivrecLocal.load(state.local, user).pending.length > 0;
 
   async function waitForModel(fromVersion, it, verb) {
     const t0 = state.learning.since;
@@ -304,7 +338,9 @@
   // ---------- budget -------------------------------------------------------------------
 
   async function loadBudget() {
-    const b = await api(`/budget?user=${encodeURIComponent(state.user)}`);
+    const user = state.user;
+    const b = await api(`/budget?user=${encodeURIComponent(user)}`);
+    if (user !== state.user) return b;  // another user was chosen meanwhile: not shown
     state.budget = b;
     renderBudget(b);
     return b;
@@ -355,7 +391,7 @@
       $("neighbours").textContent = p.neighbours;
       $("accounting").textContent = p.note + (p.valid === false ? " (not a valid (ε, δ) bound)" : "");
     }
-    if (b.local) renderLocal(b, p);
+    if (b.local || state.local) renderLocal(b, p);
     renderMode(b, p);
     const t = b.tree || {};
     $("releases").textContent = `${b.releases}, covering ${b.events_released} interactions`;
@@ -374,32 +410,61 @@
     }
   }
 
+  // Local mode's guarantee as /local/config states it (when /budget has no "local" section).
+  function guaranteeFromConfig(c) {
+    if (!c) return {};
+    const g = { algorithm: c.algorithm, epsilon: c.epsilon, delta: c.delta, shuffle_batch: c.shuffle_batch || 0 };
+    if (c.mechanism) g.mechanism = c.mechanism.name;
+    if (c.noise) g.noise = c.noise.kind;
+    if (c.noise && c.noise.kind === "laplace") {
+      Object.assign(g, { epsilon: c.noise.epsilon0, delta: 0, central_epsilon: c.epsilon, central_delta: c.delta });
+    }
+    return g;
+  }
+
   function renderLocal(b, p) {
-    const g = b.local.guarantee || {};
-    const u = (b.local.user) || {};
-    const k = u.reports ?? 0;
+    const fromBudget = b.local && b.local.guarantee;
+    const g = fromBudget || guaranteeFromConfig(state.local);
+    const u = (b.local && b.local.user) || {};
+    const k = u.reports ?? (b.user && b.user.interactions) ?? 0;
+    const shuffled = g.central_epsilon !== undefined;
     $("tagline").textContent = "Recommendations that learn from every listen — your browser adds the noise: " +
       "your listens and skips never leave this page.";
-    $("user-epsilon").textContent = g.central_epsilon !== undefined
-      ? `ε₀ = ${fmtEps(g.epsilon)} per report`
-      : `ε = ${fmtEps(g.epsilon)} per answer`;
+    $("user-epsilon-label").textContent = shuffled ? "each report's privacy loss, on your device"
+                                                   : "privacy loss of each answer, on your device";
+    $("user-epsilon").textContent = shuffled ? `ε₀ = ${fmtEps(g.epsilon)}` : `ε = ${fmtEps(g.epsilon)}`;
     $("user-delta").textContent = fmtDelta(g.delta);
     $("user-budget-note").textContent = k === 0
       ? "You have sent no report yet: nothing the server holds depends on you."
-      : `${k} reports from this browser: ${u.bound}`;
+      : `${k} report${k === 1 ? "" : "s"} from this browser` + (u.bound ? `: ${u.bound}.` : ".");
+    const each = g.algorithm === "tree"
+      ? `Everything this browser ever reports is (ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)})-DP with ` +
+        "respect to any one of your answers: whether you listened or skipped changes the odds of what the server " +
+        `sees by at most ${Math.exp(g.epsilon).toFixed(1)}×, except with probability ${fmtDelta(g.delta)}.`
+      : shuffled
+        ? `Each report is pure ε₀ = ${fmtEps(g.epsilon)} local DP; shuffled in batches of ${g.shuffle_batch} users, ` +
+          `each batch is (ε, δ) = (${fmtEps(g.central_epsilon)}, ${fmtDelta(g.central_delta)})-DP centrally.`
+        : `Each report is (ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)})-DP on its own; your reports add up.`;
     $("guarantee-plain").textContent = "Local mode: this page is your device. It keeps your listens and skips, " +
       "adds the noise itself (from your browser's cryptographic random numbers) and sends only the noisy report; " +
-      "the server, Kafka and Redis never see a raw answer. " + (g.statement || "");
-    $("event-guarantee").textContent = g.central_epsilon !== undefined
+      "the server, Kafka and Redis never see a raw answer. " + each;
+    $("event-guarantee").textContent = shuffled
       ? `each report (ε₀, 0) = (${fmtEps(g.epsilon)}, 0) on your device; each shuffled batch ` +
         `(${fmtEps(g.central_epsilon)}, ${fmtDelta(g.central_delta)}) centrally`
       : `(ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)}) on your device`;
     $("mechanism").textContent = g.mechanism ? `${g.mechanism} on your device` : `${g.noise} noise on your device`;
+    if (fromBudget) {  // the server's own statement of the guarantee (and of the shuffled batches' bound)
+      const central = shuffled && g.central_bound && g.central_bound.note ? ` ${g.central_bound.note}` : "";
+      $("accounting").textContent = (g.statement || "") + central;
+    } else {
+      $("neighbours").textContent = "one answer of yours (its reward), on your device";
+      $("accounting").textContent = "as /local/config states it (this server's /budget has no local section)";
+    }
   }
 
   function renderMode(b, p) {
-    if (b.local) {
-      const g = b.local.guarantee || {};
+    if (b.local || state.local) {
+      const g = (b.local && b.local.guarantee) || guaranteeFromConfig(state.local);
       $("trust-mode").textContent = `local (${g.algorithm}): your browser adds the noise before anything is sent` +
         (g.shuffle_batch ? `; reports are shuffled in batches of ${g.shuffle_batch} users` : "");
       $("sites-row").hidden = true;
@@ -461,7 +526,13 @@
     clearError();
     setModelState("idle", "loading…");
     try {
-      if (state.local) await flushReports(window.PrivrecLocal.load(state.local, user));  // re-send what a reload left
+      if (!state.modeKnown) {  // (again, if it failed before; one request for concurrent callers)
+        state.modeLoading = state.modeLoading || loadMode().finally(() => { state.modeLoading = null; });
+        await state.modeLoading;
+      }
+      if (state.local) {  // re-send what a failed POST or a reload left, as it was; the list loads anyway
+        try { await flushReports(user); } catch (e) { showError(e); }
+      }
       await Promise.all([loadRecommendations(), loadBudget()]);
       setModelState("fresh", "up to date");
       $("feedback-status").textContent =
@@ -481,6 +552,13 @@
 
   async function idlePoll() {
     if (!state.learning && state.user && !document.hidden) {
+      if (hasPending(state.user)) {  // local mode: a report whose POST failed goes again, as it was
+        const user = state.user;
+        try {
+          const n = await flushReports(user);
+          if (n) $("feedback-status").textContent = `An earlier report from this browser was delivered (${n}).`;
+        } catch (e) { /* still unreachable: kept, tried again at the next poll */ }
+      }
       try {
         const h = await api("/healthz");
         if (h.model_version != null && state.rec && h.model_version > state.rec.model_version) {
@@ -492,6 +570,29 @@
       }
     }
     setTimeout(idlePoll, IDLE_POLL_MS);
+  }
+
+  // Which mode the server runs: GET /local/config. 404 (a server without local mode): the global page.
+  // Any other failure leaves the mode unknown, and then no answer is sent at all: a local-mode server
+  // must never be sent a raw reward because its config did not load.
+  async function loadMode() {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      try {
+        const c = await api("/local/config");
+        state.local = c && c.mode === "local" ? c : null;
+        state.modeKnown = true;
+        state.modeError = null;
+        return;
+      } catch (e) {
+        if (e instanceof ApiError && e.status === 404) {
+          Object.assign(state, { local: null, modeKnown: true, modeError: null });
+          return;
+        }
+        state.modeError = e;
+        await sleep(300 * (attempt + 1));
+      }
+    }
+    showError(state.modeError);
   }
 
   async function init() {
@@ -525,10 +626,6 @@
       return;
     }
     select.value = first;
-    try {
-      const c = await api("/local/config");
-      if (c && c.mode === "local") state.local = c;
-    } catch (e) { /* an older server without local mode: the global page */ }
     await selectUser(first);
     setTimeout(idlePoll, IDLE_POLL_MS);
   }

@@ -51,16 +51,37 @@ window.PrivrecLocal = (() => {
 
   function key(user) { return `privrec.local.${location.host}.${user}`; }
 
+  // The stored state of `user`, or a new one. A state made under another calibration is not reused
+  // (its noise state belongs to another mechanism, and re-releasing its exact sum under a new one would
+  // spend the budget again): the new state starts from zero but continues the version counter, which
+  // the server requires to grow.
   function load(config, user) {
     const raw = localStorage.getItem(key(user));
-    if (raw) {
-      const s = JSON.parse(raw);
-      if (s.schema === STATE_SCHEMA && s.user === user && s.config === fingerprint(config)) return s;
-    }
-    return newState(config, user);
+    let s = null;
+    try { s = raw ? JSON.parse(raw) : null; } catch { s = null; }
+    if (s && s.schema === STATE_SCHEMA && s.user === user && s.config === fingerprint(config)) return s;
+    const fresh = newState(config, user);
+    if (s && Number.isInteger(s.version) && s.version > 0) fresh.version = s.version;
+    return fresh;
   }
 
   function save(state) { localStorage.setItem(key(state.user), JSON.stringify(state)); }
+
+  // The server has report `version`: forget it (by version, never by position).
+  function acknowledge(state, version) {
+    state.pending = state.pending.filter((p) => p.version !== version);
+  }
+
+  // Run `fn` with this user's device state to itself: every load-change-save holds the lock, so two
+  // flushes (or two tabs, where the Web Locks API exists) never overwrite each other's state.
+  const chains = new Map();
+  function exclusive(user, fn) {
+    const name = `privrec.local.${user}`;
+    if (navigator.locks && navigator.locks.request) return navigator.locks.request(name, () => fn());
+    const run = (chains.get(name) || Promise.resolve()).then(() => fn());
+    chains.set(name, run.catch(() => {}));
+    return run;
+  }
 
   // ---------- the mechanisms -----------------------------------------------------------
 
@@ -93,19 +114,29 @@ window.PrivrecLocal = (() => {
   // The report of one answer: reward r on `item` (context x) of the list `recId`. Updates the state;
   // the caller saves it (with the report pending) before sending.
   function buildReport(state, config, recId, item, x, reward, draw) {
+    if (!(typeof reward === "number" && reward >= 0 && reward <= 1)) throw new Error(`reward must be in [0, 1], got ${reward}`);
+    if (!Array.isArray(x) || x.length !== state.exact.length || !x.every((v) => typeof v === "number" && isFinite(v))) {
+      throw new Error(`item ${item} came without its ${state.exact.length} features ("x" in /recommend); nothing was sent`);
+    }
+    if (config.schema !== SCHEMA) throw new Error(`the server wants reports of schema ${config.schema}; this page makes ${SCHEMA}`);
+    const tree = config.algorithm === "tree";
+    if (tree && !(config.mechanism && config.mechanism.kind === "blt")) {
+      throw new Error(`this page runs the BLT mechanism; the server's devices use ${config.mechanism && config.mechanism.name}`);
+    }
+    const noise = config.noise;
+    if (!tree && !(config.algorithm === "round" && noise && (noise.kind === "gaussian" || noise.kind === "laplace"))) {
+      throw new Error(`unknown local algorithm ${config.algorithm} or noise ${noise && noise.kind}`);
+    }
+    // nothing above changed the state: a refused report leaves the device as it was
     const norm = Math.sqrt(x.reduce((s, v) => s + v * v, 0));
     const xc = norm > 1 ? x.map((v) => v / norm) : x.slice();
     state.exact = state.exact.map((b, i) => b + reward * xc[i]);
     state.version += 1;
     const report = { schema: SCHEMA, user: state.user, version: state.version, algorithm: config.algorithm,
                      rec_id: recId, item };
-    if (config.algorithm === "tree") {
-      if (!config.mechanism || config.mechanism.kind !== "blt") {
-        throw new Error(`this page runs the BLT mechanism; the server's devices use ${config.mechanism && config.mechanism.name}`);
-      }
+    if (tree) {
       report.b = bltStep(state, config.mechanism, draw);
     } else {
-      const noise = config.noise;
       const one = (i) => (draw ? draw(i) : noise.kind === "laplace" ? laplace(noise.scale) : gaussian(noise.sigma));
       report.m = xc.map((v, i) => reward * v + one(i));
     }
@@ -113,5 +144,6 @@ window.PrivrecLocal = (() => {
     return report;
   }
 
-  return { uniform, gaussian, laplace, newState, load, save, key, bltStep, buildReport, fingerprint };
+  return { uniform, gaussian, laplace, newState, load, save, key, acknowledge, exclusive, bltStep, buildReport,
+           fingerprint };
 })();

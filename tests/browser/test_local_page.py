@@ -1,11 +1,23 @@
 """The page in local mode is the user's device: it perturbs in the browser and sends only reports.
 
-Every request the page sends is recorded (Playwright's ``request`` event): none goes to ``/feedback`` or
-``/listen``, no body carries a reward, and each ``POST /report`` carries a vector that differs from the
-exact ``b_u`` the test computes itself from the clicked items' contexts and rewards. The state survives a
-reload (versions continue). The page's pure functions are checked in the browser: the BLT step with its
-noise forced to zero reproduces ``b_u`` exactly, and the Gaussian sampler's mean and variance over 20,000
-draws fall within tolerances derived from their sampling distributions.
+Against a real local-mode stack (``PRIVREC_MODE=local``, ``PRIVREC_LOCAL_ALGORITHM=tree``):
+
+* every request the page sends is recorded (Playwright's ``request`` event): none goes to
+  ``/feedback`` or ``/listen``, no URL or body carries a reward, every POST is a ``/report`` with
+  exactly the protocol's fields, and each report's ``b`` is the exact ``b_u`` the test computes from
+  the clicked items' contexts and rewards plus noise of the calibrated size (a chi-square check of
+  ``b - b_u`` against the BLT's released variance);
+* versions are 1, 2, 3, … and continue after a reload; the state is in ``localStorage``;
+* a report is stored before it is sent, and a failed POST is re-sent byte for byte (by the idle
+  poll and after a reload), never redrawn;
+* a page that cannot learn the server's mode sends nothing; the privacy panel states the local
+  guarantee, also when ``/budget`` has no ``local`` section;
+* ``POST /feedback`` answers 400 naming local mode.
+
+The page's pure functions are checked in the browser: the BLT step against the server's own
+``BLTMechanism`` on the same noise (across an epoch boundary), the noise forced to zero giving
+``b_u`` exactly, per-round reports, and the samplers' moments over many draws, with tolerances from
+the sampling distributions (fixed tail probabilities, not tuned).
 """
 
 from __future__ import annotations
@@ -15,22 +27,37 @@ import math
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
 import pytest
+from scipy import stats
 
+from models.mechanisms.factorization import BLTMechanism
 from privrec.bench.serve import LocalStack, local_stack
 
 from .conftest import SETTINGS
 
-USER = "2"
+D = int(SETTINGS["PRIVREC_D"])
+REPORT_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "item", "b"}
+#: Two-sided tail probability of each statistical check (a false failure about once in 10^6 runs).
+TAIL = 1e-6
 
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    settings = {**SETTINGS, "PRIVREC_MODE": "local", "PRIVREC_LOCAL_ALGORITHM": "tree", "PRIVREC_ALGORITHM": "linucb"}
+    settings = {**SETTINGS, "PRIVREC_MODE": "local", "PRIVREC_LOCAL_ALGORITHM": "tree"}
     with local_stack(tmp_path_factory.mktemp("local-page"), settings=settings) as st:
         yield st
+
+
+@pytest.fixture(scope="module")
+def config(local: LocalStack) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{local.base_url}/local/config") as resp:
+        cfg: dict[str, Any] = json.loads(resp.read())
+    assert cfg["mode"] == "local" and cfg["algorithm"] == "tree" and cfg["d"] == D
+    assert cfg["mechanism"]["kind"] == "blt" and cfg["mechanism"]["scale"] > 0
+    return cfg
 
 
 def _record(page: Any) -> list[dict[str, Any]]:
@@ -39,101 +66,301 @@ def _record(page: Any) -> list[dict[str, Any]]:
     return seen
 
 
-def _click(page: Any, kind: str, row: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Click listen/skip on ``row``; return (the clicked item as /recommend gave it, the report sent)."""
-    item_id = page.locator("li.item").nth(row).get_attribute("data-item")
-    name = page.locator("li.item .name > span:first-child").nth(row).inner_text()
-    with page.expect_response(lambda r: r.url.endswith("/report")) as info:
-        page.get_by_role("button", name=f"{kind} {name}", exact=True).click()
-    resp = info.value
-    assert resp.status == 202, resp.text()
-    report = json.loads(resp.request.post_data)
-    assert report["item"] == item_id
-    page.locator('#model-state[data-state="fresh"], #model-state[data-state="stale"]').wait_for(timeout=15_000)
-    return {"item": item_id}, report
-
-
-def test_the_page_sends_only_noisy_reports_and_keeps_its_state(local: LocalStack, page: Any) -> None:
-    requests = _record(page)
+def _contexts(page: Any) -> dict[str, list[float]]:
+    """Item -> its ``x`` as the page's ``/recommend`` responses gave it."""
     contexts: dict[str, list[float]] = {}
 
     def remember(resp: Any) -> None:
-        if "/recommend" in resp.url and resp.status == 200:
+        if urlparse(resp.url).path == "/recommend" and resp.status == 200:
             for it in resp.json()["items"]:
                 contexts[it["item"]] = it["x"]
 
     page.on("response", remember)
-    page.goto(f"{local.base_url}/?user={USER}")
+    return contexts
+
+
+def _stored(page: Any, user: str) -> Any:
+    raw = page.evaluate(f"() => localStorage.getItem('privrec.local.' + location.host + '.{user}')")
+    return None if raw is None else json.loads(raw)
+
+
+def _keys(obj: Any) -> set[str]:
+    """Every key at any depth of a JSON value."""
+    if isinstance(obj, dict):
+        return set(obj) | set().union(*(_keys(v) for v in obj.values()))
+    if isinstance(obj, list):
+        return set().union(*(_keys(v) for v in obj)) if obj else set()
+    return set()
+
+
+def _assert_no_raw_reward(requests: list[dict[str, Any]]) -> None:
+    assert requests, "no request was recorded"
+    for r in requests:
+        path = urlparse(r["url"]).path
+        assert path not in ("/feedback", "/listen"), r
+        assert "reward" not in r["url"].lower(), r
+        if r["method"] != "GET":
+            assert r["method"] == "POST" and path == "/report", r
+            body = json.loads(r["body"])
+            assert set(body) == REPORT_FIELDS, r  # the protocol's fields, nothing else
+        if r["body"]:
+            assert not any("reward" in k.lower() for k in _keys(json.loads(r["body"]))), r
+
+
+def _open(page: Any, base_url: str, user: str) -> None:
+    page.goto(f"{base_url}/?user={user}")
     page.locator("li.item").first.wait_for()
-    assert "local" in page.locator("#trust-mode").inner_text()
-    assert "browser adds the noise" in page.locator("#trust-mode").inner_text()
-    exact = np.zeros(int(SETTINGS["PRIVREC_D"]))
+    page.locator("#trust-mode", has_text="local").wait_for()
+
+
+def _click(page: Any, kind: str, row: int) -> dict[str, Any]:
+    """Click listen/skip on ``row``; wait for the model; return the report the page sent."""
+    item_id = page.locator("li.item").nth(row).get_attribute("data-item")
+    name = page.locator("li.item .name > span:first-child").nth(row).inner_text()
+    with page.expect_response(lambda r: urlparse(r.url).path == "/report") as info:
+        page.get_by_role("button", name=f"{kind} {name}", exact=True).click()
+    resp = info.value
+    assert resp.status == 202, resp.text()
+    report: dict[str, Any] = json.loads(resp.request.post_data)
+    assert report["item"] == item_id
+    page.locator('#model-state[data-state="fresh"], #model-state[data-state="stale"]').wait_for(timeout=20_000)
+    return report
+
+
+def _released_variance(config: dict[str, Any], t: int) -> float:
+    """Per-coordinate variance of the device's noise at tick ``t`` of its first epoch (the server's formula)."""
+    m = config["mechanism"]
+    mech = BLTMechanism(dim=config["d"], capacity=m["capacity"], theta=np.array(m["theta"]), w=np.array(m["w"]),
+                        scale=m["scale"], seed=0)
+    return mech.prefix_variance(t)
+
+
+def test_the_page_sends_only_noisy_reports_and_keeps_its_state(local: LocalStack, config: dict[str, Any],
+                                                               page: Any) -> None:
+    user = "2"
+    requests = _record(page)
+    contexts = _contexts(page)
+    _open(page, local.base_url, user)
+    exact = np.zeros(D)
     reports = []
+    lo, hi = stats.chi2.ppf([TAIL / 2, 1 - TAIL / 2], D)
     for kind, row, reward in (("Listen to", 0, 1.0), ("Skip", 1, 0.0), ("Listen to", 0, 1.0)):
-        item, report = _click(page, kind, row)
-        x = np.asarray(contexts[item["item"]])
-        exact += reward * x
-        b = np.asarray(report["b"])
-        assert np.abs(b - exact).max() > 1e-6, "a report equal to the exact b_u left the page"
+        report = _click(page, kind, row)
+        exact += reward * np.asarray(contexts[report["item"]])
+        noise = np.asarray(report["b"]) - exact
+        assert np.abs(noise).max() > 1e-9, "a report equal to the exact b_u left the page"
+        # b = b_u + BLT noise of the calibrated size: sum of squares / variance ~ chi-square(d)
+        chi = float(noise @ noise) / _released_variance(config, len(reports) + 1)
+        assert lo < chi < hi, (chi, lo, hi)
         reports.append(report)
     assert [r["version"] for r in reports] == [1, 2, 3]
-    # nothing but reports: no /feedback, no /listen, no reward anywhere in a request
-    assert not [r for r in requests if r["url"].endswith(("/feedback", "/listen"))]
-    for r in requests:
-        if r["body"]:
-            assert "reward" not in json.loads(r["body"]), r
-    # the device's state is in localStorage; after a reload the versions continue
-    stored = json.loads(page.evaluate(f"() => localStorage.getItem('privrec.local.' + location.host + '.{USER}')"))
-    assert stored["version"] == 3 and stored["pending"] == []
-    np.testing.assert_allclose(stored["exact"], exact, atol=1e-12)  # on the device only
+    assert {(r["user"], r["algorithm"], r["schema"]) for r in reports} == {(user, "tree", config["schema"])}
+    _assert_no_raw_reward(requests)
+    # the device's state is in localStorage, the exact b_u on the device only
+    stored = _stored(page, user)
+    assert stored["version"] == 3 and stored["pending"] == [] and stored["step"] == 3
+    np.testing.assert_allclose(stored["exact"], exact, rtol=0, atol=1e-12)
+    # after a reload the state is still there and the versions continue
     page.reload()
     page.locator("li.item").first.wait_for()
-    _, report = _click(page, "Skip", 2)
+    assert _stored(page, user)["version"] == 3
+    report = _click(page, "Skip", 2)
     assert report["version"] == 4
+    noise = np.asarray(report["b"]) - exact  # a skip: b_u is unchanged, the noise is new
+    chi = float(noise @ noise) / _released_variance(config, 4)
+    assert lo < chi < hi, (chi, lo, hi)
+    _assert_no_raw_reward(requests)
+    assert len([r for r in requests if r["method"] == "POST"]) == 4  # one report per click, nothing else
     # the page states the local guarantee
     page.locator("#guarantee-plain", has_text="this page is your device").wait_for()
     assert "on your device" in page.locator("#event-guarantee").inner_text()
+    assert "your browser adds the noise" in page.locator("#trust-mode").inner_text()
+    assert page.locator("#user-epsilon").inner_text() == f"ε = {config['epsilon']:.2f}"
+    assert "each answer" in page.locator("#user-epsilon-label").inner_text()
+    assert "blt-exact" in page.locator("#accounting").text_content()  # the server's statement, from /budget
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    assert not page.problems, page.problems
+
+
+def test_a_failed_report_is_stored_first_and_resent_as_it_was(local: LocalStack, page: Any) -> None:
+    user = "5"
+    contexts = _contexts(page)
+    held: list[Any] = []
+    attempts: list[str] = []
+
+    def hold_then_fail(route: Any) -> None:
+        attempts.append(route.request.post_data)
+        if not held:
+            held.append(route)  # the first POST hangs until the test has looked at localStorage
+        else:
+            route.abort()
+
+    page.route("**/report", hold_then_fail)
+    _open(page, local.base_url, user)
+    item = page.locator("li.item").first.get_attribute("data-item")
+    name = page.locator("li.item .name > span:first-child").first.inner_text()
+    page.get_by_role("button", name=f"Listen to {name}", exact=True).click()
+    while not held:
+        page.wait_for_timeout(20)
+    # the POST is in flight: the new state and the report are already stored
+    stored = _stored(page, user)
+    assert stored["version"] == 1 and len(stored["pending"]) == 1
+    first = attempts[0]
+    assert json.loads(first) == stored["pending"][0]
+    np.testing.assert_allclose(stored["exact"], contexts[item], rtol=0, atol=1e-12)
+    held[0].abort()
+    alert = page.get_by_role("alert")
+    alert.wait_for()
+    assert "/report failed" in alert.inner_text()
+    assert "not recorded" in page.locator("#feedback-status").inner_text()
+    # the idle poll tries again: the same bytes
+    while len(attempts) < 2:
+        page.wait_for_timeout(100)
+    assert attempts[1] == first
+    assert _stored(page, user)["pending"] == stored["pending"]
+
+    # a reload (a new page on the same browser storage) sends it again, as it was, and it is accepted
+    context = page.context
+    page.close()
+    again = context.new_page()
+    requests = _record(again)
+    with again.expect_response(lambda r: urlparse(r.url).path == "/report") as info:
+        _open(again, local.base_url, user)
+    assert info.value.status == 202 and info.value.request.post_data == first
+    assert _stored(again, user)["pending"] == []
+    report = _click(again, "Skip", 1)
+    assert report["version"] == 2
+    assert all(a == first for a in attempts)
+    _assert_no_raw_reward(requests)
+
+
+def test_without_the_servers_mode_the_page_sends_nothing(local: LocalStack, page: Any) -> None:
+    requests = _record(page)
+    page.route("**/local/config", lambda route: route.abort())
+    page.goto(f"{local.base_url}/?user=6")
+    page.locator("li.item").first.wait_for()
+    alert = page.get_by_role("alert")
+    alert.wait_for()
+    name = page.locator("li.item .name > span:first-child").first.inner_text()
+    page.get_by_role("button", name=f"Listen to {name}", exact=True).click()
+    page.locator("#feedback-status", has_text="not recorded").wait_for()
+    assert "mode is unknown" in alert.inner_text() and "nothing was sent" in alert.inner_text()
+    assert not [r for r in requests if r["method"] == "POST"], requests
+
+
+def test_the_local_guarantee_without_a_local_budget_section(local: LocalStack, config: dict[str, Any],
+                                                            page: Any) -> None:
+    def strip_local(route: Any) -> None:
+        resp = route.fetch()
+        body = resp.json()
+        body.pop("local", None)
+        route.fulfill(response=resp, json=body)
+
+    page.route("**/budget*", strip_local)
+    _open(page, local.base_url, "7")
+    plain = page.locator("#guarantee-plain")
+    plain.filter(has_text="this page is your device").wait_for()
+    assert f"(ε, δ) = ({config['epsilon']:.2f}" in plain.inner_text()
+    assert "any one of your answers" in plain.inner_text()
+    assert "on your device" in page.locator("#event-guarantee").inner_text()
+    assert "blt-exact" in page.locator("#mechanism").text_content()  # inside the closed <details>
     assert not page.problems, page.problems
 
 
 def test_feedback_with_a_raw_reward_is_refused_in_local_mode(local: LocalStack) -> None:
-    status, rec = local.get_json(f"/recommend?user={USER}&k=2")
+    status, rec = local.get_json("/recommend?user=2&k=2")
+    assert status == 200 and all(len(it["x"]) == D for it in rec["items"])
     status, body = local.post_json("/feedback", {"rec_id": rec["rec_id"], "item": rec["items"][0]["item"],
                                                  "reward": 1})
     assert status == 400 and "local mode" in body["error"]["message"]
 
 
-def test_the_pages_noise_and_mechanism_in_the_browser(local: LocalStack, page: Any) -> None:
-    page.goto(f"{local.base_url}/?user={USER}")
-    page.locator("li.item").first.wait_for()
-    with urllib.request.urlopen(f"{local.base_url}/local/config") as resp:
-        config = json.loads(resp.read())
-    # with the noise forced to zero the BLT step releases the exact running sum
-    d = config["d"]
-    out = page.evaluate("""(config) => {
+# ---------- the pure functions, in the browser -------------------------------------------
+
+
+def test_blt_step_is_the_servers_mechanism(local: LocalStack, config: dict[str, Any], page: Any) -> None:
+    page.goto(f"{local.base_url}/?user=2")
+    page.wait_for_function("window.PrivrecLocal !== undefined")
+    cap, ticks = 3, 8  # two epoch boundaries
+    cfg = {**config, "mechanism": {**config["mechanism"], "capacity": cap}}
+    rng = np.random.default_rng(7)
+    xs = rng.normal(size=(ticks, D)) * 0.2
+    rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    zs = rng.normal(size=(ticks, D)) * cfg["mechanism"]["scale"]
+    out = page.evaluate("""([config, xs, rewards, zs]) => {
       const L = window.PrivrecLocal;
-      const st = L.newState(config, 'probe');
-      const reps = [];
-      for (let t = 0; t < 5; t++) {
-        const x = Array.from({length: config.d}, (_, i) => 0.03 * ((i + t) % 7) - 0.05);
-        reps.push(L.buildReport(st, config, 'r' + t, 'a', x, t % 2, () => 0).b);
-      }
-      return {reps, exact: st.exact};
-    }""", config)
-    running = np.zeros(d)
-    for t, b in enumerate(out["reps"]):
-        running += (t % 2) * np.array([0.03 * ((i + t) % 7) - 0.05 for i in range(d)])
-        np.testing.assert_allclose(b, running, atol=1e-12)
-    # the Gaussian sampler: 20,000 draws of N(0, 1)
+      const st = L.newState(config, 'probe'), zero = L.newState(config, 'zero');
+      const reps = [], exact = [];
+      xs.forEach((x, t) => {
+        reps.push(L.buildReport(st, config, 'r' + t, 'a', x, rewards[t], (i) => zs[t][i]).b);
+        exact.push(L.buildReport(zero, config, 'r' + t, 'a', x, rewards[t], () => 0).b);
+      });
+      return {reps, exact, versions: st.pending.map((p) => p.version), step: st.step};
+    }""", [cfg, xs.tolist(), rewards, zs.tolist()])
+
+    class Fixed:  # the same z the page drew: tick t of epoch e is global tick e * cap + t - 1
+        def normal(self, scale: float, shape: tuple[int, ...], *, epoch: int, level: int, index: int) -> Any:
+            return zs[epoch * cap + index - 1]
+
+    m = cfg["mechanism"]
+    mech = BLTMechanism(dim=D, capacity=cap, theta=np.array(m["theta"]), w=np.array(m["w"]), scale=m["scale"], seed=0)
+    mech._source = Fixed()
+    state, running = mech.init_state(), np.zeros(D)
+    for t in range(ticks):
+        running = running + rewards[t] * xs[t]
+        release, state, _ = mech.step_to(state, running)
+        np.testing.assert_allclose(out["reps"][t], release, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(out["exact"][t], running, rtol=0, atol=1e-12)  # no noise: b_u exactly
+    assert out["versions"] == list(range(1, ticks + 1)) and out["step"] == ticks % cap
+
+
+def test_round_reports_and_the_samplers(local: LocalStack, config: dict[str, Any], page: Any) -> None:
+    page.goto(f"{local.base_url}/?user=2")
+    page.wait_for_function("window.PrivrecLocal !== undefined")
+    page.evaluate("() => { Math.random = () => { throw new Error('Math.random used'); }; }")
     n = 20_000
-    stats = page.evaluate(f"""() => {{
-      const L = window.PrivrecLocal; let s = 0, s2 = 0;
-      for (let i = 0; i < {n}; i++) {{ const z = L.gaussian(1); s += z; s2 += z * z; }}
-      const m = s / {n}; return {{mean: m, var: s2 / {n} - m * m, u: L.uniform()}};
-    }}""")
-    # sample mean ~ N(0, 1/n); sample variance ~ N(1, 2/n): six standard errors
-    assert abs(stats["mean"]) < 6 / math.sqrt(n)
-    assert abs(stats["var"] - 1.0) < 6 * math.sqrt(2 / n)
-    assert 0 < stats["u"] <= 1
-    # the page's noise scale is the server's calibration (the BLT scale every device of this stack uses)
-    assert config["mechanism"]["kind"] == "blt" and config["mechanism"]["scale"] > 0
+    sigma = config["mechanism"]["scale"]
+    out = page.evaluate("""([n, sigma, schema]) => {
+      const L = window.PrivrecLocal;
+      const moments = (zs) => { let s = 0, s2 = 0, a = 0; const k = zs.length;
+        for (const z of zs) { s += z; s2 += z * z; a += Math.abs(z); }
+        return {mean: s / k, var: (s2 - s * s / k) / (k - 1), abs: a / k, n: k}; };
+      const draws = (f) => Array.from({length: n}, f);
+      let lo = 1, hi = 0;
+      for (let i = 0; i < n; i++) { const u = L.uniform(); lo = Math.min(lo, u); hi = Math.max(hi, u); }
+      // per-round reports: m = r x (clipped to norm 1) + the configured noise
+      const round = (noise) => ({mode: 'local', algorithm: 'round', d: 3, epsilon: 1, delta: 1e-5, schema,
+                                 mechanism: null, noise, shuffle_batch: 0});
+      const st = L.newState(round({kind: 'gaussian', sigma: 1}), 'r');
+      const exactM = L.buildReport(st, round({kind: 'gaussian', sigma: 1}), 'q', 'a', [3, 0, 4], 1, () => 0).m;
+      const noiseOf = (noise) => { const c = round(noise), s = L.newState(c, 'r'), zs = [];
+        for (let i = 0; i < n / 4; i++) zs.push(...L.buildReport(s, c, 'q' + i, 'a', [0.5, 0.5, 0.5], 0).m);
+        return zs; };
+      const g = noiseOf({kind: 'gaussian', sigma: 1}), l = noiseOf({kind: 'laplace', scale: 1, epsilon0: 1});
+      return {gauss: moments(draws(() => L.gaussian(sigma))), laplace: moments(draws(() => L.laplace(2))), lo, hi,
+              exactM, version: st.version, roundGauss: moments(g), roundLaplace: moments(l)};
+    }""", [n, sigma, config["schema"]])
+    assert 0 < out["lo"] and out["hi"] <= 1
+
+    def gaussian_ok(m: dict[str, float], s: float) -> None:
+        k = int(m["n"])
+        assert abs(m["mean"]) < 4 * s / math.sqrt(k), m  # the sample mean ~ N(0, s^2 / k)
+        lo, hi = stats.chi2.ppf([TAIL / 2, 1 - TAIL / 2], k - 1) / (k - 1)  # (k - 1) S^2 / s^2 ~ chi2(k - 1)
+        assert lo < m["var"] / s**2 < hi, (m, lo, hi)
+
+    def laplace_ok(m: dict[str, float], b: float) -> None:
+        k = int(m["n"])
+        z = stats.norm.ppf(1 - TAIL / 2)
+        assert abs(m["mean"]) < 4 * math.sqrt(2) * b / math.sqrt(k), m  # variance 2 b^2
+        assert abs(m["var"] - 2 * b**2) < z * math.sqrt(20 / k) * b**2, m  # Var(X^2) = 24 b^4 - 4 b^4
+        assert abs(m["abs"] - b) < z * b / math.sqrt(k), m  # |X| ~ Exp(b): mean b, sd b
+
+    assert out["gauss"]["n"] == out["laplace"]["n"] == n
+    gaussian_ok(out["gauss"], sigma)
+    laplace_ok(out["laplace"], 2.0)
+    # a per-round report without noise is r x, x clipped to norm 1; with noise, the configured kind
+    np.testing.assert_allclose(out["exactM"], [0.6, 0.0, 0.8], rtol=0, atol=1e-15)
+    assert out["version"] == 1
+    assert out["roundGauss"]["n"] == out["roundLaplace"]["n"] == 3 * (n // 4)
+    gaussian_ok(out["roundGauss"], 1.0)
+    laplace_ok(out["roundLaplace"], 1.0)
