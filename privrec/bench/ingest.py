@@ -251,7 +251,7 @@ def _services(keep: bool) -> Iterator[tuple[Path, Any]]:
 
 def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch_size: int | None = None,
                  tick_seconds: float | None = None, concurrent: bool = True, profile_dir: Path | None = None,
-                 keep: bool = False, say: Any = None) -> dict[str, Any]:
+                 keep: bool = False, say: Any = None, algorithm: str = "linucb") -> dict[str, Any]:
     """Run the benchmark (see the module docstring) and return the JSON document.
 
     Parameters
@@ -273,12 +273,14 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
         Keep the temporary state directory (logs) instead of deleting it.
     say
         Called with progress lines.
+    algorithm
+        ``linucb`` (default), ``colin`` or ``goblin``: what the release and solve stages run.
     """
     from pipeline.settings import Settings
     from privrec.experiments.runner import machine_info
 
     note = say or (lambda _l: None)
-    changes: dict[str, Any] = {"algorithm": "linucb", "catalog": "synthetic", "d": d, "n_users": n_users}
+    changes: dict[str, Any] = {"algorithm": algorithm, "catalog": "synthetic", "d": d, "n_users": n_users}
     if batch_size is not None:
         changes["batch_size"] = batch_size
     if tick_seconds is not None:
@@ -387,6 +389,8 @@ def register(bsub: Any) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="worker batch size (default: the setting's)")
     p.add_argument("--tick-seconds", type=float, default=None, help="release tick (default: the setting's)")
     p.add_argument("--no-concurrent", action="store_true", help="skip the concurrent produce+ingest phase")
+    p.add_argument("--algorithm", choices=("linucb", "colin", "goblin"), default="linucb",
+                   help="the model the release and solve stages run (default linucb)")
     p.add_argument("--profile", action="store_true",
                    help="also profile the worker in a separate pre-produced run: py-spy if installed "
                         "(pip install py-spy; writes worker.py-spy.raw), else cProfile (worker.prof)")
@@ -401,7 +405,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"`--users` and `--d` must be positive, got {args.users} and {args.d}.")
     doc = bench_ingest(events=args.events, n_users=args.users, d=args.d, batch_size=args.batch_size,
                        tick_seconds=args.tick_seconds, concurrent=not args.no_concurrent,
-                       profile_dir=args.out if args.profile else None, keep=args.keep,
+                       profile_dir=args.out if args.profile else None, keep=args.keep, algorithm=args.algorithm,
                        say=lambda line: print(f"bench ingest: {line}", file=sys.stderr, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ingest.json").write_text(json.dumps(doc, indent=2) + "\n")
