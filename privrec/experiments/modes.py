@@ -175,6 +175,7 @@ class _Result:
     value: float  # regret (synthetic) or reward (lastfm)
     bytes_per_site_per_tick: float | None
     seconds: float
+    local: dict[str, float] | None = None  # local rows: what reached the server's sums (see _local_stats)
 
 
 _CTX: dict[str, Any] = {}
@@ -214,7 +215,28 @@ def _execute(job: _Job) -> _Result:
     per_tick = None
     if isinstance(policy, FederatedUCB) and policy.ticks:
         per_tick = float(policy.bytes_sent.mean() / policy.ticks)
-    return _Result(job, float(value), per_tick, time.perf_counter() - t0)
+    return _Result(job, float(value), per_tick, time.perf_counter() - t0, _local_stats(policy))
+
+
+def _local_stats(policy: Any) -> dict[str, float] | None:
+    """A local row's cost beyond the noise: the share of reports in the server's sums when the run ended (with
+    shuffling only completed batches count; the rest wait in open batches), the batches completed, the public
+    noise std of the sums at the end, and the devices (users) that reported."""
+    if not isinstance(policy, LocalUCB) or not policy.reports:
+        return None
+    batches = sum(policy.shuffler.seq.values()) if policy.shuffler is not None else 0
+    return {"applied_fraction": float(policy.aggregate.count.sum()) / policy.reports, "batches": float(batches),
+            "noise_std": policy.aggregate.noise_std(), "devices": float(len(policy._clients))}
+
+
+def untrained_lastfm_reward(lf: dict[str, Any], seed: int, cfg: ModesConfig) -> float:
+    """LastFM reward of the same LinUCB per unit whose server never refreshes (no statistics ever arrive): every
+    pick is the UCB of the empty model. A row at or below this learned nothing usable in the replay."""
+    never = LocalUCB(d=lf["d"], n_units=lf["n_units"], config=LocalConfig(algorithm="round", d=lf["d"], epsilon=1.0,
+                                                                          delta=cfg.delta),
+                     tick=1 << 62, seed=seed, lambda_=cfg.lastfm_lambda, alpha=cfg.alpha,
+                     noise_ridge=cfg.lastfm_noise_ridge)
+    return lastfm_reward(never, lf["units"], lf["pools"], lf["features"], lf["correct"], lf["users"])
 
 
 def lastfm_reward(policy: Any, units: np.ndarray, pools: np.ndarray, features: np.ndarray,
@@ -262,6 +284,7 @@ def run_modes(cfg: ModesConfig, out: Path, *, jobs: int | None = None, progress:
     unknown = set(cfg.rows) - {r.name for r in ROWS}
     if unknown:
         raise ValueError(f"`rows` names unknown mode(s) {sorted(unknown)}; known: {[r.name for r in ROWS]}")
+    _CTX.clear()  # nothing from an earlier call in this process (its LastFM arrays) may leak into this one
     _CTX["cfg"] = cfg
     if cfg.lastfm:
         _CTX["lastfm"] = _lastfm_arrays(cfg.lastfm_events, cfg.data_dir)
@@ -290,6 +313,10 @@ def run_modes(cfg: ModesConfig, out: Path, *, jobs: int | None = None, progress:
                 results.append(res)
                 bar.update()
     bar.close()
+    if cfg.lastfm:
+        lf = _CTX["lastfm"]
+        _CTX["lastfm_untrained"] = [untrained_lastfm_reward(lf, derive_seed("modes-untrained", k), cfg)
+                                    for k in range(cfg.lastfm_runs)]
     doc = _document(cfg, rows, results, time.perf_counter() - t_start)
     out.mkdir(parents=True, exist_ok=True)
     (out / "modes.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -322,6 +349,11 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         if lf:
             entry["lastfm_ratio_nonprivate"] = summarize([v / random_reward for v in values(row.name, math.inf,
                                                                                             "lastfm")])[0]
+        local = [r for r in results if r.job.row == row.name and r.local is not None and r.job.dataset == "lastfm"]
+        if local:  # per epsilon, mean over the LastFM runs
+            for key in ("applied_fraction", "batches", "noise_std"):
+                entry[f"lastfm_{key}"] = [_num(summarize([r.local[key] for r in local if r.job.epsilon == e
+                                                          and r.local is not None])[0]) for e in cfg.epsilons]
         if row.federated:
             costs = [r.bytes_per_site_per_tick for r in results
                      if r.job.row == row.name and r.bytes_per_site_per_tick is not None and r.job.dataset == "synthetic"]
@@ -337,10 +369,13 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         "seconds": round(seconds, 1),
         "machine": machine_info(),
     }
+    if lf and _CTX.get("lastfm_untrained"):
+        doc["lastfm_untrained_ratio"] = summarize([v / random_reward for v in _CTX["lastfm_untrained"]])[0]
     scaling = [r for r in results if r.job.dataset.startswith("scaling")]
     if scaling:
         sc: dict[str, Any] = {"n_users": list(cfg.scaling_users), "global_added": [], "local_added": [],
-                              "ratio": [], "local_minus_global": [], "epsilon": 2.0}
+                              "ratio": [], "local_minus_global": [], "nonprivate_regret": [], "global_regret": [],
+                              "local_regret": [], "epsilon": 2.0}
         for n_users in cfg.scaling_users:
             def mean(row: str, eps: float, n_users: int = n_users) -> float:
                 return summarize([r.value for r in scaling if r.job.row == row and r.job.epsilon == eps
@@ -351,6 +386,9 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
             sc["local_added"].append(loc)
             sc["ratio"].append(loc / g if g > 0 else None)
             sc["local_minus_global"].append(mean("local-tree", 2.0) - mean("global", 2.0))
+            sc["nonprivate_regret"].append(base)
+            sc["global_regret"].append(mean("global", 2.0))
+            sc["local_regret"].append(mean("local-tree", 2.0))
         doc_scaling = sc
     else:
         doc_scaling = None
@@ -365,11 +403,17 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         doc["scaling"] = doc_scaling
     if "local-shuffle" in modes and 2.0 in cfg.epsilons and lf:
         i = list(cfg.epsilons).index(2.0)
-        got = modes["local-shuffle"]["lastfm_ratio"][i]
+        sh = modes["local-shuffle"]
+        got = sh["lastfm_ratio"][i]
+        untrained = doc.get("lastfm_untrained_ratio")
         doc["local_target"] = {"what": "local mode with shuffling: LastFM ratio at central epsilon = 2 at least the "
                                        "papers' global system at epsilon = 2 (0.79, README)",
                                "reached": got, "papers_global": 0.79,
-                               "met": bool(isinstance(got, float) and not math.isnan(got) and got >= 0.79)}
+                               "met": bool(isinstance(got, float) and not math.isnan(got) and got >= 0.79),
+                               "untrained_ratio": untrained,
+                               "applied_fraction": (sh.get("lastfm_applied_fraction") or [None] * (i + 1))[i],
+                               "batches": (sh.get("lastfm_batches") or [None] * (i + 1))[i],
+                               "shuffle_batch": cfg.shuffle_batch}
     return doc
 
 
@@ -414,10 +458,28 @@ def _markdown(doc: dict[str, Any]) -> str:
     if t:
         lines += ["", f"Target — {t['what']}: star {_fmt(t['star_added'])} vs global {_fmt(t['global_added'])}, "
                       f"ratio {_fmt(t['ratio'], 2)}: **{'met' if t['met'] else 'missed'}**."]
+    if doc.get("lastfm_untrained_ratio") is not None:
+        lines += ["", f"A LinUCB per unit whose server never refreshes (no statistics ever arrive) reaches "
+                      f"{_fmt(doc['lastfm_untrained_ratio'], 2)} on the same events: a cell near it learned "
+                      f"nothing usable."]
+    local_rows = {n: m for n, m in doc["modes"].items() if m.get("lastfm_applied_fraction")}
+    if local_rows:
+        lines += ["", "Local rows on LastFM: share of the reports in the server's sums at the end (shuffled reports "
+                      "count only in completed batches of distinct users of one unit) / batches completed / public "
+                      "noise std of the sums", "",
+                  "| mode | " + " | ".join(f"ε = {e:g}" for e in eps) + " |", "|---|" + "---|" * len(eps)]
+        for name, m in local_rows.items():
+            cells = [f"{_fmt(a, 2)} / {_fmt(b)} / {_fmt(s, 1)}" for a, b, s in
+                     zip(m["lastfm_applied_fraction"], m["lastfm_batches"], m["lastfm_noise_std"])]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lt = doc.get("local_target")
     if lt:
         lines += ["", f"Target — {lt['what']}: reached {_fmt(lt['reached'], 2)}: "
                       f"**{'met' if lt['met'] else 'missed'}**."]
+        if lt.get("untrained_ratio") is not None:
+            lines += [f"(Against the never-refreshed policy's {_fmt(lt['untrained_ratio'], 2)}: "
+                      f"{_fmt(lt.get('applied_fraction'), 2)} of the reports reached the sums in "
+                      f"{_fmt(lt.get('batches'))} batch(es) of {lt['shuffle_batch']}.)"]
     sc = doc.get("scaling")
     if sc:
         lines += ["", f"## Local against global as the users grow (synthetic, ε = {sc['epsilon']:g}, added regret "
@@ -426,8 +488,13 @@ def _markdown(doc: dict[str, Any]) -> str:
         for n_users, g, loc, r, diff in zip(sc["n_users"], sc["global_added"], sc["local_added"], sc["ratio"],
                                             sc["local_minus_global"]):
             lines.append(f"| {n_users} | {_fmt(g)} | {_fmt(loc)} | {_fmt(r, 2)} | {_fmt(diff)} |")
-        lines += ["", "(The collaborative paper claims the local mode's added regret is about √N times the global "
-                      "mode's.)"]
+        lines += ["", "Regret itself (non-private / global / local-tree): " + "; ".join(
+            f"N = {n_users}: {_fmt(b)} / {_fmt(g)} / {_fmt(loc)}" for n_users, b, g, loc in
+            zip(sc["n_users"], sc["nonprivate_regret"], sc["global_regret"], sc["local_regret"])) + ".",
+                  "", "(The collaborative paper claims the local mode's added regret is about √N times the global "
+                      "mode's. An added regret at or below zero means the noise-scaled ridge regularized better "
+                      "than the non-private twin's lambda: the ratio is then undefined, and local − global is "
+                      "the comparison left.)"]
     lines += ["", "`local-shuffle` has no synthetic row: there every user is a unit of their own, so no batch of "
                   "distinct users of one unit can form.", ""] if "local-shuffle" in doc["modes"] else []
     lines += ["", f"Machine yardstick: sum(range(1000)) = {doc['machine']['python_speed_us']} µs.", ""]
