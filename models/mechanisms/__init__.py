@@ -18,9 +18,10 @@ over a :class:`TreeState`, returns an event of :mod:`models.accounting` from eac
 from __future__ import annotations
 
 from .base import Mechanism, NoiseKind, TreeState, check_sensitivity, levels_for_horizon, noise_std
-from .factorization import BLTMechanism
+from .discrete import DiscreteTreeMechanism
+from .factorization import BLTMechanism, DiscreteBLTMechanism
 from .honaker import HonakerTreeMechanism
-from .registry import MECHANISMS, MechanismName, make_mechanism
+from .registry import MECHANISMS, MechanismName, Sampler, make_mechanism
 from .smooth import SmoothBinaryMechanism
 from .tree import BinaryTreeMechanism
 from .userspace import UserSpaceMechanism
@@ -29,10 +30,13 @@ __all__ = [
     "MECHANISMS",
     "BLTMechanism",
     "BinaryTreeMechanism",
+    "DiscreteBLTMechanism",
+    "DiscreteTreeMechanism",
     "HonakerTreeMechanism",
     "Mechanism",
     "MechanismName",
     "NoiseKind",
+    "Sampler",
     "SmoothBinaryMechanism",
     "TreeState",
     "UserSpaceMechanism",

@@ -14,6 +14,17 @@ Thm 14); a leaf touches ``h`` nodes: ``rho = h Delta'^2 / (2 sigma^2)``, convert
 The released sum is the sum of rounded increments: it is off the exact prefix by at most
 ``t gamma sqrt(d) / 2`` after ``t`` ticks (2e-5 at ``gamma = 2^-30``, 16,383 ticks, ``d = 25``).
 
+The node noise is ``gamma Z`` with ``Z ~ N_Z(0, s^2)``, ``s = ceil(sigma / gamma)`` (never less than the
+calibrated ``sigma``), drawn by :meth:`models.ground.noise.KeyedNoise.discrete_gaussian_integers`. Adaptive
+increments: per tick the rounded increment is a fixed function of the data given the history, so the zCDP
+bound composes adaptively (Bun & Steinke 2016), as for the float tree.
+
+Inputs: :meth:`step` rounds the caller's increment itself. :meth:`step_to` rounds ``prefix - state.prefix``,
+which equals the exact increment only when that float subtraction is exact (e.g. prefixes that are sums of grid
+values, or integers); otherwise float error in the caller's prefixes can move the rounding of *other* ticks too,
+which the sensitivity bound above does not cover (it would need ``|error| << gamma``, true unless an increment
+lies within an ulp of a grid midpoint).
+
 Cost: the exact sampler runs in Python on integers — see ``privrec bench noise``.
 """
 
@@ -21,14 +32,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from fractions import Fraction
 
 import numpy as np
 from numpy.typing import NDArray
 
 from models.accounting import DiscreteGaussianTreeEvent, DpEvent, NoNoiseEvent
 from models.accounting.conversions import check_delta, check_epsilon, rho_from_epsilon
-from models.ground.discrete import discrete_gaussian
+from models.ground.noise import check_grid, grid_units
 
 from .base import TreeState, check_sensitivity, levels_for_horizon, state_with_nodes
 from .tree import BinaryTreeMechanism
@@ -62,8 +72,8 @@ class DiscreteTreeMechanism(BinaryTreeMechanism):
         super().__init__(dim=dim, levels=levels, noise="gaussian", scale=scale, seed=seed, stream=stream, event=event)
         if not (grid > 0 and math.log2(grid).is_integer()):
             raise ValueError(f"`grid` must be a power of two, got {grid}.")
-        self.grid = float(grid)
-        self._sigma2 = Fraction(scale / grid) ** 2  # the discrete Gaussian's parameter, in grid units (exact)
+        self.grid = check_grid(grid)
+        self.units = grid_units(scale, self.grid)  # the discrete Gaussian's parameter in grid units: ceil(sigma/grid)
 
     @classmethod
     def calibrate(cls, *, dim: int, sensitivity: float, epsilon: float, delta: float, horizon: int,
@@ -77,6 +87,10 @@ class DiscreteTreeMechanism(BinaryTreeMechanism):
         nm = math.sqrt(h / (2.0 * rho_from_epsilon(eps, delta)))
         return cls(dim=dim, levels=h, scale=sens * nm, seed=seed, grid=grid, stream=stream,
                    event=DiscreteGaussianTreeEvent(nm, h, grid))
+
+    def node_variance(self) -> float:
+        """An upper bound on one node's per-coordinate variance: ``(grid ceil(sigma / grid))^2`` (CKS Prop. 16)."""
+        return (self.grid * self.units) ** 2
 
     def init_state(self) -> TreeState:
         z = np.zeros(self.dim)
@@ -94,12 +108,19 @@ class DiscreteTreeMechanism(BinaryTreeMechanism):
         out: FloatArray = state.carry + state.nodes[:-1].sum(axis=0)
         return out
 
+    def step(self, state: TreeState, increment: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
+        """Add one tick's increment, rounded to the grid as given (the form the privacy proof covers)."""
+        inc = self._check_vector(increment, "increment")
+        return self._advance(state, state.prefix + inc, inc)
+
     def step_to(self, state: TreeState, prefix: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
         prefix = self._check_vector(prefix, "prefix")
+        return self._advance(state, prefix, prefix - state.prefix)
+
+    def _advance(self, state: TreeState, prefix: FloatArray, inc: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
         if state.step >= self.capacity:
             state = self.reset_state(state)
         t = state.step + 1
-        inc = prefix - state.prefix
         rounded = inc if self.scale == 0 else self.grid * np.round(inc / self.grid)  # noise off: nothing to harden
         nodes = state.nodes.copy()
         nodes[:-1] = self._advance_nodes(replace(state, nodes=state.nodes[:-1]), t)
@@ -110,5 +131,5 @@ class DiscreteTreeMechanism(BinaryTreeMechanism):
     def _draw(self, epoch: int, level: int, index: int) -> FloatArray:
         if self.scale == 0:
             return np.zeros(self.dim)
-        g = self._source.generator(epoch=epoch, level=level, index=index)
-        return self.grid * np.array([discrete_gaussian(self._sigma2, g) for _ in range(self.dim)], dtype=np.float64)
+        return self._source.discrete_gaussian(self.scale, (self.dim,), epoch=epoch, level=level, index=index,
+                                              gamma=self.grid)

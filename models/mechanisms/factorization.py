@@ -67,13 +67,15 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from models.accounting import DpEvent, FactorizationEvent, NoNoiseEvent, check_delta, check_epsilon, gdp_mu, rho_from_epsilon
-from models.ground.noise import KeyedNoise
+from models.accounting import (DiscreteGaussianTreeEvent, DpEvent, FactorizationEvent, NoNoiseEvent, check_delta,
+                               check_epsilon, gdp_mu, rho_from_epsilon)
+from models.ground.noise import KeyedNoise, check_grid, default_grid, grid_units
 
 from .base import TreeState, check_sensitivity
 
 __all__ = [
     "BLTMechanism",
+    "DiscreteBLTMechanism",
     "BLT_TABLE",
     "blt_parameters",
     "blt_coefficients",
@@ -535,6 +537,150 @@ class BLTMechanism:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(dim={self.dim}, capacity={self.capacity}, buffers={self.buffers}, "
                 f"scale={self.scale:.6g}, event={self._event})")
+
+
+class DiscreteBLTMechanism(BLTMechanism):
+    """BLT with exact discrete Gaussian noise on a grid: the released vector is a function of grid values only.
+
+    The float BLT releases ``prefix + B z``, which equals ``B (C x + z)`` only up to floating-point rounding
+    that mixes the data with the noise. Here the Gaussian mechanism ``C x + z`` is run on the grid and ``B`` is
+    applied to its output, so every release is a (deterministic, floating-point) post-processing of
+
+        y_t = Q(u_t) + gamma Z_t,   u = C x = B^{-1} (epoch prefix),   Q(v) = gamma round(v / gamma),
+
+    with ``Z_t ~ N_Z(0, s^2)`` i.i.d. per coordinate, ``s = ceil(sigma / gamma)``, drawn from the keyed Philox of
+    address ``(epoch, 0, t)`` with integers only (:meth:`~models.ground.noise.KeyedNoise.discrete_gaussian_integers`).
+    ``u`` is computed by the same buffer recursion as ``B`` (``u_t = q_t - sum_j w_j S^u_j``), the release by
+    ``release_t = base + y_t + sum_j w_j S^y_j`` (``base``: the last release of the closed epochs).
+
+    Privacy (event-level, replace-one, L2 sensitivity ``Delta``, adaptive increments): one increment at tick
+    ``j`` moves ``u_t`` by ``c_{t-j} (x_j - x'_j)`` for ``t >= j`` in its epoch and nothing else; rounding moves
+    each changed coordinate by at most ``gamma`` more, so ``||Q(u) - Q(u')||_2 <= ||c||_2 Delta + gamma sqrt(d n)``
+    (Minkowski over the ``<= d n`` changed coordinates; ``n`` = ticks per epoch). In grid units ``Q(u) / gamma`` is
+    an integer vector; the discrete Gaussian of parameter ``s >= sigma / gamma`` on it is
+    ``rho = (||c|| Delta + gamma sqrt(d n))^2 / (2 sigma^2)``-zCDP (Canonne, Kamath & Steinke 2020, Thm 14;
+    per-tick bounds compose adaptively). Event: ``DiscreteGaussianTreeEvent(sigma / Delta', 1, gamma)`` with
+    ``Delta' = ||c|| Delta + gamma sqrt(d n)`` (one "node" carrying the whole inflated sensitivity: the
+    accountants' ``rho = 1 / (2 nm^2)`` is exactly the bound above).
+
+    State: ``nodes`` has ``3 + 2 m`` rows: ``B y`` of the last release in this epoch, ``base``, the epoch's
+    prefix ``q``, the ``m`` buffers of ``u``, the ``m`` buffers of ``y``. ``noise(state)`` is
+    ``release - prefix`` (floating point; for the variance bookkeeping only).
+
+    >>> m = DiscreteBLTMechanism.calibrate(dim=3, sensitivity=1.0, epsilon=2.0, delta=1e-5, horizon=100, seed=1)
+    >>> s = m.init_state()
+    >>> r, s, _ = m.step(s, np.array([0.3, -0.7, 0.5]))
+    >>> bool(np.abs(r - [0.3, -0.7, 0.5]).max() < 10 * m.scale)
+    True
+    """
+
+    name = "discrete-blt"
+
+    def __init__(self, *, dim: int, capacity: int, theta: FloatArray, w: FloatArray, scale: float, seed: int | None,
+                 grid: float, stream: int = 0, event: DpEvent | None = None) -> None:
+        g = check_grid(grid)
+        units = grid_units(scale, g)
+        if event is None:  # uncalibrated: relative to a unit sensitivity, as BLTMechanism's default event
+            inflated = blt_column_norm(theta, w, int(capacity)) + g * math.sqrt(int(dim) * int(capacity))
+            event = NoNoiseEvent() if scale == 0 else DiscreteGaussianTreeEvent(float(scale) / inflated, 1, g)
+        super().__init__(dim=dim, capacity=capacity, theta=theta, w=w, scale=g * units, seed=seed, stream=stream,
+                         event=event)
+        self.grid = g
+        self.units = units
+        self.sigma = float(scale)  # the calibrated sigma; the noise's parameter is grid * units >= sigma
+
+    @classmethod
+    def calibrate(cls, *, dim: int, sensitivity: float, epsilon: float, delta: float, horizon: int,
+                  seed: int | None, stream: int = 0, grid: float | None = None,
+                  buffers: int = 4) -> DiscreteBLTMechanism:
+        """``(epsilon, delta)``-DP through zCDP for the rounded ``C x`` (see the class docstring).
+
+        ``sigma = Delta' / sqrt(2 rho)``, ``Delta' = ||c|| Delta + grid sqrt(dim horizon)``, ``rho`` from
+        :func:`~models.accounting.rho_from_epsilon`; ``grid`` defaults to
+        :func:`~models.ground.noise.default_grid` of ``Delta``.
+        """
+        eps, d2 = check_epsilon(epsilon), check_sensitivity(sensitivity)
+        check_delta(delta)
+        n = _check_n(horizon)
+        g = default_grid(d2) if grid is None else check_grid(grid)
+        theta, w = blt_parameters(n, buffers)
+        if math.isinf(eps):
+            return cls(dim=dim, capacity=n, theta=theta, w=w, scale=0.0, seed=seed, grid=g, stream=stream)
+        inflated = blt_column_norm(theta, w, n) * d2 + g * math.sqrt(int(dim) * n)
+        sigma = inflated / math.sqrt(2.0 * rho_from_epsilon(eps, delta))
+        return cls(dim=dim, capacity=n, theta=theta, w=w, scale=sigma, seed=seed, grid=g, stream=stream,
+                   event=DiscreteGaussianTreeEvent(sigma / inflated, 1, g))
+
+    @property
+    def noise_multiplier(self) -> float:
+        """``sigma / Delta'`` of the calibration, ``Delta'`` the rounded query's sensitivity (``0`` without noise)."""
+        return float(getattr(self._event, "noise_multiplier", 0.0))
+
+    def init_state(self) -> TreeState:
+        z = np.zeros(self.dim)
+        return TreeState(step=0, epoch=0, prefix=z, carry=z.copy(),
+                         nodes=np.zeros((3 + 2 * self.buffers, self.dim)))
+
+    def reset_state(self, state: TreeState) -> TreeState:
+        """Close the epoch: its last release becomes ``base``; the buffers and the epoch prefix restart."""
+        nodes = np.zeros_like(state.nodes)
+        nodes[1] = state.nodes[1] + state.nodes[0]
+        return replace(state, step=0, epoch=state.epoch + 1, carry=self.noise(state), nodes=nodes)
+
+    def state_from_mapping(self, mapping: dict[str, bytes] | dict[bytes, bytes]) -> TreeState:
+        state = TreeState.from_mapping(mapping)
+        shape = (3 + 2 * self.buffers, self.dim)
+        if state.nodes.shape != shape:
+            raise ValueError(f"state has nodes of shape {state.nodes.shape}, expected {shape}.")
+        return state
+
+    def noise(self, state: TreeState) -> FloatArray:
+        """``release - prefix`` of the last release (zeros without noise)."""
+        if self.scale == 0:
+            return np.zeros(self.dim)
+        out: FloatArray = state.nodes[1] + state.nodes[0] - state.prefix
+        return out
+
+    def step(self, state: TreeState, increment: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
+        """Add one tick's increment (used as given for ``u``); return ``(release, new_state, event)``."""
+        inc = self._check_vector(increment, "increment")
+        return self._advance(state, state.prefix + inc, inc)
+
+    def step_to(self, state: TreeState, prefix: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
+        """Advance one tick whose exact running sum is ``prefix`` (increment ``prefix - state.prefix``)."""
+        prefix = self._check_vector(prefix, "prefix")
+        return self._advance(state, prefix, prefix - state.prefix)
+
+    def _advance(self, state: TreeState, prefix: FloatArray, inc: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
+        if state.step >= self.capacity:
+            state = self.reset_state(state)
+        t = state.step + 1
+        if self.scale == 0:  # noise off: nothing to harden, the exact prefix
+            new = TreeState(step=t, epoch=state.epoch, prefix=prefix, carry=state.carry, nodes=state.nodes)
+            if t >= self.capacity:
+                new = self.reset_state(new)
+            return prefix, new, self._event
+        m, g = self.buffers, self.grid
+        old = state.nodes
+        nodes = np.empty_like(old)
+        q = old[2] + inc
+        u = q.copy()
+        for j in range(m):  # u = B^{-1} q, an explicit loop: the same float operations everywhere
+            u -= self.w[j] * old[3 + j]
+        z = self._source.discrete_gaussian_integers(self.scale, (self.dim,), epoch=state.epoch, level=0, index=t,
+                                                    gamma=g)
+        y = (np.round(u / g) + z.astype(np.float64)) * g  # integers below 2**53 times a power of two: exact
+        by = y.copy()
+        for j in range(m):
+            by += self.w[j] * old[3 + m + j]
+            nodes[3 + j] = self.theta[j] * old[3 + j] + u
+            nodes[3 + m + j] = self.theta[j] * old[3 + m + j] + y
+        nodes[0], nodes[1], nodes[2] = by, old[1], q
+        new = TreeState(step=t, epoch=state.epoch, prefix=prefix, carry=state.carry, nodes=nodes)
+        release: FloatArray = old[1] + by
+        if t >= self.capacity:
+            new = self.reset_state(new)
+        return release, new, self._event
 
 
 def _fit_table(max_p: int = 24, buffers: int = 4) -> dict[int, tuple[tuple[float, ...], tuple[float, ...]]]:

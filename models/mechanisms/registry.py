@@ -11,15 +11,17 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from models.ground.noise import SAMPLERS, Sampler, check_grid, default_grid
+
 from .base import Mechanism
-from .discrete import DiscreteTreeMechanism
-from .factorization import BLTMechanism
+from .discrete import DEFAULT_GRID, DiscreteTreeMechanism
+from .factorization import BLTMechanism, DiscreteBLTMechanism
 from .honaker import HonakerTreeMechanism
 from .smooth import SmoothBinaryMechanism
 from .tree import BinaryTreeMechanism
 from .userspace import UserSpaceMechanism
 
-__all__ = ["MECHANISMS", "MechanismName", "make_mechanism"]
+__all__ = ["MECHANISMS", "MechanismName", "DISCRETE_SAMPLER_MECHANISMS", "Sampler", "make_mechanism"]
 
 MechanismName = Literal["paper", "laplace-l1", "gaussian-zcdp", "gaussian-exact", "discrete-zcdp", "honaker-paper",
                         "honaker-zcdp",
@@ -50,6 +52,11 @@ MECHANISMS: dict[str, str] = {
 }
 
 
+#: Names that take ``sampler="discrete"`` (exact discrete Gaussian noise on a grid, accounted in zCDP).
+DISCRETE_SAMPLER_MECHANISMS: tuple[str, ...] = ("gaussian-zcdp", "gaussian-exact", "discrete-zcdp", "blt-zcdp",
+                                                "blt-exact")
+
+
 def make_mechanism(
     name: str,
     *,
@@ -63,6 +70,8 @@ def make_mechanism(
     sensitivity_l1: float | None = None,
     mixing: NDArray[np.float64] | None = None,
     block_dim: int | None = None,
+    sampler: Sampler = "float",
+    grid: float | None = None,
 ) -> Mechanism:
     """Build a calibrated mechanism by name (see :data:`MECHANISMS`).
 
@@ -73,7 +82,33 @@ def make_mechanism(
     one block): their inner mechanism runs on the stacked user statistics
     with sensitivity ``sensitivity / max_u ||V[:, u]||_2`` (``= Lx`` when
     ``sensitivity = Lx max_u ||V[:, u]||_2``, as the policies compute it).
+
+    ``sampler="discrete"`` (issue 12, hardened noise) draws exact discrete Gaussian noise on the grid
+    ``grid`` (a power of two; default :func:`~models.ground.noise.default_grid` of the sensitivity,
+    ``2**-30 Delta``) with integer arithmetic from the same keyed Philox words, over a statistic rounded to
+    the grid: no floating-point artefacts. Supported for :data:`DISCRETE_SAMPLER_MECHANISMS`: the tree names
+    build a :class:`DiscreteTreeMechanism`, the BLT names a :class:`DiscreteBLTMechanism`. Both are
+    calibrated and accounted in **zCDP** for the rounded statistic's sensitivity whatever the name's suffix
+    (the discrete Gaussian's privacy loss is not Gaussian, so the ``-exact`` Gaussian-DP calibration is no
+    proof for it); the default ``"float"`` is unchanged.
     """
+    if sampler not in SAMPLERS:
+        raise ValueError(f"`sampler` must be one of {list(SAMPLERS)}, got {sampler!r}.")
+    if grid is not None:
+        check_grid(grid)
+        if sampler != "discrete" and name != "discrete-zcdp":
+            raise ValueError("`grid` applies to sampler='discrete' (or the 'discrete-zcdp' mechanism) only.")
+    if sampler == "discrete" and name in MECHANISMS:
+        if name not in DISCRETE_SAMPLER_MECHANISMS:
+            raise ValueError(f"sampler='discrete' is supported for {list(DISCRETE_SAMPLER_MECHANISMS)}, not {name!r}"
+                             + (": the user-space wrapper re-adds the mixed noise to the exact statistic in floating "
+                                "point" if name.startswith("user-") else "") + ".")
+        if name.startswith("blt-"):
+            return DiscreteBLTMechanism.calibrate(dim=dim, sensitivity=sensitivity, epsilon=epsilon, delta=delta,
+                                                  horizon=horizon, seed=seed, stream=stream, grid=grid)
+        g = grid if grid is not None else (DEFAULT_GRID if name == "discrete-zcdp" else default_grid(sensitivity))
+        return DiscreteTreeMechanism.calibrate(dim=dim, sensitivity=sensitivity, epsilon=epsilon, delta=delta,
+                                               horizon=horizon, seed=seed, stream=stream, grid=g)
     if name.startswith("user-") and name in MECHANISMS:
         V = np.eye(1) if mixing is None else np.asarray(mixing, dtype=np.float64)
         bd = int(dim) if mixing is None else int(block_dim or 0)
@@ -83,6 +118,9 @@ def make_mechanism(
         inner = make_mechanism(name[len("user-"):], dim=dim, sensitivity=float(sensitivity) / col, epsilon=epsilon,
                                delta=delta, horizon=horizon, seed=seed, stream=stream, sensitivity_l1=sensitivity_l1)
         return UserSpaceMechanism(inner, mixing=V, block_dim=bd)
+    if name == "discrete-zcdp" and grid is not None:
+        return DiscreteTreeMechanism.calibrate(dim=dim, sensitivity=sensitivity, epsilon=epsilon, delta=delta,
+                                               horizon=horizon, seed=seed, stream=stream, grid=grid)
     if name in _EXTRA_FACTORIES:
         return _EXTRA_FACTORIES[name](dim=dim, sensitivity=sensitivity, epsilon=epsilon, delta=delta,
                                       horizon=horizon, seed=seed, stream=stream)
