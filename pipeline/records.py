@@ -174,7 +174,7 @@ def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
     for i, raw in enumerate(raws):
         try:
             obj: Any = _loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: nesting too deep
             dead.append((i, f"not JSON: {exc}"))
             continue
         try:

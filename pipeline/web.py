@@ -68,6 +68,15 @@ def _error(status: int, parameter: str | None, message: str) -> web.Response:
     return web.json_response({"error": {"parameter": parameter, "message": message}}, status=status)
 
 
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8 (a JSON body may hold a lone surrogate, ``"\\ud800"``; no Redis key can)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class _Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -265,7 +274,7 @@ async def feedback(request: web.Request) -> web.Response:
         return refused
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, a 5,000-digit integer, nesting too deep
         return _error(400, "body", "must be a JSON object {\"rec_id\", \"item\", \"reward\"}")
     if not isinstance(body, dict):
         return _error(400, "body", "must be a JSON object {\"rec_id\", \"item\", \"reward\"}")
@@ -273,7 +282,7 @@ async def feedback(request: web.Request) -> web.Response:
         if f not in body:
             return _error(400, f, "is required")
     rec_id, item, reward = body["rec_id"], body["item"], body["reward"]
-    if not isinstance(rec_id, str) or not rec_id:
+    if not isinstance(rec_id, str) or not rec_id or not _utf8(rec_id):
         return _error(400, "rec_id", "must be the rec_id string of a /recommend response")
     if not isinstance(item, str) or not item:
         return _error(400, "item", "must be an item id string")
@@ -330,7 +339,7 @@ async def listen(request: web.Request) -> web.Response:
         return refused
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, a 5,000-digit integer, nesting too deep
         return _error(400, "body", "must be a JSON object {\"user\", \"item\"[, \"reward\"]}")
     if not isinstance(body, dict):
         return _error(400, "body", "must be a JSON object {\"user\", \"item\"[, \"reward\"]}")

@@ -76,6 +76,10 @@ def _string(body: dict[str, Any], key: str, limit: int = 200) -> str:
     v = body.get(key)
     if not isinstance(v, str) or not v or len(v) > limit:
         raise ReportError(key, f"must be a non-empty string of at most {limit} characters, got {v!r:.60}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in the JSON): no key, topic or reply can carry it
+        raise ReportError(key, f"must be valid Unicode text (no lone surrogates), got {v!r:.60}") from None
     return v
 
 
@@ -89,7 +93,7 @@ def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | 
     else:
         try:
             body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
             raise ReportError("body", f"not JSON ({e})") from None
     if not isinstance(body, dict):
         raise ReportError("body", f"must be a JSON object, got {type(body).__name__}")
@@ -119,7 +123,10 @@ def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | 
                                f"{('a list of ' + str(len(vec))) if isinstance(vec, list) else type(vec).__name__}")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vec):
         raise ReportError(key, "must hold numbers only")
-    arr = np.asarray(vec, dtype=np.float64)
+    try:
+        arr = np.asarray(vec, dtype=np.float64)
+    except OverflowError:  # a JSON integer too large for a float
+        raise ReportError(key, f"holds a value beyond +-{MAX_ABS:g}") from None
     if not np.isfinite(arr).all():
         raise ReportError(key, "holds a value that is not finite (NaN or infinity)")
     if np.abs(arr).max(initial=0.0) > MAX_ABS:

@@ -68,7 +68,7 @@ class ShuffledBatch:
         """Parse a batch; ``ValueError`` naming what is wrong."""
         try:
             body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
             raise ValueError(f"batch: not JSON ({e})") from None
         if not isinstance(body, dict) or body.get("schema") != BATCH_SCHEMA:
             raise ValueError(f"batch: must be a JSON object with schema {BATCH_SCHEMA!r}")
@@ -84,13 +84,20 @@ class ShuffledBatch:
         if not all(isinstance(row, list) and len(row) == d and all(isinstance(v, (int, float)) and
                                                                     not isinstance(v, bool) for v in row) for row in m):
             raise ValueError(f"batch: m must be {len(m)} lists of {d} numbers")
-        arr = np.asarray(m, dtype=np.float64)
+        try:
+            arr = np.asarray(m, dtype=np.float64)
+        except OverflowError:  # a JSON integer too large for a float
+            raise ValueError(f"batch: m must be {len(m)} finite vectors of length {d}") from None
         if not np.isfinite(arr).all():
             raise ValueError(f"batch: m must be {len(m)} finite vectors of length {d}")
         eps, delta = body.get("epsilon", 0.0), body.get("delta", 0.0)
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (eps, delta)):
             raise ValueError("batch: epsilon and delta must be numbers")
-        return cls(unit, seq, list(items), arr.tolist(), float(eps), float(delta), str(body.get("bound", "")))
+        try:
+            eps, delta = float(eps), float(delta)
+        except OverflowError:  # a JSON integer too large for a float
+            raise ValueError("batch: epsilon and delta must be numbers a float can hold") from None
+        return cls(unit, seq, list(items), arr.tolist(), eps, delta, str(body.get("bound", "")))
 
 
 @dataclass
