@@ -30,69 +30,35 @@ __all__ = ["randbelow", "bernoulli", "bernoulli_exp", "discrete_laplace", "discr
 
 
 def randbelow(n: int, rng: np.random.Generator) -> int:
-    """A uniform integer in ``[0, n)`` of any size: random 32-bit words joined, rejected if ``>= n``."""
-    if n < 1:
-        raise ValueError(f"`n` must be positive, got {n}.")
-    k = (n - 1).bit_length()
-    if k == 0:
-        return 0
-    words = (k + 31) // 32
-    while True:
-        x = 0
-        for w in rng.integers(0, 1 << 32, size=words, dtype=np.uint64):
-            x = (x << 32) | int(w)
-        x >>= words * 32 - k
-        if x < n:
-            return x
+    """A uniform integer in ``[0, n)`` of any size (:meth:`RandomWords.below` on ``rng``'s words)."""
+    return RandomWords(rng).below(n)
 
 
 def bernoulli(p: Fraction, rng: np.random.Generator) -> bool:
-    """``True`` with probability ``p`` (a rational in [0, 1]), from one uniform integer."""
+    """``True`` with probability ``p`` (a rational in [0, 1]) (:meth:`RandomWords.bernoulli`)."""
     if not 0 <= p <= 1:
         raise ValueError(f"`p` must be in [0, 1], got {p}.")
-    return randbelow(p.denominator, rng) < p.numerator
+    return RandomWords(rng).bernoulli(p.numerator, p.denominator)
 
 
 def bernoulli_exp(gamma: Fraction, rng: np.random.Generator) -> bool:
-    """``True`` with probability ``exp(-gamma)``, ``gamma >= 0`` rational (CKS Alg. 1)."""
+    """``True`` with probability ``exp(-gamma)``, ``gamma >= 0`` rational (CKS Alg. 1; :meth:`RandomWords.bernoulli_exp`)."""
     if gamma < 0:
         raise ValueError(f"`gamma` must be non-negative, got {gamma}.")
-    while gamma > 1:  # exp(-gamma) = exp(-1)^floor(gamma) * exp(-(gamma - floor(gamma)))
-        if not bernoulli_exp(Fraction(1), rng):
-            return False
-        gamma -= 1
-    k = 1
-    while bernoulli(gamma / k, rng):
-        k += 1
-    return k % 2 == 1
+    return RandomWords(rng).bernoulli_exp(gamma.numerator, gamma.denominator)
 
 
 def discrete_laplace(t: int, rng: np.random.Generator) -> int:
-    """``P[x] ∝ exp(-|x| / t)`` on the integers, ``t >= 1`` (CKS Alg. 2)."""
-    while True:
-        u = randbelow(t, rng)
-        if not bernoulli_exp(Fraction(u, t), rng):
-            continue
-        v = 0
-        while bernoulli_exp(Fraction(1), rng):
-            v += 1
-        y = u + t * v
-        negative = bernoulli(Fraction(1, 2), rng)
-        if negative and y == 0:
-            continue
-        return -y if negative else y
+    """``P[x] ∝ exp(-|x| / t)`` on the integers, ``t >= 1`` (CKS Alg. 2; :meth:`RandomWords.discrete_laplace`)."""
+    return RandomWords(rng).discrete_laplace(t)
 
 
 def discrete_gaussian(sigma2: Fraction, rng: np.random.Generator) -> int:
-    """``P[x] ∝ exp(-x^2 / (2 sigma2))`` on the integers, ``sigma2 > 0`` rational (CKS Alg. 3)."""
+    """``P[x] ∝ exp(-x^2 / (2 sigma2))`` on the integers, ``sigma2 > 0`` rational (CKS Alg. 3;
+    :meth:`RandomWords.discrete_gaussian`)."""
     if sigma2 <= 0:
         raise ValueError(f"`sigma2` must be positive, got {sigma2}.")
-    t = math.isqrt(sigma2.numerator // sigma2.denominator) + 1
-    while True:
-        y = discrete_laplace(t, rng)
-        gamma = (abs(y) - sigma2 / t) ** 2 / (2 * sigma2)
-        if bernoulli_exp(gamma, rng):
-            return y
+    return RandomWords(rng).discrete_gaussian(sigma2)
 
 
 class RandomWords:
