@@ -37,8 +37,8 @@ import numpy as np
 import redis
 
 from models.accounting import NoNoiseEvent, event_to_dict
-from models.local import LocalConfig, LocalReport, ReportError, StaleReport, parse_report
-from models.local.aggregate import clip_context, unit_noise_std
+from models.local import LocalConfig, ReportError, StaleReport, parse_report
+from models.local.aggregate import add_report, check_version, clip_context, unit_noise_std
 from models.local.shuffle import ShuffledBatch, Shuffler
 from models.streaming import ReleasedStats, UnitStats
 
@@ -190,14 +190,11 @@ class ReportIngestProcessor(_LocalIngestBase):
                 rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
                 unit = self.catalog.unit_of(rep.user)
                 x = self.context(rep.item)
-                prev = new.latest.get(rep.user)
-                if prev is not None and rep.version <= prev[0]:
-                    raise StaleReport(f"stale or repeated version {rep.version} of user {rep.user!r} "
-                                      f"(latest {prev[0]})")
+                check_version(new.latest, rep)
             except (ReportError, StaleReport, UnknownUserError, UnknownArmError) as e:
                 dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
                 continue
-            _apply(new, cfg, rep, unit, x)
+            add_report(cfg, new.stats.gram, new.stats.b, new.stats.count, new.var, new.latest, rep, unit, x)
             units.add(unit)
             users[rep.user] += 1
         batch = PreparedBatch(partition, shard.offset, next_offset, new.stats, np.array(sorted(units), dtype=np.int64),
@@ -206,22 +203,6 @@ class ReportIngestProcessor(_LocalIngestBase):
         batch.touched_units = units  # type: ignore[attr-defined]
         batch.touched_users = set(users)  # type: ignore[attr-defined]
         return batch
-
-
-def _apply(shard: _Shard, cfg: LocalConfig, rep: LocalReport, unit: int, x: np.ndarray) -> None:
-    """One report into a shard (the same arithmetic as :meth:`models.local.LocalAggregate.apply`)."""
-    prev = shard.latest.get(rep.user)
-    shard.stats.gram[unit] += np.outer(x, x)
-    shard.stats.count[unit] += 1
-    if cfg.algorithm == "tree":
-        old_v, old_b = (0, None) if prev is None else prev
-        shard.stats.b[unit] += rep.vector if old_b is None else rep.vector - old_b
-        shard.var[unit] += cfg.report_variance(rep.version) - cfg.report_variance(old_v)
-        shard.latest[rep.user] = (rep.version, rep.vector.copy())
-    else:
-        shard.stats.b[unit] += rep.vector
-        shard.var[unit] += cfg.report_variance(rep.version)
-        shard.latest[rep.user] = (rep.version, None)
 
 
 class BatchIngestProcessor(_LocalIngestBase):

@@ -38,7 +38,7 @@ from .config import LocalConfig
 from .reports import LocalReport
 from .shuffle import ShuffledBatch
 
-__all__ = ["LocalAggregate", "StaleReport", "clip_context", "unit_noise_std"]
+__all__ = ["LocalAggregate", "StaleReport", "add_report", "check_version", "clip_context", "unit_noise_std"]
 
 FloatArray = NDArray[np.float64]
 
@@ -60,6 +60,35 @@ def unit_noise_std(var: FloatArray, V: FloatArray | None = None) -> float:
     if V is not None:
         v = (np.asarray(V, dtype=np.float64) ** 2) @ v
     return float(np.sqrt(max(float(v.max(initial=0.0)), 0.0)))
+
+
+def check_version(latest: dict[str, tuple[int, FloatArray | None]], report: LocalReport) -> None:
+    """Raise :class:`StaleReport` unless ``report``'s version is above the user's latest in ``latest``."""
+    prev = latest.get(report.user)
+    if prev is not None and report.version <= prev[0]:
+        raise StaleReport(f"stale or repeated version {report.version} of user {report.user!r} (latest {prev[0]})")
+
+
+def add_report(config: LocalConfig, gram: FloatArray, b: FloatArray, count: NDArray[np.int64], var: FloatArray,
+               latest: dict[str, tuple[int, FloatArray | None]], report: LocalReport, unit: int,
+               x: FloatArray) -> None:
+    """Add one (already checked) report to per-unit sums in place; ``x`` is the clipped public context.
+
+    ``tree``: the user's new noisy running sum replaces their previous one (the unit's sum moves by the
+    difference); ``round``: every report adds. ``var`` tracks the public noise variance of each unit's sum.
+    """
+    prev = latest.get(report.user)
+    gram[unit] += np.outer(x, x)
+    count[unit] += 1
+    if config.algorithm == "tree":
+        old_v, old_b = (0, None) if prev is None else prev
+        b[unit] += report.vector if old_b is None else report.vector - old_b
+        var[unit] += config.report_variance(report.version) - config.report_variance(old_v)
+        latest[report.user] = (report.version, report.vector.copy())
+    else:
+        b[unit] += report.vector
+        var[unit] += config.report_variance(report.version)
+        latest[report.user] = (report.version, None)
 
 
 @dataclass
@@ -84,28 +113,12 @@ class LocalAggregate:
 
     def check(self, report: LocalReport) -> None:
         """Raise :class:`StaleReport` unless ``report`` is newer than the user's latest."""
-        prev = self.latest.get(report.user)
-        if prev is not None and report.version <= prev[0]:
-            raise StaleReport(f"stale or repeated version {report.version} of user {report.user!r} "
-                              f"(latest {prev[0]})")
+        check_version(self.latest, report)
 
     def apply(self, report: LocalReport, *, unit: int, x: FloatArray) -> None:
         """Count one report of a user of ``unit`` on an item with context ``x`` (public)."""
         self.check(report)
-        cfg = self.config
-        x = clip_context(x)
-        prev = self.latest.get(report.user)
-        self.gram[unit] += np.outer(x, x)
-        self.count[unit] += 1
-        if cfg.algorithm == "tree":
-            old_v, old_b = (0, None) if prev is None else prev
-            self.b[unit] += report.vector if old_b is None else report.vector - old_b
-            self.var[unit] += cfg.report_variance(report.version) - cfg.report_variance(old_v)
-            self.latest[report.user] = (report.version, report.vector.copy())
-        else:
-            self.b[unit] += report.vector
-            self.var[unit] += cfg.report_variance(report.version)
-            self.latest[report.user] = (report.version, None)
+        add_report(self.config, self.gram, self.b, self.count, self.var, self.latest, report, unit, clip_context(x))
 
     def apply_batch(self, batch: ShuffledBatch, contexts: FloatArray) -> None:
         """Count one shuffled batch (``contexts``: the batch's items' contexts, in any order)."""
