@@ -290,3 +290,12 @@ def released_events(redis_url: str, namespace: str) -> int:
         return int(client.hget(f"{namespace}:released:{{{namespace}:rel}}:stats", "count") or 0)
     finally:
         client.close()
+
+
+def alive(pid: int) -> bool:
+    """A live process (a zombie counts as gone: PID 1 here does not reap orphans)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"

@@ -22,7 +22,7 @@ import pytest
 
 from pipeline import services
 
-from pipeline_support import produce_synthetic as produce, released_events, wait_for
+from pipeline_support import alive, produce_synthetic as produce, released_events, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,15 +47,6 @@ def privrec(*args: str, env: dict[str, str] | None = None, timeout: float = 180)
 def status_json(state: Path) -> tuple[int, dict[str, Any]]:
     proc = privrec("status", "--state-dir", str(state), "--json")
     return proc.returncode, json.loads(proc.stdout)
-
-
-def alive(pid: int) -> bool:
-    """A live process (a zombie counts as gone: PID 1 here does not reap orphans)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def healthz(http: str) -> int:

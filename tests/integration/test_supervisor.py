@@ -27,7 +27,7 @@ from pipeline.settings import Settings
 from privrec import ops
 from privrec.ops.relaunch import SUPERVISOR
 
-from pipeline_support import produce_synthetic as produce, released_events, wait_for
+from pipeline_support import alive, produce_synthetic as produce, released_events, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -53,15 +53,6 @@ def healthz(http: str) -> int | None:
         return int(exc.code)
     except OSError:
         return None
-
-
-def alive(pid: int) -> bool:
-    """A live process (a zombie counts as gone: PID 1 here does not reap orphans)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def processes_of(state: Path) -> list[int]:
