@@ -106,6 +106,21 @@ class TreeState:
 NoiseKind = Literal["laplace", "gaussian"]
 
 
+class IncrementSteps:
+    """``step`` / ``step_to`` for a mechanism that works on the tick's *increment* (``_advance(state, prefix, inc)``):
+    the discrete mechanisms round the increment to their grid, so both entry points pass it explicitly."""
+
+    def step(self, state: TreeState, increment: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
+        """Add one tick's increment, used as given (the form the privacy proof covers)."""
+        inc = self._check_vector(increment, "increment")  # type: ignore[attr-defined]
+        return self._advance(state, state.prefix + inc, inc)  # type: ignore[attr-defined,no-any-return]
+
+    def step_to(self, state: TreeState, prefix: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
+        """Advance one tick whose exact running sum is ``prefix`` (increment ``prefix - state.prefix``)."""
+        prefix = self._check_vector(prefix, "prefix")  # type: ignore[attr-defined]
+        return self._advance(state, prefix, prefix - state.prefix)  # type: ignore[attr-defined,no-any-return]
+
+
 def state_with_nodes(mapping: dict[str, bytes] | dict[bytes, bytes], shape: tuple[int, int]) -> TreeState:
     """Decode a state written by ``state.to_mapping()``, checking its ``nodes`` have the mechanism's ``shape``."""
     state = TreeState.from_mapping(mapping)

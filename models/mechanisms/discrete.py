@@ -40,7 +40,7 @@ from models.accounting import DiscreteGaussianTreeEvent, DpEvent, NoNoiseEvent
 from models.accounting.conversions import check_delta, check_epsilon, rho_from_epsilon
 from models.ground.noise import check_grid, grid_units
 
-from .base import TreeState, check_sensitivity, levels_for_horizon, state_with_nodes
+from .base import IncrementSteps, TreeState, check_sensitivity, levels_for_horizon, state_with_nodes
 from .tree import BinaryTreeMechanism
 
 __all__ = ["DiscreteTreeMechanism", "DEFAULT_GRID"]
@@ -52,7 +52,7 @@ FloatArray = NDArray[np.float64]
 DEFAULT_GRID = 2.0**-30
 
 
-class DiscreteTreeMechanism(BinaryTreeMechanism):
+class DiscreteTreeMechanism(IncrementSteps, BinaryTreeMechanism):
     """Binary tree, discrete Gaussian nodes on the grid ``grid`` (see the module docstring).
 
     State: ``nodes`` has ``levels + 1`` rows: the live nodes' noise (as the binary tree) and, last, the
@@ -108,14 +108,6 @@ class DiscreteTreeMechanism(BinaryTreeMechanism):
         out: FloatArray = state.carry + state.nodes[:-1].sum(axis=0)
         return out
 
-    def step(self, state: TreeState, increment: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
-        """Add one tick's increment, rounded to the grid as given (the form the privacy proof covers)."""
-        inc = self._check_vector(increment, "increment")
-        return self._advance(state, state.prefix + inc, inc)
-
-    def step_to(self, state: TreeState, prefix: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
-        prefix = self._check_vector(prefix, "prefix")
-        return self._advance(state, prefix, prefix - state.prefix)
 
     def _advance(self, state: TreeState, prefix: FloatArray, inc: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
         if state.step >= self.capacity:

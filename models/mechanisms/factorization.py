@@ -71,7 +71,7 @@ from models.accounting import (DiscreteGaussianTreeEvent, DpEvent, Factorization
                                check_epsilon, gdp_mu, rho_from_epsilon)
 from models.ground.noise import KeyedNoise, check_grid, default_grid, grid_units
 
-from .base import TreeState, check_sensitivity
+from .base import IncrementSteps, TreeState, check_sensitivity
 
 __all__ = [
     "BLTMechanism",
@@ -539,7 +539,7 @@ class BLTMechanism:
                 f"scale={self.scale:.6g}, event={self._event})")
 
 
-class DiscreteBLTMechanism(BLTMechanism):
+class DiscreteBLTMechanism(IncrementSteps, BLTMechanism):
     """BLT with exact discrete Gaussian noise on a grid: the released vector is a function of grid values only.
 
     The float BLT releases ``prefix + B z``, which equals ``B (C x + z)`` only up to floating-point rounding
@@ -641,15 +641,6 @@ class DiscreteBLTMechanism(BLTMechanism):
         out: FloatArray = state.nodes[1] + state.nodes[0] - state.prefix
         return out
 
-    def step(self, state: TreeState, increment: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
-        """Add one tick's increment (used as given for ``u``); return ``(release, new_state, event)``."""
-        inc = self._check_vector(increment, "increment")
-        return self._advance(state, state.prefix + inc, inc)
-
-    def step_to(self, state: TreeState, prefix: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
-        """Advance one tick whose exact running sum is ``prefix`` (increment ``prefix - state.prefix``)."""
-        prefix = self._check_vector(prefix, "prefix")
-        return self._advance(state, prefix, prefix - state.prefix)
 
     def _advance(self, state: TreeState, prefix: FloatArray, inc: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:
         if state.step >= self.capacity:
