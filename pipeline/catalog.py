@@ -16,9 +16,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import scipy.sparse as sp
 from numpy.typing import NDArray
 
 from models.ground.environment import SyntheticEnvironment
@@ -50,7 +51,7 @@ class Catalog(Protocol):
     name: str
     d: int
     n_units: int
-    W: FloatArray
+    W: Any  # dense ``N x N``; scipy sparse for every-user graphs
 
     def unit_of(self, user: str) -> int: ...
 
@@ -77,7 +78,7 @@ class _Base:
     _arm_ids: Sequence[str]
     _features: FloatArray
     _default_pool_override: list[str] | None = None
-    W: FloatArray
+    W: Any
 
     @property
     def d(self) -> int:
@@ -126,7 +127,12 @@ class _Base:
         h = hashlib.sha256()
         h.update(self.name.encode())
         h.update(np.ascontiguousarray(self._features).tobytes())
-        h.update(np.ascontiguousarray(self.W).tobytes())
+        if sp.issparse(self.W):
+            W = sp.csr_matrix(self.W)
+            for part in (W.data, W.indices, W.indptr):
+                h.update(np.ascontiguousarray(part).tobytes())
+        else:
+            h.update(np.ascontiguousarray(self.W).tobytes())
         h.update(repr(sorted(self._user_unit.items())).encode())
         return h.hexdigest()[:16]
 
@@ -164,17 +170,33 @@ class SyntheticCatalog(_Base):
 
 
 class LastFMCatalogAdapter(_Base):
-    """HetRec LastFM: users are modelled by their friend-graph cluster."""
+    """HetRec LastFM: users are modelled by their friend-graph cluster (``graph="clusters"``) or each by
+    themselves (``graph="users"``: ``W`` is CoLin's sparse relation over all 1,892 users, the column-normalised
+    ``A + I`` of the friend graph, :func:`models.streaming.sparse.colin_relation`)."""
 
     name = "lastfm"
 
-    def __init__(self, catalog: LastFMCatalog) -> None:
+    def __init__(self, catalog: LastFMCatalog, *, graph: str = "clusters") -> None:
         self.lastfm = catalog
-        self.W = np.asarray(catalog.W, dtype=np.float64)
+        self.graph = graph
+        if graph == "users":
+            from models.streaming.sparse import colin_relation
+            from producers.lastfm.clusters import friend_adjacency
+            from producers.lastfm.raw import read_raw
+
+            ids = np.array([int(u) for u in catalog.users], dtype=np.int64)
+            if not np.all(ids[1:] > ids[:-1]):
+                raise ValueError("the LastFM catalog's users must be sorted by id")
+            self.W = colin_relation(friend_adjacency(read_raw(catalog.data_dir).friends, ids))
+            self._user_unit = {u: i for i, u in enumerate(catalog.users)}
+        elif graph == "clusters":
+            self.W = np.asarray(catalog.W, dtype=np.float64)
+            self._user_unit = dict(catalog.user_cluster)
+        else:
+            raise ValueError(f"`graph` must be 'clusters' or 'users', got {graph!r}.")
         self._features = np.asarray(catalog.feature_matrix, dtype=np.float64)
         self._arm_ids = list(catalog.artist_ids)
         self._arm_rows = dict(catalog.artist_index)
-        self._user_unit = dict(catalog.user_cluster)
         counts = np.bincount(catalog.event_arrays().arms.astype(np.int64))
         popular = np.argsort(-counts)[:200]
         self._popular = [str(a) for a in popular if counts[a] > 0 and str(a) in self._arm_rows][:25]
@@ -202,7 +224,8 @@ def load_catalog(settings: Settings) -> SyntheticCatalog | LastFMCatalogAdapter:
     else:
         from producers.lastfm import load_catalog as load_lastfm
 
-        catalog = LastFMCatalogAdapter(load_lastfm(settings.data_dir, d=settings.d, progress=False))
+        catalog = LastFMCatalogAdapter(load_lastfm(settings.data_dir, d=settings.d, progress=False),
+                                       graph=settings.graph)
     pool = settings.default_pool_ids
     if pool is not None:
         try:

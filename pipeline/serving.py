@@ -41,6 +41,8 @@ __all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "MAX_
 
 #: Largest list a request may ask for.
 MAX_K = 100
+#: Up to this many model units, a new model version is read for every unit at once; beyond, unit by unit.
+PREFETCH_UNITS = 256
 
 
 class BadRequest(ValueError):
@@ -103,24 +105,30 @@ class Recommender:
         return self._meta
 
     def unit_model(self, unit: int, version: int) -> _UnitModel:
-        """The serving model of ``unit`` at ``version`` (cached; a new version is fetched for all units at once)."""
+        """The serving model of ``unit`` at ``version`` (cached).
+
+        Up to :data:`PREFETCH_UNITS` units, a new version is fetched for all units at once (after a release the
+        first requests would otherwise each block on their own round trip); beyond (every LastFM user,
+        ``graph = "users"``) only the unit asked for. A unit without an ``M`` of its own (no interactions yet,
+        every-user models) gets the model's public prior ``meta["M_prior"]``.
+        """
         hit = self._cache.get(unit)
         if hit is not None and hit.version == version:
             return hit
-        # One pipelined read of every unit's model per new version: after a release the first
-        # requests would otherwise each block on their own round trip.
         n = self.catalog.n_units
+        units = range(n) if n <= PREFETCH_UNITS else [unit]
         with self.r.pipeline(transaction=False) as pipe:
-            for u in range(n):
+            for u in units:
                 pipe.hgetall(self.keys.model_unit(u))
             raws = pipe.execute()
         d = self.catalog.d
         fresh: dict[int, _UnitModel] = {}
-        for u, raw in enumerate(raws):
+        for u, raw in zip(units, raws):
             if raw:
                 w = raw.get(b"width")
-                fresh[u] = _UnitModel(int(raw[b"version"]), np.frombuffer(raw[b"theta"], dtype="<f8").copy(),
-                                      np.frombuffer(raw[b"M"], dtype="<f8").reshape(d, d).copy(),
+                m = raw.get(b"M")
+                M = self._prior(d) if m is None else np.frombuffer(m, dtype="<f8").reshape(d, d).copy()
+                fresh[u] = _UnitModel(int(raw[b"version"]), np.frombuffer(raw[b"theta"], dtype="<f8").copy(), M,
                                       None if w is None else float(w))
         with self._lock:
             self._cache.update(fresh)
@@ -128,6 +136,12 @@ class Recommender:
         if model is None:
             raise ModelNotReadyError(f"no serving model for unit {unit}")
         return model
+
+    def _prior(self, d: int) -> np.ndarray:
+        text = self.meta().get("M_prior")
+        if text is None:
+            raise ModelNotReadyError("the serving model has a unit without a width and no prior")
+        return np.frombuffer(bytes.fromhex(text), dtype="<f8").reshape(d, d).copy()
 
     def item_term(self, version: int) -> tuple[float, np.ndarray] | None:
         """``(weight, popularity per catalog row)`` of the served item term at ``version``, or ``None`` (off)."""

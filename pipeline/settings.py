@@ -63,6 +63,9 @@ USER_LEVEL_MECHANISMS = ("blt-exact", "blt-zcdp", "gaussian-exact", "gaussian-zc
 TOPOLOGIES = ("star", "ring", "complete")
 FED_SCHEDULES = ("tick", "doubling")
 CATALOGS = ("synthetic", "lastfm")
+#: LastFM: who a model unit is (``clusters``: the 100 friend-graph clusters; ``users``: every user, the friend
+#: graph as a sparse relation, solved matrix-free).
+GRAPHS = ("clusters", "users")
 #: Kafka security (pipeline.kafkaconn).
 KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -152,6 +155,11 @@ class Settings:
         ``"synthetic"`` (the paper's synthetic users and arms) or ``"lastfm"``.
     data_dir
         LastFM data directory (``None``: the default next to the repo).
+    graph
+        LastFM: ``"clusters"`` (every user of a friend-graph cluster shares the cluster's model; a dense
+        ``dN x dN`` solve at N = 100) or ``"users"`` (one model per user, 1,892 of them, the friend graph as
+        a sparse relation: CoLin's column-normalised ``A + I``, GOB.Lin's ``I + L``; solved matrix-free by
+        conjugate gradients, :mod:`models.streaming.sparse`; global mode, linucb / colin / goblin).
     d, n_users, n_arms, world_seed
         Synthetic catalog: dimension, users, arms and the (public) seed of its
         construction. LastFM fixes ``d = 25`` and 100 user clusters.
@@ -231,6 +239,7 @@ class Settings:
     tick_seconds: float = 1.0
     tree_levels: int = 14
     catalog: str = "synthetic"
+    graph: str = "clusters"
     data_dir: str | None = None
     d: int = 25
     n_users: int = 10
@@ -292,6 +301,16 @@ class Settings:
             raise SettingsError("tree_levels", f"must be in [1, 40], got {self.tree_levels}.")
         if self.catalog not in CATALOGS:
             raise SettingsError("catalog", f"must be one of {CATALOGS}, got {self.catalog!r}.")
+        if self.graph not in GRAPHS:
+            raise SettingsError("graph", f"must be one of {GRAPHS}, got {self.graph!r}.")
+        if self.graph == "users":
+            if self.catalog != "lastfm":
+                raise SettingsError("graph", "'users' applies to the LastFM catalog (the synthetic catalog already "
+                                             "gives every user a model of their own).")
+            if self.mode != "global":
+                raise SettingsError("graph", f"'users' runs in global mode only, got mode {self.mode!r}.")
+            if self.baseline is not None:
+                raise SettingsError("graph", f"'users' runs linucb, colin or goblin, got {self.algorithm!r}.")
         for name in ("d", "n_users", "n_arms", "partitions", "batch_size"):
             if getattr(self, name) < 1:
                 raise SettingsError(name, f"must be a positive integer, got {getattr(self, name)}.")
@@ -482,6 +501,8 @@ class Settings:
         out = {k: d[k] for k in MODEL_FIELDS}
         if self.baseline is not None:
             out["mechanism"] = self.baseline
+        if self.graph == "clusters":  # the default, as namespaces made before the setting existed recorded it
+            del out["graph"]
         return out
 
     def replace(self, **changes: Any) -> Settings:
@@ -492,7 +513,7 @@ class Settings:
 MAX_DEFAULT_POOL = 1000
 
 MODEL_FIELDS = ("mode", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
-                "item_share", "privacy_unit", "user_cap", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "d", "n_users",
+                "item_share", "privacy_unit", "user_cap", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "graph", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "partitions")
 
 
@@ -525,6 +546,8 @@ _HELP = {
     "shuffle_batch": "local mode with --local-algorithm round: n > 0 shuffles batches of n distinct users' reports; "
                      "--epsilon is then the central guarantee of a batch",
     "fed_schedule": "federated mode: share every release tick ('tick') or at ticks 1, 2, 4, ... ('doubling')",
+    "graph": "LastFM: 'clusters' (the 100 friend-graph clusters share models) or 'users' (a model per user, the "
+             "friend graph as a sparse relation, solved matrix-free; global mode)",
     "mechanism": "continual-release mechanism of linucb/colin/goblin, one of: " + ", ".join(sorted(MECHANISMS))
                  + " (ignored by the ss-*/dgs-* algorithms)",
 }

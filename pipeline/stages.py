@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import redis
+import scipy.sparse as sp
 
 from models.policies.peruser import PerUserLinUCB, ServingModels
 from models.accounting import GDPAccountant, describe, event_to_dict
@@ -38,6 +39,9 @@ from models.policies.jdp_linucb import SSLinUCB
 from models.mechanisms import MECHANISMS, Mechanism, TreeState, make_mechanism, noise_std
 from models.mechanisms.participation import participation_bound, participation_factor
 from models.streaming import ReleasedStats, Releaser, solve
+from models.streaming.release import SPARSE_STRUCTURES
+from models.streaming.solve import solve_sparse
+from models.streaming.sparse import laplacian_regulariser
 
 from . import faults
 from .baseline_release import BaselineStateStore, build_baseline, widths_summary
@@ -50,13 +54,32 @@ from .userlevel import Folder
 __all__ = ["ReleaseStage", "SolveStage", "projection", "privacy_statement"]
 
 
-def projection(algorithm: str, W: np.ndarray) -> tuple[str, np.ndarray]:
-    """``(structure, V)`` of an algorithm over a catalog's ``W`` (the per-unit baselines: ``linucb``'s)."""
+def projection(algorithm: str, W: Any) -> tuple[str, Any]:
+    """``(structure, V)`` of an algorithm over a catalog's ``W`` (the per-unit baselines: ``linucb``'s).
+
+    A sparse ``W`` (every LastFM user, ``graph = "users"``) keeps everything sparse: CoLin is ``sparse-kron``
+    with ``V = W``; GOB.Lin is ``laplacian``, ``V = I`` and the regulariser ``I + L``
+    (:func:`regulariser`) instead of the dense projection ``(I + L)^{-1/2}`` — the same serving models.
+    """
+    if sp.issparse(W):
+        n = W.shape[0]
+        if algorithm == "colin":
+            return "sparse-kron", sp.csr_matrix(W, dtype=np.float64)
+        return ("laplacian" if algorithm == "goblin" else "linucb"), sp.identity(n, format="csr")
     if algorithm == "linucb" or algorithm.startswith(("ss-", "dgs-")):
         return "linucb", np.eye(W.shape[0])
     if algorithm == "colin":
         return "kron", np.asarray(W, dtype=np.float64)
     return "kron", goblin_projection(adjacency_from_w(W))
+
+
+def regulariser(algorithm: str, W: Any) -> Any:
+    """GOB.Lin over a sparse ``W``: ``I + L`` of the graph ``W`` describes (``None`` for everything else)."""
+    if not (sp.issparse(W) and algorithm == "goblin"):
+        return None
+    A = sp.csr_matrix(W)
+    A = ((A + A.T) > 0).astype(np.float64)
+    return laplacian_regulariser(A)
 
 
 def privacy_statement(settings: Settings, mechanism: Mechanism | None,
@@ -280,7 +303,8 @@ class ReleaseStage:
             self._baseline_version: int | None = -1  # which stored state the in-memory policy holds (-1: none)
         elif s.private:
             self.mechanism = self.make_mechanism(np.ones(self.catalog.n_units, dtype=bool))
-        self.releaser = Releaser(structure=self.structure, V=self.V, d=self.catalog.d, mechanism=self.mechanism)
+        self.releaser = Releaser(structure=self.structure, V=self.V, d=self.catalog.d, mechanism=self.mechanism,
+                                 Q=regulariser(s.algorithm, self.catalog.W))
         # the item term: each item's reward sum, released beside the bandit statistic (its own mechanism and key)
         self.n_items = len(self.catalog.feature_matrix) if s.item_term else 0
         self.item_mechanism: Mechanism | None = None
@@ -317,14 +341,15 @@ class ReleaseStage:
         """The mechanism over the statistics of ``units`` (a mask; all units in global mode, a site's own units in
         federated mode): calibrated to their largest sensitivity; user-space noise only on their blocks."""
         s = self.settings
-        V = self.V * units[None, :]
+        V = (self.V @ sp.diags(units.astype(np.float64))).tocsr() if sp.issparse(self.V) else self.V * units[None, :]
+        l1 = float(np.asarray(abs(V).sum(axis=0)).max())  # the masked columns are zero
 
         def build(scale: float) -> Mechanism:
             return make_mechanism(
                 s.mechanism, dim=self.catalog.n_units * self.catalog.d,
                 sensitivity=scale * float(sensitivities(self.V)[units].max()), epsilon=s.epsilons()[0], delta=s.delta,
                 horizon=s.tree_ticks, seed=self.store.noise_seed(),
-                sensitivity_l1=scale * float(np.abs(self.V[:, units]).sum(axis=0).max() * math.sqrt(self.catalog.d)),
+                sensitivity_l1=scale * l1 * math.sqrt(self.catalog.d),
                 mixing=V, block_dim=self.catalog.d)  # `mixing` is used by the user-space ("user-*") mechanisms
 
         return build(self._user_scale(build(1.0)))
@@ -445,12 +470,32 @@ class SolveStage:
             extra = {"width": "per-unit", **widths_summary(width)}
         else:
             released = ReleasedStats.from_mapping(raw)
+            if released.structure in SPARSE_STRUCTURES:
+                return self._run_sparse(released, version, raw, t0)
             theta, M = solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge)
             extra = {"lambda": repr(s.lambda_ + s.noise_ridge * released.noise_std)}
             count = released.count
         items = None if s.baseline is not None else ReleasedItems.from_mapping(raw)
         self._write(version, theta, M, width, count, (time.perf_counter() - t0) * 1e3, extra,
                     (raw.get(b"event") or b'{"kind": "none"}').decode(), items)
+        return version
+
+    def _run_sparse(self, released: ReleasedStats, version: int, raw: dict[bytes, bytes], t0: float) -> int:
+        """Every-user release: matrix-free solve warm-started from this process's last solution; ``M`` only for
+        the users with interactions (the others are served the public prior ``(lambda I)^{-1}``)."""
+        s = self.settings
+        active = np.flatnonzero(released.count > 0)
+        out = solve_sparse(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge,
+                           x0=self.__dict__.get("_warm"), users=active)
+        self._warm = out.theta_hat
+        M = np.broadcast_to(out.prior, (released.count.shape[0], *out.prior.shape)).copy()
+        M[out.users] = out.M
+        extra = {"lambda": repr(out.lambda_), "solver": "conjugate gradients (block-Jacobi), warm-started",
+                 "cg_iterations": str(out.iterations), "cg_residual": f"{out.residual:.3g}",
+                 "width_users": str(len(active)), "M_prior": out.prior.astype("<f8").tobytes().hex()}
+        self._write(version, out.theta, M, None, released.count, (time.perf_counter() - t0) * 1e3, extra,
+                    (raw.get(b"event") or b'{"kind": "none"}').decode(), ReleasedItems.from_mapping(raw),
+                    widths=out.users)
         return version
 
     def solve_released(self, released: ReleasedStats, version: int, event: str = '{"kind": "none"}') -> int:
@@ -463,7 +508,10 @@ class SolveStage:
         return version
 
     def _write(self, version: int, theta: np.ndarray, M: np.ndarray, width: np.ndarray | None, count: np.ndarray,
-               solve_ms: float, extra: dict[str, str], event: str, items: ReleasedItems | None = None) -> None:
+               solve_ms: float, extra: dict[str, str], event: str, items: ReleasedItems | None = None,
+               widths: np.ndarray | None = None) -> None:
+        """Publish the serving models; ``widths``: only these units get an ``M`` (the others have none and are
+        served ``meta["M_prior"]``); ``None``: every unit's ``M``."""
         s = self.settings
         item_model: dict[str, Any] | None = None
         if items is not None:  # the item term: post-processing of the released item sums only
@@ -480,9 +528,14 @@ class SolveStage:
             **extra,
         }
         with self.client.pipeline(transaction=True) as pipe:
+            has_m = np.ones(theta.shape[0], dtype=bool)
+            if widths is not None:
+                has_m[:] = False
+                has_m[widths] = True
             for u in range(theta.shape[0]):
-                unit: dict[str, Any] = {"theta": theta[u].astype("<f8").tobytes(),
-                                        "M": M[u].astype("<f8").tobytes(), "version": str(version)}
+                unit: dict[str, Any] = {"theta": theta[u].astype("<f8").tobytes(), "version": str(version)}
+                if has_m[u]:  # (released counts never shrink: a unit never loses its M once it has one)
+                    unit["M"] = M[u].astype("<f8").tobytes()
                 if width is not None:
                     unit["width"] = repr(float(width[u]))  # the unit's own exploration width (repr: exact)
                 pipe.hset(self.keys.model_unit(u), mapping=unit)

@@ -28,10 +28,15 @@ Examples
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import scipy.sparse as sp
 from numpy.typing import NDArray
 
 __all__ = [
+    "is_sparse",
+    "column_norms",
     "validate_w",
     "column_normalize",
     "similarity_w",
@@ -134,10 +139,24 @@ def goblin_projection(adjacency: FloatArray, scale: float = 1.0) -> FloatArray:
     return 0.5 * (out + out.T)
 
 
-def sensitivities(V: FloatArray, context_bound: float = 1.0) -> FloatArray:
-    """Per-user L2 sensitivity ``Lx * ||V[:, u]||_2`` of ``b`` to one reward in ``[0, 1]``."""
-    V = np.asarray(V, dtype=np.float64)
+def is_sparse(V: Any) -> bool:
+    """Whether ``V`` is a scipy sparse matrix (a plain ``bool``: scipy-stubs' type guard would narrow ``V``)."""
+    return bool(sp.issparse(V))
+
+
+def column_norms(V: Any) -> FloatArray:
+    """``||V[:, u]||_2`` for every column of a dense or scipy sparse matrix (a sparse one is never densified)."""
+    if is_sparse(V):
+        C: Any = sp.csc_matrix(V)
+        out: FloatArray = np.sqrt(np.asarray(C.multiply(C).sum(axis=0), dtype=np.float64).ravel())
+        return out
+    norms: FloatArray = np.linalg.norm(np.asarray(V, dtype=np.float64), axis=0)
+    return norms
+
+
+def sensitivities(V: Any, context_bound: float = 1.0) -> FloatArray:
+    """Per-user L2 sensitivity ``Lx * ||V[:, u]||_2`` of ``b`` to one reward in ``[0, 1]`` (``V`` dense or sparse)."""
     if context_bound <= 0:
         raise ValueError(f"`context_bound` must be positive, got {context_bound}.")
-    out: FloatArray = context_bound * np.linalg.norm(V, axis=0)
+    out: FloatArray = context_bound * column_norms(V)
     return out

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from models.accounting import DpEvent
 from models.ground.codec import decode_arrays, encode_arrays
+from models.ground.graphs import column_norms
 
 __all__ = ["Mechanism", "TreeState", "NoiseKind", "levels_for_horizon", "check_sensitivity", "noise_std"]
 
@@ -154,8 +155,7 @@ def noise_std(mechanism: Mechanism, state: TreeState) -> float:
     """
     inner = getattr(mechanism, "inner", None)
     if inner is not None:  # user-space noise (V ⊗ I) xi: coordinate j has std ||V[j, :]|| std(xi)
-        V = np.asarray(getattr(mechanism, "mixing"))
-        return noise_std(inner, state) * float(np.linalg.norm(V, axis=1).max())
+        return noise_std(inner, state) * float(column_norms(getattr(mechanism, "mixing").T).max())
     prefix_variance = getattr(mechanism, "prefix_variance", None)
     if prefix_variance is not None:
         def var(t: int) -> float:

@@ -6,11 +6,13 @@ The registry imports every mechanism; no mechanism imports the registry.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
+import scipy.sparse as sp
 from numpy.typing import NDArray
 
+from models.ground.graphs import column_norms, is_sparse
 from models.ground.noise import SAMPLERS, Sampler, check_grid, default_grid
 
 from .base import Mechanism
@@ -68,7 +70,7 @@ def make_mechanism(
     seed: int,
     stream: int = 0,
     sensitivity_l1: float | None = None,
-    mixing: NDArray[np.float64] | None = None,
+    mixing: Any = None,
     block_dim: int | None = None,
     sampler: Sampler = "float",
     grid: float | None = None,
@@ -110,9 +112,9 @@ def make_mechanism(
         return DiscreteTreeMechanism.calibrate(dim=dim, sensitivity=sensitivity, epsilon=epsilon, delta=delta,
                                                horizon=horizon, seed=seed, stream=stream, grid=g)
     if name.startswith("user-") and name in MECHANISMS:
-        V = np.eye(1) if mixing is None else np.asarray(mixing, dtype=np.float64)
+        V: Any = np.eye(1) if mixing is None else (mixing if is_sparse(mixing) else np.asarray(mixing, dtype=np.float64))
         bd = int(dim) if mixing is None else int(block_dim or 0)
-        col = float(np.linalg.norm(V, axis=0).max()) if V.size else 0.0
+        col = float(column_norms(V).max()) if V.shape[0] else 0.0
         if not col > 0:
             raise ValueError("`mixing` must have a non-zero column.")
         inner = make_mechanism(name[len("user-"):], dim=dim, sensitivity=float(sensitivity) / col, epsilon=epsilon,

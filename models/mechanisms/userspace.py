@@ -39,10 +39,14 @@ True
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import scipy.sparse as sp
 from numpy.typing import NDArray
 
 from models.accounting import DpEvent
+from models.ground.graphs import is_sparse
 
 from .base import Mechanism, TreeState
 
@@ -61,7 +65,7 @@ class UserSpaceMechanism:
         sensitivity of one interaction on the *stacked user statistics*
         (``Lx`` for the bandits' ``b`` with rewards in ``[0, 1]``).
     mixing
-        ``V`` (``N x N``, public): block ``j`` of the release gets
+        ``V`` (``N x N``, public; dense or scipy sparse): block ``j`` of the release gets
         ``sum_u V[j, u] xi_u``.
     block_dim
         ``d``, the length of one user's block.
@@ -79,11 +83,12 @@ class UserSpaceMechanism:
     inner accountant.
     """
 
-    def __init__(self, inner: Mechanism, *, mixing: FloatArray, block_dim: int) -> None:
-        V = np.asarray(mixing, dtype=np.float64)
+    def __init__(self, inner: Mechanism, *, mixing: Any, block_dim: int) -> None:
+        m: Any = mixing
+        V: Any = sp.csr_matrix(m, dtype=np.float64) if is_sparse(m) else np.asarray(m, dtype=np.float64)
         if V.ndim != 2 or V.shape[0] != V.shape[1]:
             raise ValueError(f"`mixing` must be a square N x N matrix, got shape {V.shape}.")
-        if not np.isfinite(V).all():
+        if not np.isfinite(V.data if is_sparse(V) else V).all():
             raise ValueError("`mixing` must be finite.")
         if int(block_dim) < 1 or inner.dim != V.shape[0] * int(block_dim):
             raise ValueError(f"`block_dim` times N must equal the inner mechanism's dim {inner.dim}, "
@@ -92,7 +97,9 @@ class UserSpaceMechanism:
         self.mixing = V
         self.block_dim = int(block_dim)
         self.dim = inner.dim
-        self.identity = bool(np.array_equal(V, np.eye(V.shape[0])))
+        n = int(V.shape[0])
+        self.identity = (bool((V != sp.identity(n, format="csr")).nnz == 0) if is_sparse(V)
+                         else bool(np.array_equal(V, np.eye(n))))
 
     @property
     def event(self) -> DpEvent:
@@ -124,7 +131,7 @@ class UserSpaceMechanism:
         xi = self.inner.noise(state)
         if self.identity:
             return xi
-        out: FloatArray = (self.mixing @ xi.reshape(self.mixing.shape[0], self.block_dim)).reshape(-1)
+        out: FloatArray = np.asarray(self.mixing @ xi.reshape(self.mixing.shape[0], self.block_dim)).reshape(-1)
         return out
 
     def step(self, state: TreeState, increment: FloatArray) -> tuple[FloatArray, TreeState, DpEvent]:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy.linalg import cho_factor
 from scipy.linalg.lapack import dpotri
 
-from .release import ReleasedStats
+from .release import SPARSE_STRUCTURES, ReleasedStats
+from .sparse import approximate_widths, block_jacobi, sparse_solve
 
-__all__ = ["solve"]
+__all__ = ["solve", "solve_sparse", "SparseModels"]
 
 FloatArray = NDArray[np.float64]
 
@@ -42,6 +44,9 @@ def solve(released: ReleasedStats, *, lambda_: float, noise_ridge: float = 0.0) 
         raise ValueError(f"`lambda_` must be positive, got {lambda_}.")
     if not (noise_ridge >= 0 and math.isfinite(noise_ridge)):
         raise ValueError(f"`noise_ridge` must be a non-negative number, got {noise_ridge}.")
+    if released.structure in SPARSE_STRUCTURES:
+        out = solve_sparse(released, lambda_=lambda_, noise_ridge=noise_ridge)
+        return out.theta, out.M
     lambda_ = lambda_ + noise_ridge * released.noise_std
     G, V = released.gram, released.V
     n, d = G.shape[0], G.shape[1]
@@ -62,3 +67,46 @@ def solve(released: ReleasedStats, *, lambda_: float, noise_ridge: float = 0.0) 
     M = np.einsum("uakb,ku->uab", Qt.reshape(n, d, n, d), V)
     M = 0.5 * (M + M.transpose(0, 2, 1))
     return theta, M
+
+
+@dataclass(frozen=True)
+class SparseModels:
+    """Serving models of an every-user release: ``theta`` for all users, ``M`` for ``users`` only."""
+
+    theta: FloatArray        # (N, d)
+    theta_hat: FloatArray    # (N, d): the CG solution, the next release's warm start
+    users: NDArray[np.int64]  # whose M is computed
+    M: FloatArray            # (len(users), d, d)
+    prior: FloatArray        # (d, d): (lambda I)^{-1}, the width of a user without statistics of their own
+    iterations: int
+    residual: float
+    lambda_: float
+
+
+def solve_sparse(released: ReleasedStats, *, lambda_: float, noise_ridge: float = 0.0,
+                 x0: FloatArray | None = None, users: NDArray[np.int64] | None = None,
+                 tol: float = 1e-8) -> SparseModels:
+    """Every-user release (``sparse-kron`` / ``laplacian``) → serving models, matrix-free.
+
+    ``theta`` solves the same system as :func:`solve` (conjugate gradients, block-Jacobi preconditioner,
+    warm-started from ``x0``); ``M_u`` is the block-Jacobi approximation
+    (:func:`models.streaming.sparse.approximate_widths`) for ``users`` only (``None``: every user) — the
+    serving layer gives the others ``prior``. Memory ``O(nnz(V) + N d^2)``; nothing ``dN x dN`` is formed.
+    """
+    if released.structure not in SPARSE_STRUCTURES:
+        raise ValueError(f"`released` must have a sparse structure {SPARSE_STRUCTURES}, got {released.structure!r}.")
+    if not (lambda_ > 0 and math.isfinite(lambda_)):
+        raise ValueError(f"`lambda_` must be positive, got {lambda_}.")
+    if not (noise_ridge >= 0 and math.isfinite(noise_ridge)):
+        raise ValueError(f"`noise_ridge` must be a non-negative number, got {noise_ridge}.")
+    lam = lambda_ + noise_ridge * released.noise_std
+    G, V, Q = released.gram, released.V, released.Q
+    n, d = G.shape[0], G.shape[1]
+    if x0 is not None and x0.shape != (n, d):
+        x0 = None
+    Pinv = block_jacobi(V, G, lam, Q)
+    sol = sparse_solve(V, G, released.b_tilde.reshape(n, d), lambda_=lam, x0=x0, precond=Pinv, Q=Q, tol=tol)
+    who = np.arange(n, dtype=np.int64) if users is None else np.asarray(users, dtype=np.int64)
+    M = approximate_widths(V, Pinv, who)
+    M = 0.5 * (M + M.transpose(0, 2, 1))
+    return SparseModels(sol.theta, sol.theta_hat, who, M, np.eye(d) / lam, sol.iterations, sol.residual, lam)

@@ -34,7 +34,8 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
-__all__ = ["SparseSolution", "sparse_solve", "kronecker_matvec", "block_jacobi", "approximate_widths", "SparseCoLinUCB"]
+__all__ = ["SparseSolution", "sparse_solve", "kronecker_matvec", "block_jacobi", "approximate_widths", "colin_relation",
+           "laplacian_regulariser", "SparseCoLinUCB"]
 
 FloatArray = NDArray[np.float64]
 #: A scipy sparse matrix (CSR or anything ``csr_matrix`` accepts); ``Any``: scipy-stubs' overloads are too narrow.
@@ -49,49 +50,58 @@ class SparseSolution:
     residual: float         # ||A x - b|| / ||b||
 
 
-def kronecker_matvec(V: Sparse, G: FloatArray, X: FloatArray, lambda_: float) -> FloatArray:
-    """``A vec(X)`` for ``A = lambda I + sum_u (V[:,u] V[:,u]^T) ⊗ G_u`` (``X``: ``(N, d)``)."""
+def kronecker_matvec(V: Sparse, G: FloatArray, X: FloatArray, lambda_: float, Q: Sparse | None = None) -> FloatArray:
+    """``A vec(X)`` for ``A = lambda (Q ⊗ I) + sum_u (V[:,u] V[:,u]^T) ⊗ G_u`` (``X``: ``(N, d)``; ``Q``: ``I`` if
+    ``None``)."""
     Y = np.asarray(V.T @ X)                      # y_u = sum_j V[j,u] x_j
     Z = np.einsum("uab,ub->ua", G, Y)            # z_u = G_u y_u
-    out: FloatArray = lambda_ * X + np.asarray(V @ Z)  # out_j = lambda x_j + sum_u V[j,u] z_u
+    reg = X if Q is None else np.asarray(Q @ X)
+    out: FloatArray = lambda_ * reg + np.asarray(V @ Z)  # out_j = lambda (Q X)_j + sum_u V[j,u] z_u
     return out
 
 
-def block_jacobi(V: Sparse, G: FloatArray, lambda_: float) -> FloatArray:
-    """The inverses of ``A``'s diagonal blocks ``P_j = lambda I + sum_u V[j,u]^2 G_u``: ``(N, d, d)``."""
+def block_jacobi(V: Sparse, G: FloatArray, lambda_: float, Q: Sparse | None = None) -> FloatArray:
+    """The inverses of ``A``'s diagonal blocks ``P_j = lambda Q_jj I + sum_u V[j,u]^2 G_u``: ``(N, d, d)``."""
     n, d = G.shape[0], G.shape[1]
-    V2 = V.multiply(V).tocsr()                   # V[j,u]^2
+    V2 = sp.csr_matrix(V).multiply(V).tocsr()    # V[j,u]^2
     P = np.asarray(V2 @ G.reshape(n, d * d)).reshape(n, d, d)
-    P[:, np.arange(d), np.arange(d)] += lambda_
+    q = np.ones(n) if Q is None else np.asarray(sp.csr_matrix(Q).diagonal(), dtype=np.float64)
+    P[:, np.arange(d), np.arange(d)] += lambda_ * q[:, None]
     inv: FloatArray = np.linalg.inv(P)
     return inv
 
 
 def sparse_solve(V: Sparse, G: FloatArray, b_tilde: FloatArray, *, lambda_: float,
                  x0: FloatArray | None = None, tol: float = 1e-8, max_iter: int = 500,
-                 precond: FloatArray | None = None) -> SparseSolution:
-    """Preconditioned conjugate gradients for ``A theta_hat = b_tilde`` (``b_tilde``: ``(N, d)`` blocks)."""
+                 precond: FloatArray | None = None, Q: Sparse | None = None) -> SparseSolution:
+    """Preconditioned conjugate gradients for ``A theta_hat = b_tilde`` (``b_tilde``: ``(N, d)`` blocks).
+
+    ``Q`` (sparse, symmetric positive definite; ``None``: ``I``) replaces the ridge's identity: GOB.Lin over
+    every user is ``V = I``, ``Q = I + L`` (the graph Laplacian's regulariser, :func:`laplacian_regulariser`).
+    """
     if not lambda_ > 0:
         raise ValueError(f"`lambda_` must be positive, got {lambda_}.")
     V = sp.csr_matrix(V)
     n, d = G.shape[0], G.shape[1]
-    if V.shape != (n, n) or b_tilde.shape != (n, d):
-        raise ValueError(f"shapes: V {V.shape}, G {G.shape}, b_tilde {b_tilde.shape} do not fit N = {n}, d = {d}.")
-    Pinv = block_jacobi(V, G, lambda_) if precond is None else precond
+    if V.shape != (n, n) or b_tilde.shape != (n, d) or (Q is not None and Q.shape != (n, n)):
+        raise ValueError(f"shapes: V {V.shape}, G {G.shape}, b_tilde {b_tilde.shape}"
+                         f"{'' if Q is None else f', Q {Q.shape}'} do not fit N = {n}, d = {d}.")
+    Q = None if Q is None else sp.csr_matrix(Q)
+    Pinv = block_jacobi(V, G, lambda_, Q) if precond is None else precond
 
     def apply_p(R: FloatArray) -> FloatArray:
         out: FloatArray = np.einsum("jab,jb->ja", Pinv, R)
         return out
 
     x = np.zeros((n, d)) if x0 is None else np.array(x0, dtype=np.float64)
-    r = b_tilde - kronecker_matvec(V, G, x, lambda_)
+    r = b_tilde - kronecker_matvec(V, G, x, lambda_, Q)
     bnorm = float(np.linalg.norm(b_tilde)) or 1.0
     z = apply_p(r)
     p = z.copy()
     rz = float((r * z).sum())
     it = 0
     while it < max_iter and float(np.linalg.norm(r)) / bnorm > tol:
-        Ap = kronecker_matvec(V, G, p, lambda_)
+        Ap = kronecker_matvec(V, G, p, lambda_, Q)
         alpha = rz / float((p * Ap).sum())
         x += alpha * p
         r -= alpha * Ap
@@ -106,12 +116,35 @@ def sparse_solve(V: Sparse, G: FloatArray, b_tilde: FloatArray, *, lambda_: floa
 
 def approximate_widths(V: Sparse, Pinv: FloatArray, users: NDArray[np.int64]) -> FloatArray:
     """Block-Jacobi ``M_u ≈ sum_j V[j,u]^2 P_j^{-1}`` for the given users only: ``(len(users), d, d)``."""
-    Vc = sp.csc_matrix(V)
-    out = np.zeros((len(users), Pinv.shape[1], Pinv.shape[2]))
-    for i, u in enumerate(users):
-        col = Vc.getcol(int(u))
-        for j, v in zip(col.indices, col.data):
-            out[i] += v * v * Pinv[j]
+    n, d = Pinv.shape[0], Pinv.shape[1]
+    cols = sp.csc_matrix(V)[:, np.asarray(users, dtype=np.int64)]
+    W2 = cols.multiply(cols).T.tocsr()           # (len(users), N): V[j,u]^2
+    out: FloatArray = np.asarray(W2 @ Pinv.reshape(n, d * d)).reshape(len(users), d, d)
+    return out
+
+
+def colin_relation(adjacency: Sparse) -> Sparse:
+    """CoLin's relation over users from a symmetric 0/1 adjacency: ``A + I`` with columns summing to 1 (CSR).
+
+    Column ``u`` spreads user ``u``'s statistic evenly over ``u`` and their neighbours (``colin_w`` per user).
+    """
+    A = sp.csr_matrix(adjacency, dtype=np.float64)
+    C = (A + sp.identity(A.shape[0], format="csr")).tocsc()
+    out = (C @ sp.diags(1.0 / np.asarray(C.sum(axis=0)).ravel())).tocsr()
+    return out
+
+
+def laplacian_regulariser(adjacency: Sparse) -> Sparse:
+    """``I + L`` (``L = D - A`` the graph Laplacian): GOB.Lin's regulariser over users, sparse (CSR).
+
+    GOB.Lin's projected form (``V = (I + L)^{-1/2}``, dense) gives the users' models
+    ``(V ⊗ I) A^{-1} (V ⊗ I) b = (lambda (I + L) ⊗ I + blockdiag(G_u))^{-1} b``: the same models from a sparse
+    system with ``V = I`` and ``Q = I + L`` (checked against the dense projection in the tests).
+    """
+    A = sp.csr_matrix(adjacency, dtype=np.float64)
+    A = A - sp.diags(A.diagonal())
+    deg = np.asarray(A.sum(axis=1)).ravel()
+    out = (sp.diags(1.0 + deg) - A).tocsr()
     return out
 
 

@@ -26,19 +26,15 @@ __all__ = ["run_fullgraph"]
 
 
 def _user_graph(data_dir: str | None) -> tuple[sp.csr_matrix, dict[str, int]]:
+    from models.streaming.sparse import colin_relation
     from producers.lastfm.catalog import load_catalog
-    from producers.lastfm.clusters import friend_edges
+    from producers.lastfm.clusters import friend_adjacency
     from producers.lastfm.raw import read_raw
 
     cat = load_catalog(data_dir, progress=False)
-    raw = read_raw(data_dir)
     users = np.array(sorted(int(u) for u in cat.users))
-    edges = friend_edges(raw.friends, users)
-    n = len(users)
-    A = sp.coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
-    C = (A + A.T + sp.identity(n)).tocsc()
-    C = C @ sp.diags(1.0 / np.asarray(C.sum(axis=0)).ravel())  # columns sum to 1 (colin_w, per user)
-    return C.tocsr(), {str(u): i for i, u in enumerate(users)}
+    C = colin_relation(friend_adjacency(read_raw(data_dir).friends, users))  # columns sum to 1 (colin_w, per user)
+    return C, {str(u): i for i, u in enumerate(users)}
 
 
 def run_fullgraph(out: Path, *, events: int = 5000, runs: int = 3, epsilons: tuple[float, ...] = (2.0,),

@@ -47,7 +47,7 @@ from numpy.typing import NDArray
 from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import SpectralClustering
 
-__all__ = ["friend_edges", "cluster_users", "cluster_counts", "colin_w", "gob_adjacency"]
+__all__ = ["friend_edges", "friend_adjacency", "cluster_users", "cluster_counts", "colin_w", "gob_adjacency"]
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
@@ -76,6 +76,19 @@ def friend_edges(friends: IntArray, users: IntArray) -> IntArray:
     keep = lo != hi
     pairs = np.unique(np.stack([lo[keep], hi[keep]], axis=1), axis=0)
     return pairs.astype(np.int64).reshape(-1, 2)
+
+
+def friend_adjacency(friends: IntArray, users: IntArray) -> sp.csr_matrix:
+    """The friend graph over ``users`` (sorted ids) as a symmetric 0/1 sparse matrix, zero diagonal.
+
+    >>> A = friend_adjacency(np.array([[1, 2], [2, 1], [3, 1], [9, 1]]), np.array([1, 2, 3]))
+    >>> A.toarray().astype(int).tolist()
+    [[0, 1, 1], [1, 0, 0], [1, 0, 0]]
+    """
+    edges = friend_edges(friends, users)
+    n = len(users)
+    A = sp.coo_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    return sp.csr_matrix(A + A.T)
 
 
 def _allocate(sizes: IntArray, n_clusters: int) -> IntArray:

@@ -38,6 +38,10 @@ def test_flags_override_environment_over_defaults() -> None:
         ({"tick_seconds": "0"}, "tick_seconds"),
         ({"tree_levels": "0"}, "tree_levels"),
         ({"catalog": "movielens"}, "catalog"),
+        ({"graph": "friends"}, "graph"),
+        ({"graph": "users"}, "graph"),  # the synthetic catalog: every user is a unit already
+        ({"graph": "users", "catalog": "lastfm", "mode": "federated", "privacy_unit": "event"}, "graph"),
+        ({"graph": "users", "catalog": "lastfm", "algorithm": "ss-gaussian"}, "graph"),
         ({"d": "0"}, "d"),
         ({"partitions": "2.5"}, "partitions"),
         ({"lambda_": "-1"}, "lambda_"),
