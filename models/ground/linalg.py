@@ -39,7 +39,11 @@ def ucb_scores(theta: FloatArray, M: FloatArray, contexts: FloatArray, alpha: fl
     if X.ndim != 2 or X.shape[1] != theta.shape[0]:
         raise ValueError(f"`contexts` must have shape (K, {theta.shape[0]}), got {X.shape}.")
     mean = X @ theta
-    bonus = alpha * np.sqrt(np.maximum(((X @ M) * X).sum(axis=1), 0.0))
+    XM = X @ M
+    XM *= X
+    q = XM.sum(axis=1)  # x^T M x per row
+    bonus = np.sqrt(np.maximum(q, 0.0, out=q), out=q)
+    bonus *= alpha
     return mean, bonus
 
 

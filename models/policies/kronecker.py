@@ -288,7 +288,8 @@ class KroneckerUCB:
     def select(self, user: int, contexts: FloatArray) -> int:
         """Index (into ``contexts``) of the arm with the highest UCB score; first on ties."""
         mean, bonus = self.scores(user, contexts)
-        return int(np.argmax(mean + bonus))
+        mean += bonus
+        return int(mean.argmax())
 
     # ------------------------------------------------------------------ learning
 
@@ -428,6 +429,8 @@ class KroneckerUCB:
         self._cache.clear()
 
     def _check_user(self, user: int) -> None:
+        if type(user) is int and 0 <= user < self.n_users:  # the common case, without isinstance's tuple
+            return
         if not (isinstance(user, (int, np.integer)) and 0 <= user < self.n_users):
             raise ValueError(f"`user` must be an integer in [0, {self.n_users}), got {user!r}.")
 
