@@ -25,7 +25,7 @@ import redis
 from models.streaming import UnitStats
 
 from .catalog import Catalog
-from .records import MalformedEvent, parse_batch, parse_interaction
+from .records import MalformedEvent, ParsedBatch, parse_batch, parse_interaction
 from .trusted import TrustedStore
 from .userlevel import PENDING_SCRIPT, Contribution, UserLevelKeys, decode_contribution, encode_contribution
 
@@ -209,23 +209,8 @@ class UserIngestProcessor(IngestProcessor):
         dead = [DeadLetterItem(fresh[i][0], fresh[i][1], reason) for i, reason in parsed.dead]
         d = self.catalog.d
         work = {u: Contribution(c.unit, c.count, c.gram.copy(), c.b.copy(), dict(c.items)) for u, c in pending.items()}
-        touched: set[str] = set()
-        for j, user in enumerate(parsed.users):
-            c = work.get(user)
-            if c is None:
-                c = work[user] = Contribution.empty(int(parsed.units[j]), d)
-            x, r = parsed.contexts[j], float(parsed.rewards[j])
-            if parsed.listens[j]:
-                x, rb = x * self.listen_scale, r * self.listen_scale
-            else:
-                rb = r
-            c.gram += np.outer(x, x)
-            c.b += rb * x
-            c.count += 1
-            if self.n_items and parsed.items[j] >= 0:
-                a = int(parsed.items[j])
-                c.items[a] = c.items.get(a, 0.0) + r
-            touched.add(user)
+        touched = set(parsed.users)
+        self._fold_users(work, parsed, d)
         next_offset = (fresh[-1][0] + 1) if fresh else (stored if stored is not None else 0)
         batch = PreparedBatch(partition, stored, next_offset, UnitStats.zeros(n_units=1, d=d), parsed.units,
                               len(parsed.units), len(msgs) - len(fresh), dead, dict(Counter(parsed.users)))
@@ -233,6 +218,44 @@ class UserIngestProcessor(IngestProcessor):
         batch.foldgen = gen  # type: ignore[attr-defined]
         batch.work = work  # type: ignore[attr-defined]
         return batch
+
+    def _fold_users(self, work: dict[str, Contribution], parsed: ParsedBatch, d: int) -> None:
+        """Add each event to its user's open contribution, per user in event order — bit-identical to adding them
+        one at a time (``np.add.accumulate`` is strictly sequential), one numpy pass per user of the batch."""
+        n = len(parsed.users)
+        if not n:
+            return
+        scale = np.where(parsed.listens, self.listen_scale, 1.0)  # x * 1.0 == x exactly
+        X = parsed.contexts * scale[:, None]
+        rb = parsed.rewards * scale
+        local: dict[str, int] = {}
+        ids = np.fromiter((local.setdefault(u, len(local)) for u in parsed.users), dtype=np.int64, count=n)
+        order = np.argsort(ids, kind="stable")
+        sorted_ids = ids[order]
+        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+        ends = np.r_[starts[1:], n]
+        names = list(local)
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            rows = order[s:e]
+            user = names[int(sorted_ids[s])]
+            c = work.get(user)
+            if c is None:
+                c = work[user] = Contribution.empty(int(parsed.units[rows[0]]), d)
+            G = np.empty((e - s + 1, d, d))
+            G[0] = c.gram
+            np.multiply(X[rows, :, None], X[rows, None, :], out=G[1:])
+            np.add.accumulate(G, axis=0, out=G)
+            B = np.empty((e - s + 1, d))
+            B[0] = c.b
+            np.multiply(rb[rows, None], X[rows], out=B[1:])
+            np.add.accumulate(B, axis=0, out=B)
+            c.gram, c.b = G[-1].copy(), B[-1].copy()
+            c.count += e - s
+        if self.n_items:  # the item sums take the unscaled reward
+            for j in np.flatnonzero(parsed.items >= 0).tolist():
+                c = work[parsed.users[j]]
+                a = int(parsed.items[j])
+                c.items[a] = c.items.get(a, 0.0) + float(parsed.rewards[j])
 
     def commit(self, batch: PreparedBatch) -> bool:
         if batch.expected_offset is not None and batch.next_offset == batch.expected_offset:

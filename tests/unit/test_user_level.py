@@ -199,3 +199,37 @@ def test_settings_refuse_a_user_level_they_cannot_give(overrides: dict[str, obje
     with pytest.raises(SettingsError) as exc:
         Settings(**overrides)  # type: ignore[arg-type]
     assert exc.value.setting == field
+
+
+def test_batched_user_contributions_are_bit_identical_to_adding_events_one_at_a_time() -> None:
+    """The worker folds a batch per user in one numpy pass; the sums must be the sequential loop's, bit for bit."""
+    from pipeline.ingest import UserIngestProcessor
+    from pipeline.records import ParsedBatch
+
+    rng = np.random.default_rng(3)
+    n, d, scale = 300, 5, 0.2
+    users = [f"u{int(k)}" for k in rng.integers(0, 7, n)]
+    X = rng.normal(size=(n, d)) / 3
+    r = rng.random(n).round(2)
+    listens = rng.random(n) < 0.3
+    items = np.where(rng.random(n) < 0.8, rng.integers(0, 9, n), -1)
+    units = np.array([int(u[1:]) % 3 for u in users])
+    parsed = ParsedBatch(units, X, r, users, [], items, listens)
+    proc = object.__new__(UserIngestProcessor)  # only the fold: no Redis
+    proc.listen_scale, proc.n_items = scale, 9
+    start = {"u1": Contribution(1, 4, rng.normal(size=(d, d)), rng.normal(size=d), {2: 1.0})}
+    work = {u: Contribution(c.unit, c.count, c.gram.copy(), c.b.copy(), dict(c.items)) for u, c in start.items()}
+    proc._fold_users(work, parsed, d)
+    ref = {u: Contribution(c.unit, c.count, c.gram.copy(), c.b.copy(), dict(c.items)) for u, c in start.items()}
+    for j, user in enumerate(users):  # the reference: one event at a time, in order
+        c = ref.setdefault(user, Contribution.empty(int(units[j]), d))
+        x, rb = (X[j] * scale, r[j] * scale) if listens[j] else (X[j], r[j])
+        c.gram += np.outer(x, x)
+        c.b += rb * x
+        c.count += 1
+        if items[j] >= 0:
+            c.items[int(items[j])] = c.items.get(int(items[j]), 0.0) + float(r[j])
+    assert set(work) == set(ref) and len(ref) == 7
+    for u in ref:
+        assert work[u].unit == ref[u].unit and work[u].count == ref[u].count and work[u].items == ref[u].items
+        assert np.array_equal(work[u].gram, ref[u].gram) and np.array_equal(work[u].b, ref[u].b)
