@@ -84,7 +84,8 @@ class Recommender:
         self.catalog = catalog
         self.meta_ttl = float(meta_ttl)
         self._cache: dict[int, _UnitModel] = {}
-        self._items: tuple[int, float, np.ndarray] | None = None  # (version, weight, popularity) of the item term
+        # (model version, (weight, popularity) or None: no item term) of the item term
+        self._items: tuple[int, tuple[float, np.ndarray] | None] | None = None
         self._meta: dict[str, str] = {}
         self._meta_at = -math.inf
         self._lock = threading.Lock()
@@ -144,17 +145,19 @@ class Recommender:
         return np.frombuffer(bytes.fromhex(text), dtype="<f8").reshape(d, d).copy()
 
     def item_term(self, version: int) -> tuple[float, np.ndarray] | None:
-        """``(weight, popularity per catalog row)`` of the served item term at ``version``, or ``None`` (off)."""
+        """``(weight, popularity per catalog row)`` of the served item term at ``version``, or ``None`` (off).
+
+        Cached per model version, the absence too: a model without an item term costs no Redis read per request.
+        """
         hit = self._items
         if hit is not None and hit[0] == version:
-            return hit[1], hit[2]
+            return hit[1]
         raw = self.r.hgetall(self.keys.model_items)
-        if not raw:
-            return None
-        entry = (int(raw[b"version"]), float(raw[b"weight"]), np.frombuffer(raw[b"pop"], dtype="<f8").copy())
-        with self._lock:
-            self._items = entry
-        return entry[1], entry[2]
+        term = None if not raw else (float(raw[b"weight"]), np.frombuffer(raw[b"pop"], dtype="<f8").copy())
+        if not raw or int(raw[b"version"]) == version:  # (written with the meta: absent now, absent at `version`)
+            with self._lock:
+                self._items = (version, term)
+        return term
 
     def recommend(self, user: str, candidates: Sequence[str] | None = None, k: int = 10) -> dict[str, Any]:
         """Top-``k`` of ``candidates`` (default: the catalog's default pool) by UCB score."""

@@ -121,6 +121,9 @@ def test_serving_reads_only_released_and_model_keys(running: Stack) -> None:
     for key in touched:
         assert key.startswith(allowed), f"serving read {key!r}"
     assert not any(":trusted:" in k or ":noise:" in k for k in touched)
+    # the item term (off here: a synthetic catalog) is looked up once per model version, not per request
+    versions = {rec.meta()["version"]}
+    assert touched.count(keys.model_items) <= 2 * len(versions) + 1 < 2 * len(running.catalog().users) + 1
 
 
 def test_serving_module_cannot_reach_trusted_keys() -> None:
