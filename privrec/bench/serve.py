@@ -21,7 +21,10 @@ Reported per concurrency: p50/p90/p99 latency (wrk's per-request histogram),
 requests/s, non-2xx count, and the server's CPU time per request (from
 ``/proc``, robust to other jobs on the machine, unlike wall time); plus the
 settings and machine info (load average before and after: the machine is
-shared). Target (issue 4): p99 ≤ 5 ms and ≥ 2,000 req/s.
+shared). Target (issue 4): p99 ≤ 5 ms and ≥ 2,000 req/s. Then (issue 13) at 8 connections,
+interleaved: ``/recommend`` with K = 25 and with K = 1,000 candidates beside a minimal aiohttp
+endpoint returning a constant JSON (:mod:`privrec.bench.minimal`) under the same load; target:
+K = 25 at ≥ 0.5× the minimal endpoint's requests/s with p99 ≤ 5 ms.
 
 Examples
 --------
@@ -327,15 +330,18 @@ def _lua_script(paths: Sequence[str]) -> str:
             "end\n")
 
 
-def request_paths(users: Sequence[str], arms: Sequence[str], n: int = 2000, *, seed: int = 0) -> list[str]:
-    """``n`` request paths: a random user and ``K_CANDIDATES`` distinct random candidates each.
+def request_paths(users: Sequence[str], arms: Sequence[str], n: int = 2000, *, seed: int = 0,
+                  k_candidates: int = K_CANDIDATES) -> list[str]:
+    """``n`` request paths: a random user and ``k_candidates`` distinct random candidates each.
 
     >>> request_paths(["7"], [str(a) for a in range(30)], 1)[0].startswith("/recommend?user=7&k=10&candidates=")
     True
+    >>> len(request_paths(["7"], [str(a) for a in range(30)], 1, k_candidates=30)[0].split("candidates=")[1].split(","))
+    30
     """
     rng = random.Random(seed)
     return [f"/recommend?user={rng.choice(users)}&k={TOP_K}&candidates=" + ",".join(rng.sample(list(arms),
-                                                                                                 K_CANDIDATES))
+                                                                                                 k_candidates))
             for _ in range(n)]
 
 
@@ -365,14 +371,62 @@ def run_wrk(wrk: str, url: str, script: Path, *, connections: int, duration: flo
 # ---------------------------------------------------------------------------------------
 
 TARGET = {"p99_ms": 5.0, "requests_per_s": 2000.0}
+#: Issue 13: at 8 connections, /recommend (K = 25) at >= 0.5x the minimal endpoint's requests/s and p99 <= 5 ms.
+PEER_CONNECTIONS = 8
+PEER_TARGET = {"ratio_k25": 0.5, "p99_ms": 5.0}
+#: The large request: every arm of the synthetic catalog as a candidate.
+K_LARGE = 1000
+
+
+@contextlib.contextmanager
+def minimal_server(state_dir: Path) -> Iterator[Any]:
+    """``python -m privrec.bench.minimal`` on a free loopback port (a :class:`pipeline.services.ServiceHandle`)."""
+    from pipeline import services
+
+    port = services.free_port()
+    handle = services.start_process(
+        "minimal-web", [sys.executable, "-m", "privrec.bench.minimal", "--port", str(port)], state_dir,
+        env={**os.environ}, address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}",
+        ready=lambda: _http_ok(f"http://127.0.0.1:{port}/recommend"), timeout=60)
+    try:
+        yield handle
+    finally:
+        services.stop(handle, grace_seconds=5)
+
+
+def peer_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians per target and the ratios to the minimal endpoint, with the verdicts.
+
+    >>> runs = [{"target": t, "concurrency": 8, "duration_s": 5, "p50_ms": 1.0, "p99_ms": p, "non_2xx": 0,
+    ...          "requests_per_s": r} for t, p, r in (("recommend_k25", 4.0, 3000.0), ("minimal", 1.0, 5000.0),
+    ...                                                ("recommend_k1000", 9.0, 1000.0))]
+    >>> s = peer_summary(runs)
+    >>> s["ratio_k25"], s["ratio_k1000"], s["met"]
+    (0.6, 0.2, {'ratio_k25': True, 'p99_ms': True})
+    """
+    by = {t: _median_run([r for r in runs if r["target"] == t]) for t in dict.fromkeys(r["target"] for r in runs)}
+    base = by["minimal"]["requests_per_s"]
+    k25 = by["recommend_k25"]
+    out: dict[str, Any] = {"connections": k25["concurrency"], **by,
+                           "ratio_k25": round(k25["requests_per_s"] / base, 3)}
+    if "recommend_k1000" in by:
+        out["ratio_k1000"] = round(by["recommend_k1000"]["requests_per_s"] / base, 3)
+    out["target"] = PEER_TARGET
+    out["met"] = {"ratio_k25": out["ratio_k25"] >= PEER_TARGET["ratio_k25"],
+                  "p99_ms": k25["p99_ms"] <= PEER_TARGET["p99_ms"] and k25["non_2xx"] == 0}
+    return out
 
 
 def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 4, 8, 32), duration: float = 5.0,
                 repeats: int = 3, warmup: float = 3.0, events: int = 5000, settings: Mapping[str, str] | None = None,
-                state_dir: Path | None = None) -> dict[str, Any]:
+                state_dir: Path | None = None, peers: bool = True) -> dict[str, Any]:
     """Start a stack, seed the model, run wrk ``repeats`` times at each concurrency (interleaved, so
     that a burst of other jobs on the machine does not hit one level only); return the JSON document
-    with the raw runs and, per concurrency, the median of each number over the repeats."""
+    with the raw runs and, per concurrency, the median of each number over the repeats.
+
+    ``peers``: then, at :data:`PEER_CONNECTIONS`, interleaved over the repeats, ``/recommend`` with K = 25 and
+    with K = 1,000 candidates and the minimal aiohttp endpoint (:mod:`privrec.bench.minimal`) under the same
+    wrk load: ``doc["peers"]`` has each one's medians and the ratios of requests/s to the minimal endpoint."""
     from privrec.experiments.runner import machine_info
 
     wrk = ensure_wrk()
@@ -401,6 +455,23 @@ def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 4, 8, 32), durati
         runs = [dict(run_wrk(wrk, stack.base_url, script, connections=c, duration=duration,
                              server_pid=stack.web.pid), repeat=rep)
                 for rep in range(repeats) for c in concurrency]
+        peer_runs: list[dict[str, Any]] = []
+        if peers:  # K = 25, K = 1,000 and the minimal endpoint, interleaved, at PEER_CONNECTIONS
+            large = request_paths(users["users"], list(catalog.arm_ids), 200,  # type: ignore[attr-defined]
+                                  k_candidates=min(K_LARGE, len(catalog.arm_ids)))  # type: ignore[attr-defined]
+            status, probe = stack.get_json(large[0])
+            if status != 200 or len(probe["items"]) != TOP_K:
+                raise RuntimeError(f"probe request with {K_LARGE} candidates answered {status}: {probe}")
+            script_large = out / "serve-requests-k1000.lua"
+            script_large.write_text(_lua_script(large))
+            minimal = es.enter_context(minimal_server(sd))
+            targets = [("recommend_k25", stack.base_url, script, stack.web.pid),
+                       ("recommend_k1000", stack.base_url, script_large, stack.web.pid),
+                       ("minimal", minimal.url, script, minimal.pid)]
+            run_wrk(wrk, minimal.url, script, connections=PEER_CONNECTIONS, duration=warmup)
+            peer_runs = [dict(run_wrk(wrk, url, scr, connections=PEER_CONNECTIONS, duration=duration,
+                                      server_pid=pid), repeat=rep, target=name)
+                         for rep in range(repeats) for name, url, scr, pid in targets]
     load_after = os.getloadavg()
     summary = [_median_run([r for r in runs if r["concurrency"] == c]) for c in concurrency]
     best = _verdict(summary)
@@ -411,6 +482,7 @@ def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 4, 8, 32), durati
         **best,
         "by_concurrency": summary,
         "runs": runs,
+        **({"peers": peer_summary(peer_runs), "peer_runs": peer_runs} if peer_runs else {}),
         "settings": {"k_candidates": K_CANDIDATES, "top_k": TOP_K, "d": int(world["PRIVREC_D"]),
                      "n_users": int(world["PRIVREC_N_USERS"]), "n_arms": int(world["PRIVREC_N_ARMS"]),
                      "algorithm": world["PRIVREC_ALGORITHM"], "epsilon": float(world["PRIVREC_EPSILON"]),
@@ -494,6 +566,8 @@ def register(bsub: Any) -> None:
                    help="runs per concurrency, interleaved; medians are reported (default 3)")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up load (default 3)")
     p.add_argument("--events", type=int, default=5000, help="interactions that seed the model (default 5000)")
+    p.add_argument("--no-peers", action="store_true",
+                   help="skip the K = 1,000 and minimal-endpoint runs at 8 connections")
     p.set_defaults(func=_run)
 
 
@@ -505,7 +579,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError(f"`--repeats` must be positive, got {args.repeats}.")
     doc = bench_serve(args.out, concurrency=args.concurrency, duration=args.duration, repeats=args.repeats,
-                      warmup=args.warmup, events=args.events)
+                      warmup=args.warmup, events=args.events, peers=not args.no_peers)
     (args.out / "serve.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(f"medians of {args.repeats} runs of {args.duration:g} s at each concurrency C:")
     print(f"{'C':>4} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'req/s':>9} {'cpu µs/req':>11} {'non-2xx':>8}")
@@ -518,5 +592,15 @@ def _run(args: argparse.Namespace) -> int:
           f"{doc['requests_per_s']:.0f} req/s; target p99 <= 5 ms and >= 2,000 req/s: {verdict}; "
           f"loadavg {doc['machine']['loadavg_before']} -> {doc['machine']['loadavg_after']}; "
           f"machine yardstick sum(range(1000)) = {doc['machine']['python_speed_us']:.1f} µs")
+    if "peers" in doc:
+        pe = doc["peers"]
+        print(f"at {pe['connections']} connections, medians of {args.repeats} interleaved runs:")
+        for name, label in (("recommend_k25", "/recommend, K = 25"), ("recommend_k1000", "/recommend, K = 1,000"),
+                            ("minimal", "minimal aiohttp endpoint (constant JSON)")):
+            r = pe[name]
+            print(f"  {label:<42} {r['requests_per_s']:>8.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms")
+        print(f"  ratio to the minimal endpoint: K = 25 {pe['ratio_k25']:.2f} (target >= 0.5: "
+              f"{'met' if pe['met']['ratio_k25'] else 'MISSED'}), K = 1,000 {pe['ratio_k1000']:.2f}; "
+              f"p99 at K = 25 <= 5 ms: {'met' if pe['met']['p99_ms'] else 'MISSED'}")
     print(f"wrote {args.out}/serve.json", file=sys.stderr)
     return 0
