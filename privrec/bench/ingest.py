@@ -72,12 +72,13 @@ class _Env:
     handles: dict[str, Any] = field(default_factory=dict)
 
 
-def _start_worker(env: _Env, kafka: str, namespace: str, *, profile_path: Path | None = None) -> Any:
+def _start_worker(env: _Env, kafka: str, namespace: str, *, profile_path: Path | None = None,
+                  suffix: str = "") -> Any:
     from pipeline import services
     from privrec.ops import child_env
 
     settings = env.settings.replace(kafka=kafka, redis_url=env.redis_url, namespace=namespace)
-    name = f"worker-{namespace}"  # also its id in the workers' status hash
+    name = f"worker-{namespace}{suffix}"  # also its id in the workers' status hash
     child = child_env(settings, env.state, loglevel="WARNING") | {"PRIVREC_WORKER_ID": name}
     argv = [sys.executable, "-m", "pipeline.worker"]
     if profile_path is not None:
@@ -176,6 +177,64 @@ def _phase_preproduced(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *
         _stop(env, broker.name)
 
 
+def _phase_two_workers(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *, timeout: float = 600) -> dict[str, Any]:
+    """Pre-produced events, two workers of one consumer group: the rate from the moment both own partitions
+    (the group has settled; the first to start may ingest alone until then) until every event is committed."""
+    import redis
+
+    from pipeline import services
+    from privrec.ops import wait_workers
+
+    n = len(values)
+    s = env.settings
+    broker = services.start_broker(env.state, name=f"kafka-{tag}")
+    env.handles[broker.name] = broker
+    ns = f"bench{tag}"
+    names: list[str] = []
+    try:
+        services.create_topics(broker.address, {TOPIC: s.partitions, "dead-letters": 1, "recommendations": 1})
+        asyncio.run(produce(broker.address, values))
+        cpu0 = _cpu_snapshot(env)
+        workers = [_start_worker(env, broker.address, ns, suffix=f"-{i}") for i in range(2)]
+        names = [w.name for w in workers]
+        for w in workers:
+            cpu0[w.name] = 0.0
+        poller = Poller(env.redis_url, ns, s.partitions)
+        poller.start()
+        try:
+            client = redis.Redis.from_url(env.redis_url)
+            assigned = wait_workers(client, ns, workers, s.partitions, timeout=120)
+            client.close()
+            last = poller.sample()  # the moment the group has settled
+            t_both, c_both = last[0], last[1]
+            poller.wait(lambda x: x[1] >= n, timeout, f"all {n} events ingested by two workers")
+            cpu1 = _cpu_snapshot(env)
+        finally:
+            poller.stop()
+        t_ingested = poller.first(1, n)[0]  # type: ignore[index]
+        counted = n - c_both
+        return {"what": "events produced before two workers of one consumer group start; the rate from the moment "
+                        "both own partitions until all are committed",
+                "events": n, "events_after_both_assigned": counted, "partitions": assigned,
+                "ingest_events_per_s": rate(counted, t_ingested - t_both) if counted > 0 else None,
+                "ingest_s": round(t_ingested - t_both, 3), "cpu_seconds": _cpu_delta(cpu0, cpu1)}
+    finally:
+        for name in names:
+            _stop(env, name)
+        _stop(env, broker.name)
+
+
+def second_worker_share(one: float | None, two: float | None) -> float | None:
+    """What the second worker adds, as a share of the first's rate: ``(two - one) / one``.
+
+    >>> second_worker_share(100.0, 160.0), second_worker_share(100.0, 90.0), second_worker_share(None, 5.0)
+    (0.6, -0.1, None)
+    """
+    if not one or two is None:
+        return None
+    return round((two - one) / one, 3)
+
+
 def _phase_concurrent(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *, timeout: float = 600) -> dict[str, Any]:
     import redis
 
@@ -251,7 +310,8 @@ def _services(keep: bool) -> Iterator[tuple[Path, Any]]:
 
 def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch_size: int | None = None,
                  tick_seconds: float | None = None, concurrent: bool = True, profile_dir: Path | None = None,
-                 keep: bool = False, say: Any = None, algorithm: str = "linucb") -> dict[str, Any]:
+                 keep: bool = False, say: Any = None, algorithm: str = "linucb", two_workers: bool = True
+                 ) -> dict[str, Any]:
     """Run the benchmark (see the module docstring) and return the JSON document.
 
     Parameters
@@ -275,6 +335,9 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
         Called with progress lines.
     algorithm
         ``linucb`` (default), ``colin`` or ``goblin``: what the release and solve stages run.
+    two_workers
+        Also ingest the events with two workers of one consumer group (``two_workers``) and report what the
+        second adds (``summary["second_worker_share"]``; target >= 0.6 of the first's rate).
     """
     from pipeline.settings import Settings
     from privrec.experiments.runner import machine_info
@@ -294,6 +357,9 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
         env = _Env(state, settings, rds.url, {rds.name: rds})
         note("pre-produced phase: produce, raw consume x3, then the worker")
         doc["preproduced"] = _phase_preproduced(env, values, "a", raw=True)
+        if two_workers:
+            note("two-worker phase: produce, then two workers of one consumer group")
+            doc["two_workers"] = _phase_two_workers(env, values, "w")
         if concurrent:
             note("concurrent phase: worker ready, then produce while it ingests")
             doc["concurrent"] = _phase_concurrent(env, values, "b")
@@ -330,6 +396,15 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
         "ingest_events_per_worker_cpu_second": round(1e6 / pre["worker_cpu_us_per_event"])
         if pre["worker_cpu_us_per_event"] else None,
         "worker_cpu_share_while_ingesting": pre["worker_cpu_share_while_ingesting"],
+        "consume_json_events_per_s": pre.get("consume_json_events_per_s"),
+        "ratio_end_to_end_to_consume_json": round(pre["end_to_end_events_per_s"] / pre["consume_json_events_per_s"], 3)
+        if pre.get("consume_json_events_per_s") else None,
+        "ratio_ingest_to_consume_json": round(pre["ingest_events_per_s"] / pre["consume_json_events_per_s"], 3)
+        if pre.get("consume_json_events_per_s") else None,
+        "two_workers_ingest_events_per_s": doc.get("two_workers", {}).get("ingest_events_per_s"),
+        "second_worker_share": second_worker_share(pre["ingest_events_per_s"],
+                                                   doc.get("two_workers", {}).get("ingest_events_per_s")),
+        "targets": {"ratio_end_to_end_to_consume_json": 0.5, "second_worker_share": 0.6},
         "meets_target": bool(pre["end_to_end_events_per_s"] and pre["end_to_end_events_per_s"] >= TARGET_EVENTS_PER_S),
         "which": "preproduced (events in the topic before the worker starts); see `concurrent` for produce+ingest",
     }
@@ -365,6 +440,18 @@ def _print(doc: dict[str, Any]) -> None:
         print(f"  produce (aiokafka, from the bench process):            {c['produce_events_per_s']:>10,.0f} ev/s")
         if c.get("worker_cpu_us_per_event"):
             print(f"  worker CPU per event: {c['worker_cpu_us_per_event']} µs")
+    print(f"  end-to-end / (consume + json.loads): {sm['ratio_end_to_end_to_consume_json']:.3f} (target >= 0.5: "
+          f"{'met' if (sm['ratio_end_to_end_to_consume_json'] or 0) >= 0.5 else 'MISSED'}); ingest only / (consume "
+          f"+ json.loads): {sm['ratio_ingest_to_consume_json']:.3f}")
+    if "two_workers" in doc:
+        t = doc["two_workers"]
+        share = sm["second_worker_share"]
+        print(f"two workers, one consumer group ({t['events_after_both_assigned']:,} events after both own partitions "
+              f"{t['partitions']}):")
+        print(f"  ingest: {t['ingest_events_per_s'] or float('nan'):>10,.0f} ev/s against one worker's "
+              f"{sm['ingest_events_per_s']:,.0f}: the second adds {share if share is not None else float('nan'):.2f} of "
+              f"the first's rate (target >= 0.6: {'met' if share is not None and share >= 0.6 else 'MISSED'}); "
+              f"cpu seconds {t['cpu_seconds']}")
     prof = doc.get("profiled", {}).get("profile")
     if prof and "main_thread_categories" in prof:
         print(f"where the worker's time goes while ingesting ({prof['tool']}):")
@@ -389,6 +476,7 @@ def register(bsub: Any) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="worker batch size (default: the setting's)")
     p.add_argument("--tick-seconds", type=float, default=None, help="release tick (default: the setting's)")
     p.add_argument("--no-concurrent", action="store_true", help="skip the concurrent produce+ingest phase")
+    p.add_argument("--no-two-workers", action="store_true", help="skip the two-worker phase")
     p.add_argument("--algorithm", choices=("linucb", "colin", "goblin"), default="linucb",
                    help="the model the release and solve stages run (default linucb)")
     p.add_argument("--profile", action="store_true",
@@ -406,7 +494,7 @@ def _run(args: argparse.Namespace) -> int:
     doc = bench_ingest(events=args.events, n_users=args.users, d=args.d, batch_size=args.batch_size,
                        tick_seconds=args.tick_seconds, concurrent=not args.no_concurrent,
                        profile_dir=args.out if args.profile else None, keep=args.keep, algorithm=args.algorithm,
-                       say=lambda line: print(f"bench ingest: {line}", file=sys.stderr, flush=True))
+                       two_workers=not args.no_two_workers, say=lambda line: print(f"bench ingest: {line}", file=sys.stderr, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ingest.json").write_text(json.dumps(doc, indent=2) + "\n")
     _print(doc)
