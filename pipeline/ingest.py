@@ -220,8 +220,9 @@ class UserIngestProcessor(IngestProcessor):
         return batch
 
     def _fold_users(self, work: dict[str, Contribution], parsed: ParsedBatch, d: int) -> None:
-        """Add each event to its user's open contribution, per user in event order — bit-identical to adding them
-        one at a time (``np.add.accumulate`` is strictly sequential), one numpy pass per user of the batch."""
+        """Add each event to its user's open contribution: per user of the batch, one product
+        ``gram += X_u^T X_u``, ``b += X_u^T r_u`` (equal to adding the events one at a time up to rounding; the
+        user-level sums are clipped and noised per tick, and nothing compares them bit for bit)."""
         n = len(parsed.users)
         if not n:
             return
@@ -241,15 +242,9 @@ class UserIngestProcessor(IngestProcessor):
             c = work.get(user)
             if c is None:
                 c = work[user] = Contribution.empty(int(parsed.units[rows[0]]), d)
-            G = np.empty((e - s + 1, d, d))
-            G[0] = c.gram
-            np.multiply(X[rows, :, None], X[rows, None, :], out=G[1:])
-            np.add.accumulate(G, axis=0, out=G)
-            B = np.empty((e - s + 1, d))
-            B[0] = c.b
-            np.multiply(rb[rows, None], X[rows], out=B[1:])
-            np.add.accumulate(B, axis=0, out=B)
-            c.gram, c.b = G[-1].copy(), B[-1].copy()
+            Xu = X[rows]
+            c.gram = c.gram + Xu.T @ Xu
+            c.b = c.b + rb[rows] @ Xu
             c.count += e - s
         if self.n_items:  # the item sums take the unscaled reward
             for j in np.flatnonzero(parsed.items >= 0).tolist():

@@ -201,8 +201,9 @@ def test_settings_refuse_a_user_level_they_cannot_give(overrides: dict[str, obje
     assert exc.value.setting == field
 
 
-def test_batched_user_contributions_are_bit_identical_to_adding_events_one_at_a_time() -> None:
-    """The worker folds a batch per user in one numpy pass; the sums must be the sequential loop's, bit for bit."""
+def test_batched_user_contributions_equal_adding_events_one_at_a_time() -> None:
+    """The worker folds a batch per user with one matrix product; the sums are the sequential loop's up to
+    rounding (a few ulps of the entries' magnitude), the counts and item sums exactly."""
     from pipeline.ingest import UserIngestProcessor
     from pipeline.records import ParsedBatch
 
@@ -232,4 +233,7 @@ def test_batched_user_contributions_are_bit_identical_to_adding_events_one_at_a_
     assert set(work) == set(ref) and len(ref) == 7
     for u in ref:
         assert work[u].unit == ref[u].unit and work[u].count == ref[u].count and work[u].items == ref[u].items
-        assert np.array_equal(work[u].gram, ref[u].gram) and np.array_equal(work[u].b, ref[u].b)
+        # reordered sums of ~50 terms of magnitude <= ~10: |error| <= 50 * 2.2e-16 * 10 ≈ 1.1e-13
+        np.testing.assert_allclose(work[u].gram, ref[u].gram, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(work[u].b, ref[u].b, rtol=0, atol=1e-13)
+    assert not np.allclose(work["u1"].gram, start["u1"].gram)  # the open contribution was added to
