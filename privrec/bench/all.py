@@ -99,7 +99,9 @@ def register(bsub: Any) -> None:
                         description="core (with MABWiser's LinUCB when installed), ingest, freshness, serve, scale, "
                                     "memory and noise, one after the other; writes bench.json and bench.md to --out.")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--ingest-events", type=int, default=50_000, help="events of the ingest benchmark (default 50000)")
+    p.add_argument("--ingest-events", type=int, default=200_000,
+                   help="events of the ingest benchmark (default 200000: the 1 s release tick is a fixed latency "
+                        "inside the end-to-end rate, so fewer events understate it)")
     p.add_argument("--quick", action="store_true", help="smaller runs (a few minutes)")
     p.set_defaults(func=_run)
 
@@ -134,19 +136,76 @@ def _get(d: dict[str, Any], *path: str) -> Any:
     return d
 
 
+def _fmt(v: Any, spec: str = ".3g") -> str:
+    return "—" if v is None else format(v, spec) if isinstance(v, (int, float)) else str(v)
+
+
+def _verdict(value: Any, target: float, *, at_most: bool = False) -> str:
+    if value is None:
+        return "not measured"
+    ok = value <= target if at_most else value >= target
+    return "met" if ok else "**missed**"
+
+
+def target_rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """``(target, measured, issue 13's bound, verdict)`` for every target the run measured.
+
+    >>> rows = target_rows({"core": {"linucb_us": 13.0, "mabwiser_linucb_us": 650.0, "speedup_vs_mabwiser_linucb": 50.0},
+    ...                     "freshness": {"p50_s": 0.4, "p99_s": 1.0}})
+    >>> [(r[0][:14], r[3]) for r in rows if r[3] not in ("not measured", "—")]
+    [('in-process dec', 'met'), ('freshness p50 ', 'met')]
+    >>> target_rows({"serve": {"peers": {"ratio_k25": 0.17, "recommend_k25": {"p99_ms": 2.7}}}})[3][3]
+    '**missed**'
+    """
+    c, f = doc.get("core", {}), doc.get("freshness", {})
+    ing, srv = _get(doc, "ingest", "summary") or {}, _get(doc, "serve", "peers") or {}
+    sc = _get(doc, "scale", "rows") or {}
+    big, lastfm = sc.get("100000") or {}, sc.get("1892") or {}
+    k25, k1000 = srv.get("recommend_k25") or {}, srv.get("recommend_k1000") or {}
+    return [
+        ("in-process decide+update vs MABWiser's LinUCB",
+         f"{_fmt(c.get('linucb_us'))} µs vs {_fmt(c.get('mabwiser_linucb_us'))} µs: "
+         f"{_fmt(c.get('speedup_vs_mabwiser_linucb'))}×", "≥ 50×", _verdict(c.get("speedup_vs_mabwiser_linucb"), 50)),
+        ("end-to-end ingest / (consume + json.loads), one worker",
+         f"{_fmt(ing.get('end_to_end_events_per_s'), ',.0f')} / {_fmt(ing.get('consume_json_events_per_s'), ',.0f')} "
+         f"events/s: {_fmt(ing.get('ratio_end_to_end_to_consume_json'))} (ingest only "
+         f"{_fmt(ing.get('ratio_ingest_to_consume_json'))})", "≥ 0.5",
+         _verdict(ing.get("ratio_end_to_end_to_consume_json"), 0.5)),
+        ("the second worker's share of the first's rate",
+         f"{_fmt(ing.get('two_workers_ingest_events_per_s'), ',.0f')} vs {_fmt(ing.get('ingest_events_per_s'), ',.0f')} "
+         f"events/s: {_fmt(ing.get('second_worker_share'))}", "≥ 0.6", _verdict(ing.get("second_worker_share"), 0.6)),
+        ("/recommend K = 25 / minimal aiohttp endpoint, 8 connections",
+         f"{_fmt(k25.get('requests_per_s'), ',.0f')} / {_fmt(_get(srv, 'minimal', 'requests_per_s'), ',.0f')} "
+         f"requests/s: {_fmt(srv.get('ratio_k25'))}", "≥ 0.5", _verdict(srv.get("ratio_k25"), 0.5)),
+        ("/recommend K = 25 p99, 8 connections", f"{_fmt(k25.get('p99_ms'))} ms", "≤ 5 ms",
+         _verdict(k25.get("p99_ms"), 5.0, at_most=True)),
+        ("/recommend K = 1,000, 8 connections (reported)",
+         f"{_fmt(k1000.get('requests_per_s'), ',.0f')} requests/s, p99 {_fmt(k1000.get('p99_ms'))} ms, "
+         f"{_fmt(srv.get('ratio_k1000'))} of the minimal endpoint", "—", "—"),
+        ("freshness p50 (feedback -> serving model)", f"{_fmt(f.get('p50_s'))} s (p99 {_fmt(f.get('p99_s'))} s)",
+         "≤ 1 s", _verdict(f.get("p50_s"), 1.0, at_most=True)),
+        ("100,000 users: warm release + solve", f"{_fmt(big.get('release_warm_s'))} s", "≤ 5 s",
+         _verdict(big.get("release_warm_s"), 5.0, at_most=True)),
+        ("100,000 users: memory (max RSS)", f"{_fmt(big.get('max_rss_mb'), ',.0f')} MB", "≤ 4 GB",
+         _verdict(None if not big else big.get("max_rss_mb", 0) / 1024, 4.0, at_most=True)),
+        ("LastFM's 1,892 users: warm release + solve", f"{_fmt(lastfm.get('release_warm_s'))} s", "≤ 1 s",
+         _verdict(lastfm.get("release_warm_s"), 1.0, at_most=True)),
+    ]
+
+
 def _markdown(doc: dict[str, Any]) -> str:
-    c, f, m = doc.get("core", {}), doc.get("freshness", {}), doc.get("memory", {})
+    m = doc.get("memory", {})
     lines = ["# privrec bench all", "",
              f"Machine yardstick sum(range(1000)): {doc['machine']['python_speed_us']} µs before, "
              f"{doc['machine_after']['python_speed_us']} µs after.", "",
-             "| part | figure |", "|---|---|",
-             f"| core: LinUCB decide+update | {_get(c, 'linucb_us')} µs |",
-             f"| core: MABWiser LinUCB | {_get(c, 'mabwiser_linucb_us')} µs (ours {_get(c, 'speedup_vs_mabwiser_linucb')}× faster) |",
-             f"| core: CoLin / GOB.Lin | {_get(c, 'colin_us')} / {_get(c, 'goblin_us')} µs |",
-             f"| freshness p50 / p99 (1 s tick) | {f.get('p50_s')} / {f.get('p99_s')} s |",
-             f"| memory: Redis per user / worker RSS / web RSS | {m.get('redis_bytes_per_user')} B / "
-             f"{m.get('worker_rss_mb')} MB / {m.get('web_rss_mb')} MB |"]
-    for part in ("ingest", "serve", "scale", "noise"):
+             "| target | measured | bound | verdict |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in target_rows(doc)]
+    lines += ["", "| figure | value |", "|---|---|",
+              f"| core: CoLin / GOB.Lin decide+update | {_fmt(_get(doc, 'core', 'colin_us'))} / "
+              f"{_fmt(_get(doc, 'core', 'goblin_us'))} µs |",
+              f"| memory: Redis per user / worker RSS / web RSS | {_fmt(m.get('redis_bytes_per_user'), ',.0f')} B / "
+              f"{_fmt(m.get('worker_rss_mb'), '.0f')} MB / {_fmt(m.get('web_rss_mb'), '.0f')} MB |"]
+    for part in ("core", "ingest", "serve", "scale", "noise"):
         v = doc.get(part, {})
         lines.append(f"| {part} | see {part}/ ({'error: ' + v['error'][:80] if 'error' in v else 'ok'}) |")
     return "\n".join(lines) + "\n"
