@@ -208,8 +208,13 @@ class UserIngestProcessor(IngestProcessor):
         parsed = parse_batch([v for _, v in fresh], self.catalog)
         dead = [DeadLetterItem(fresh[i][0], fresh[i][1], reason) for i, reason in parsed.dead]
         d = self.catalog.d
-        work = {u: Contribution(c.unit, c.count, c.gram.copy(), c.b.copy(), dict(c.items)) for u, c in pending.items()}
         touched = set(parsed.users)
+        # the committed state stays as it is until the commit succeeds: the batch's users get copies (their
+        # arrays are replaced, never written in place, by _fold_users), everyone else is shared
+        work = dict(pending)
+        for u in touched & pending.keys():
+            c = pending[u]
+            work[u] = Contribution(c.unit, c.count, c.gram, c.b, dict(c.items))
         self._fold_users(work, parsed, d)
         next_offset = (fresh[-1][0] + 1) if fresh else (stored if stored is not None else 0)
         batch = PreparedBatch(partition, stored, next_offset, UnitStats.zeros(n_units=1, d=d), parsed.units,
@@ -222,7 +227,10 @@ class UserIngestProcessor(IngestProcessor):
     def _fold_users(self, work: dict[str, Contribution], parsed: ParsedBatch, d: int) -> None:
         """Add each event to its user's open contribution: per user of the batch, one product
         ``gram += X_u^T X_u``, ``b += X_u^T r_u`` (equal to adding the events one at a time up to rounding; the
-        user-level sums are clipped and noised per tick, and nothing compares them bit for bit)."""
+        user-level sums are clipped and noised per tick, and nothing compares them bit for bit).
+
+        A contribution's ``gram`` and ``b`` are replaced by new arrays, never written in place (``prepare``
+        shares them with the committed state)."""
         n = len(parsed.users)
         if not n:
             return

@@ -213,9 +213,16 @@ def _phase_two_workers(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *
             poller.stop()
         t_ingested = poller.first(1, n)[0]  # type: ignore[index]
         counted = n - c_both
+        # the topic starts empty: each partition's committed offset is its number of events
+        client = redis.Redis.from_url(env.redis_url)
+        per_partition = [int(v or 0) for v in client.mget(poller.offset_keys)]
+        client.close()
+        busiest = max(sum(per_partition[p] for p in ps) for ps in assigned.values()) / max(1, sum(per_partition))
         return {"what": "events produced before two workers of one consumer group start; the rate from the moment "
                         "both own partitions until all are committed",
                 "events": n, "events_after_both_assigned": counted, "partitions": assigned,
+                "events_per_partition": per_partition, "busiest_worker_share_of_events": round(busiest, 3),
+                "share_bound_from_balance": round(1 / busiest - 1, 3),
                 "ingest_events_per_s": rate(counted, t_ingested - t_both) if counted > 0 else None,
                 "ingest_s": round(t_ingested - t_both, 3), "cpu_seconds": _cpu_delta(cpu0, cpu1)}
     finally:
@@ -336,8 +343,9 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
     algorithm
         ``linucb`` (default), ``colin`` or ``goblin``: what the release and solve stages run.
     two_workers
-        Also ingest the events with two workers of one consumer group (``two_workers``) and report what the
-        second adds (``summary["second_worker_share"]``; target >= 0.6 of the first's rate).
+        Also ingest 3N events with two workers of one consumer group (``two_workers``; from the moment both own
+        partitions) and report what the second adds (``summary["second_worker_share"]``; target >= 0.6 of the
+        first's rate), with the bound the partitions' balance sets (events are keyed by user).
     """
     from pipeline.settings import Settings
     from privrec.experiments.runner import machine_info
@@ -357,9 +365,11 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
         env = _Env(state, settings, rds.url, {rds.name: rds})
         note("pre-produced phase: produce, raw consume x3, then the worker")
         doc["preproduced"] = _phase_preproduced(env, values, "a", raw=True)
-        if two_workers:
-            note("two-worker phase: produce, then two workers of one consumer group")
-            doc["two_workers"] = _phase_two_workers(env, values, "w")
+        if two_workers:  # 3N fresh events: the group takes ~1 s to settle, while the first worker ingests alone
+            note(f"two-worker phase: produce {3 * events} events, then two workers of one consumer group")
+            more = synthetic_values(3 * events, n_users=n_users, d=d, n_arms=settings.n_arms, seed=1)
+            doc["two_workers"] = _phase_two_workers(env, more, "w")
+            del more
         if concurrent:
             note("concurrent phase: worker ready, then produce while it ingests")
             doc["concurrent"] = _phase_concurrent(env, values, "b")
@@ -452,6 +462,9 @@ def _print(doc: dict[str, Any]) -> None:
               f"{sm['ingest_events_per_s']:,.0f}: the second adds {share if share is not None else float('nan'):.2f} of "
               f"the first's rate (target >= 0.6: {'met' if share is not None and share >= 0.6 else 'MISSED'}); "
               f"cpu seconds {t['cpu_seconds']}")
+        print(f"  events per partition {t['events_per_partition']}: the busier worker has "
+              f"{t['busiest_worker_share_of_events']:.0%} of them, so the second worker can add at most "
+              f"{t['share_bound_from_balance']:.2f} (keys are users: more users balance the partitions)")
     prof = doc.get("profiled", {}).get("profile")
     if prof and "main_thread_categories" in prof:
         print(f"where the worker's time goes while ingesting ({prof['tool']}):")

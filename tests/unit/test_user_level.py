@@ -219,8 +219,11 @@ def test_batched_user_contributions_equal_adding_events_one_at_a_time() -> None:
     proc = object.__new__(UserIngestProcessor)  # only the fold: no Redis
     proc.listen_scale, proc.n_items = scale, 9
     start = {"u1": Contribution(1, 4, rng.normal(size=(d, d)), rng.normal(size=d), {2: 1.0})}
-    work = {u: Contribution(c.unit, c.count, c.gram.copy(), c.b.copy(), dict(c.items)) for u, c in start.items()}
+    saved = {u: (c.gram.copy(), c.b.copy()) for u, c in start.items()}
+    # as prepare does: the batch's copies share the committed arrays, which the fold must not write
+    work = {u: Contribution(c.unit, c.count, c.gram, c.b, dict(c.items)) for u, c in start.items()}
     proc._fold_users(work, parsed, d)
+    assert all(np.array_equal(start[u].gram, g) and np.array_equal(start[u].b, b) for u, (g, b) in saved.items())
     ref = {u: Contribution(c.unit, c.count, c.gram.copy(), c.b.copy(), dict(c.items)) for u, c in start.items()}
     for j, user in enumerate(users):  # the reference: one event at a time, in order
         c = ref.setdefault(user, Contribution.empty(int(units[j]), d))
