@@ -69,6 +69,7 @@ def ledger_figures(get_all: Callable[[str], dict[bytes, bytes]], namespace: str,
 
     keys = PublicKeys(namespace)
     spent: dict[str, float] = {}
+    epsilon_of: dict[float, float] = {}  # users share few distinct mu (one per tick count): one bisection each
     at_cap = 0
     dropped = 0
     for p in range(partitions):
@@ -80,7 +81,9 @@ def ledger_figures(get_all: Callable[[str], dict[bytes, bytes]], namespace: str,
                 spent[user.decode()] = math.inf if (rec.k or rec.past) else 0.0
             else:
                 mu = spent_mu(rec, epoch, mu_cap, ratio)
-                spent[user.decode()] = gdp_epsilon(mu, delta) if mu > 0 else 0.0
+                if mu not in epsilon_of:
+                    epsilon_of[mu] = gdp_epsilon(mu, delta) if mu > 0 else 0.0
+                spent[user.decode()] = epsilon_of[mu]
         summary = get_all(keys.ledger_summary(p))
         dropped += int(summary.get(b"dropped", b"0"))
     values = sorted(v for v in spent.values() if v > 0)
