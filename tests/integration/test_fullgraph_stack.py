@@ -145,3 +145,46 @@ def test_a_user_without_interactions_is_served_with_the_prior_width(stack: dict[
     busy = int(np.flatnonzero(released.count > 0)[0])
     other = _get(f"{stack['url']}/recommend?user={users[busy]}&k=3")
     assert other["unit"] == busy and other["unit"] != rec["unit"]
+
+
+def test_goblin_over_every_user_releases_the_laplacian_and_serves_its_solve(redis_server: services.ServiceHandle) -> None:
+    """GOB.Lin with ``graph = users``: the release and solve stages on a real redis-server (no broker needed)."""
+    try:
+        resolve_data_dir(None)
+    except Exception:
+        pytest.skip("the HetRec LastFM data directory is not available (set PRIVREC_DATA_DIR)")
+    from models.streaming import UnitStats
+    from pipeline.stages import ReleaseStage, SolveStage
+    from pipeline.trusted import TrustedStore
+
+    # without noise, so that an idle user's model can only come from the graph (the CoLin stack runs at eps = 2)
+    s = Settings.from_mapping({"catalog": "lastfm", "graph": "users", "algorithm": "goblin", "epsilon": "inf",
+                               "namespace": "fggob", "privacy_unit": "event", "redis_url": redis_server.url},
+                              environ={})
+    cat = load_catalog(s)
+    client = redis.Redis.from_url(redis_server.url)
+    release = ReleaseStage(s, cat, client)
+    rng = np.random.default_rng(5)
+    units = rng.integers(0, cat.n_units, 400)
+    X = rng.normal(size=(400, cat.d))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    stats = UnitStats.zeros(n_units=cat.n_units, d=cat.d)
+    stats.add(units, X, rng.integers(0, 2, 400).astype(float))
+    assert TrustedStore(client, s.namespace).commit_partition(0, stats, units, None, 400, {})
+    assert release.tick() == 1
+    solve = SolveStage(s, client, release.statement)
+    assert solve.run() == 1
+    released = ReleasedStats.from_mapping(client.hgetall(PublicKeys(s.namespace).released))
+    assert released.structure == "laplacian" and released.Q is not None
+    deg = np.asarray(released.Q.diagonal()) - 1  # I + L: the diagonal is 1 + each user's number of friends
+    assert deg.min() >= 0 and deg.max() > 10 and (released.V != sp.identity(cat.n_units)).nnz == 0
+    ours = solve_sparse(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge, tol=1e-10,
+                        users=np.flatnonzero(released.count > 0))
+    u = int(units[0])
+    served = np.frombuffer(client.hget(PublicKeys(s.namespace).model_unit(u), "theta"), dtype="<f8")
+    np.testing.assert_allclose(served, ours.theta[u], atol=1e-5 * float(np.abs(ours.theta).max()))
+    # a user without interactions of their own learns from a friend who has some (the Laplacian couples them)
+    Q = sp.csr_matrix(released.Q)
+    pair = next((int(v), int(w)) for v in np.flatnonzero(released.count > 0)
+                for w in Q.indices[Q.indptr[v]:Q.indptr[v + 1]] if w != v and released.count[w] == 0)
+    assert np.abs(ours.theta[pair[1]]).max() > 0
