@@ -175,7 +175,7 @@ class Recommender:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise BadRequest("k", f"must be an integer in [1, {MAX_K}], got {k!r}")
         try:
-            rows = [self.catalog.arm_row(a) for a in pool]
+            rows = self.catalog.arm_rows(pool)
         except UnknownArmError as exc:
             raise BadRequest("candidates", str(exc)) from None
         meta = self.meta()

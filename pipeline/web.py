@@ -241,10 +241,9 @@ async def recommend(request: web.Request) -> web.Response:
         return _error(400, "k", f"must be an integer in [1, {MAX_K}], got {k_raw!r}")
     candidates = None
     if "candidates" in q:
-        parts = q["candidates"].split(",")
-        if any(not p.strip() for p in parts):
+        candidates = [p.strip() for p in q["candidates"].split(",")]
+        if not all(candidates):
             return _error(400, "candidates", "must be a comma-separated list of item ids without empty entries")
-        candidates = [p.strip() for p in parts]
     rec: Recommender | SiteRouter = request.app["recommender"]
     try:
         out = rec.recommend(user, candidates, k)
