@@ -21,10 +21,17 @@ Reported per concurrency: p50/p90/p99 latency (wrk's per-request histogram),
 requests/s, non-2xx count, and the server's CPU time per request (from
 ``/proc``, robust to other jobs on the machine, unlike wall time); plus the
 settings and machine info (load average before and after: the machine is
-shared). Target (issue 4): p99 ≤ 5 ms and ≥ 2,000 req/s. Then (issue 13) at 8 connections,
-interleaved: ``/recommend`` with K = 25 and with K = 1,000 candidates beside a minimal aiohttp
-endpoint returning a constant JSON (:mod:`privrec.bench.minimal`) under the same load; target:
-K = 25 at ≥ 0.5× the minimal endpoint's requests/s with p99 ≤ 5 ms.
+shared). Target (issue 4): p99 ≤ 5 ms and ≥ 2,000 req/s.
+
+Issue 13, at every concurrency (8 connections always among them), interleaved run by run:
+``/recommend`` with K = 25 and with K = 1,000 candidates beside a minimal aiohttp endpoint
+returning a constant JSON (:mod:`privrec.bench.minimal`: aiohttp on uvloop's loop with no access
+log, as ``pipeline.web`` runs) under the same wrk load; reported: requests/s, p50/p99 and server
+CPU per request of each, the ratios of requests/s to the minimal endpoint's, and, at 8
+connections, the verdicts: K = 25 at ≥ 0.5× the minimal endpoint's requests/s, p99 ≤ 5 ms.
+K = 1,000 uses the same ``GET ...&candidates=<ids>`` form, the only one ``pipeline.web`` takes
+(no POST or pool-size parameter): with the synthetic catalog's ids ("0".."999") the request line
+is ~4 kB, under aiohttp's 8,190-byte limit; longer ids would not fit.
 
 Examples
 --------
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -189,7 +197,7 @@ def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str
 
         def worker_ready() -> bool:
             raw = client.hget(status_key, "worker-0")
-            return bool(raw) and bool(json.loads(raw)["partitions"])
+            return raw is not None and bool(json.loads(raw)["partitions"])
 
         started.append(services.start_process("worker-0", [sys.executable, "-m", "pipeline.worker"], state,
                                               env=env, ready=worker_ready, timeout=worker_timeout))
@@ -199,7 +207,7 @@ def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str
                 web = services.start_process(
                     "web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], state, env=env,
                     address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}",
-                    ready=lambda p=port: _http_ok(f"http://127.0.0.1:{p}/healthz"), timeout=60)
+                    ready=functools.partial(_http_ok, f"http://127.0.0.1:{port}/healthz"), timeout=60)
                 break
             except services.PortInUseError:
                 if attempt == 2:
@@ -216,7 +224,7 @@ def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str
 def seed_events(stack: LocalStack, n: int, *, seed: int = 0, timeout: float = 120.0) -> int:
     """Produce ``n`` interactions (catalog contexts, rewards from the synthetic world) and wait
     until a published model covers them; return the model version."""
-    from kafka import KafkaProducer
+    from kafka import KafkaProducer  # type: ignore[import-untyped]  # kafka-python ships no type hints
 
     from pipeline.catalog import load_catalog
     from pipeline.settings import Settings
@@ -224,8 +232,8 @@ def seed_events(stack: LocalStack, n: int, *, seed: int = 0, timeout: float = 12
     s = Settings.from_mapping({}, environ=stack.env)
     catalog = load_catalog(s)
     rng = random.Random(seed)
-    arms = list(catalog.arm_ids)  # type: ignore[attr-defined]
-    users = list(catalog.users)  # type: ignore[attr-defined]
+    arms = list(catalog.arm_ids)
+    users = list(catalog.users)
     theta = getattr(getattr(catalog, "env", None), "theta", None)
     prod = KafkaProducer(bootstrap_servers=stack.broker.address, linger_ms=5)
     for i in range(n):
@@ -394,8 +402,53 @@ def minimal_server(state_dir: Path) -> Iterator[Any]:
         services.stop(handle, grace_seconds=5)
 
 
-def peer_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians per target and the ratios to the minimal endpoint, with the verdicts.
+#: The three servers under the same load, in run order: /recommend at K = 25, at K = 1,000, the minimal endpoint.
+PEERS = ("recommend_k25", "recommend_k1000", "minimal")
+
+
+def compare_at(runs: list[dict[str, Any]], connections: int) -> dict[str, Any]:
+    """Medians per server at one concurrency and each ``/recommend``'s ratios to the minimal endpoint.
+
+    ``ratio_k25`` and ``ratio_k1000`` are requests/s over the minimal endpoint's; ``cpu_ratio_k25`` and
+    ``cpu_ratio_k1000`` are the minimal endpoint's server CPU µs per request over ``/recommend``'s (the same
+    sense: 1 means as cheap as the minimal endpoint), which other jobs on a shared machine do not move.
+
+    >>> runs = [{"target": t, "concurrency": 8, "duration_s": 5, "p50_ms": 1.0, "p99_ms": 2.0, "non_2xx": 0,
+    ...          "requests_per_s": r, "server_cpu_us_per_request": u}
+    ...         for t, r, u in (("recommend_k25", 3000.0, 200.0), ("minimal", 6000.0, 40.0))]
+    >>> c = compare_at(runs, 8)
+    >>> c["ratio_k25"], c["cpu_ratio_k25"], "ratio_k1000" in c
+    (0.5, 0.2, False)
+    """
+    at = [r for r in runs if r["concurrency"] == connections]
+    by = {t: _median_run([r for r in at if r["target"] == t]) for t in PEERS if any(r["target"] == t for r in at)}
+    if "minimal" not in by or "recommend_k25" not in by:
+        raise ValueError(f"`runs` at {connections} connections need both recommend_k25 and minimal, "
+                         f"got {sorted(by)}.")
+    base = by["minimal"]
+    out: dict[str, Any] = {"connections": connections, **by}
+    for t, key in (("recommend_k25", "k25"), ("recommend_k1000", "k1000")):
+        if t in by:
+            out[f"ratio_{key}"] = round(by[t]["requests_per_s"] / base["requests_per_s"], 3)
+            cpu, cpu_base = by[t].get("server_cpu_us_per_request"), base.get("server_cpu_us_per_request")
+            if cpu and cpu_base:
+                out[f"cpu_ratio_{key}"] = round(cpu_base / cpu, 3)
+    return out
+
+
+def peer_verdict(ratio_k25: float, p99_ms: float, non_2xx: int = 0) -> dict[str, bool]:
+    """Issue 13's two targets at :data:`PEER_CONNECTIONS`: K = 25 at >= 0.5x the minimal endpoint's
+    requests/s, and its p99 <= 5 ms with every answer a 2xx.
+
+    >>> peer_verdict(0.5, 5.0), peer_verdict(0.49, 2.0), peer_verdict(0.9, 2.0, non_2xx=1)
+    ({'ratio_k25': True, 'p99_ms': True}, {'ratio_k25': False, 'p99_ms': True}, {'ratio_k25': True, 'p99_ms': False})
+    """
+    return {"ratio_k25": ratio_k25 >= PEER_TARGET["ratio_k25"],
+            "p99_ms": p99_ms <= PEER_TARGET["p99_ms"] and non_2xx == 0}
+
+
+def peer_summary(runs: list[dict[str, Any]], connections: int = PEER_CONNECTIONS) -> dict[str, Any]:
+    """:func:`compare_at` at ``connections`` (default :data:`PEER_CONNECTIONS`) with the verdicts.
 
     >>> runs = [{"target": t, "concurrency": 8, "duration_s": 5, "p50_ms": 1.0, "p99_ms": p, "non_2xx": 0,
     ...          "requests_per_s": r} for t, p, r in (("recommend_k25", 4.0, 3000.0), ("minimal", 1.0, 5000.0),
@@ -404,16 +457,10 @@ def peer_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     >>> s["ratio_k25"], s["ratio_k1000"], s["met"]
     (0.6, 0.2, {'ratio_k25': True, 'p99_ms': True})
     """
-    by = {t: _median_run([r for r in runs if r["target"] == t]) for t in dict.fromkeys(r["target"] for r in runs)}
-    base = by["minimal"]["requests_per_s"]
-    k25 = by["recommend_k25"]
-    out: dict[str, Any] = {"connections": k25["concurrency"], **by,
-                           "ratio_k25": round(k25["requests_per_s"] / base, 3)}
-    if "recommend_k1000" in by:
-        out["ratio_k1000"] = round(by["recommend_k1000"]["requests_per_s"] / base, 3)
+    out = compare_at(runs, connections)
+    k25 = out["recommend_k25"]
     out["target"] = PEER_TARGET
-    out["met"] = {"ratio_k25": out["ratio_k25"] >= PEER_TARGET["ratio_k25"],
-                  "p99_ms": k25["p99_ms"] <= PEER_TARGET["p99_ms"] and k25["non_2xx"] == 0}
+    out["met"] = peer_verdict(out["ratio_k25"], k25["p99_ms"], k25["non_2xx"])
     return out
 
 
@@ -424,13 +471,17 @@ def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 4, 8, 32), durati
     that a burst of other jobs on the machine does not hit one level only); return the JSON document
     with the raw runs and, per concurrency, the median of each number over the repeats.
 
-    ``peers``: then, at :data:`PEER_CONNECTIONS`, interleaved over the repeats, ``/recommend`` with K = 25 and
-    with K = 1,000 candidates and the minimal aiohttp endpoint (:mod:`privrec.bench.minimal`) under the same
-    wrk load: ``doc["peers"]`` has each one's medians and the ratios of requests/s to the minimal endpoint."""
+    ``peers``: at every concurrency (and at :data:`PEER_CONNECTIONS` in any case), each run of ``/recommend``
+    with K = 25 is followed by one with K = 1,000 candidates and one of the minimal aiohttp endpoint
+    (:mod:`privrec.bench.minimal`) under the same wrk load (connections, duration, repeats; the minimal endpoint
+    gets the K = 25 request paths): ``doc["peers"]`` has each one's medians at :data:`PEER_CONNECTIONS`, the
+    ratios of requests/s to the minimal endpoint and the verdicts; ``doc["peers_by_concurrency"]`` the same at
+    every level."""
     from privrec.experiments.runner import machine_info
 
     wrk = ensure_wrk()
     world = {**WORLD, **(settings or {})}
+    levels = sorted(set(concurrency) | ({PEER_CONNECTIONS} if peers else set()))
     t_start = time.time()
     load_before = os.getloadavg()
     with contextlib.ExitStack() as es:
@@ -444,37 +495,43 @@ def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 4, 8, 32), durati
         from pipeline.settings import Settings
 
         catalog = load_catalog(Settings.from_mapping({}, environ=stack.env))
-        paths = request_paths(users["users"], list(catalog.arm_ids))  # type: ignore[attr-defined]
+        arm_ids = list(catalog.arm_ids)
+        paths = request_paths(users["users"], arm_ids)
         status, probe = stack.get_json(paths[0])
         if status != 200 or len(probe["items"]) != TOP_K:
             raise RuntimeError(f"probe request {paths[0]} answered {status}: {probe}")
         out.mkdir(parents=True, exist_ok=True)
         script = out / "serve-requests.lua"
         script.write_text(_lua_script(paths))
-        run_wrk(wrk, stack.base_url, script, connections=max(concurrency), duration=warmup)
-        runs = [dict(run_wrk(wrk, stack.base_url, script, connections=c, duration=duration,
-                             server_pid=stack.web.pid), repeat=rep)
-                for rep in range(repeats) for c in concurrency]
-        peer_runs: list[dict[str, Any]] = []
-        if peers:  # K = 25, K = 1,000 and the minimal endpoint, interleaved, at PEER_CONNECTIONS
-            large = request_paths(users["users"], list(catalog.arm_ids), 200,  # type: ignore[attr-defined]
-                                  k_candidates=min(K_LARGE, len(catalog.arm_ids)))  # type: ignore[attr-defined]
+        targets = [("recommend_k25", stack.base_url, script, stack.web.pid)]
+        k_large = min(K_LARGE, len(arm_ids))
+        large_path_chars = 0
+        if peers:  # the K = 1,000 request in the same GET form (the server takes no other) and the minimal endpoint
+            large = request_paths(users["users"], arm_ids, 200, k_candidates=k_large)
+            large_path_chars = max(len(p) for p in large)
             status, probe = stack.get_json(large[0])
             if status != 200 or len(probe["items"]) != TOP_K:
-                raise RuntimeError(f"probe request with {K_LARGE} candidates answered {status}: {probe}")
+                raise RuntimeError(f"probe request with {k_large} candidates answered {status}: {probe}")
             script_large = out / "serve-requests-k1000.lua"
             script_large.write_text(_lua_script(large))
             minimal = es.enter_context(minimal_server(sd))
-            targets = [("recommend_k25", stack.base_url, script, stack.web.pid),
-                       ("recommend_k1000", stack.base_url, script_large, stack.web.pid),
-                       ("minimal", minimal.url, script, minimal.pid)]
-            run_wrk(wrk, minimal.url, script, connections=PEER_CONNECTIONS, duration=warmup)
-            peer_runs = [dict(run_wrk(wrk, url, scr, connections=PEER_CONNECTIONS, duration=duration,
-                                      server_pid=pid), repeat=rep, target=name)
-                         for rep in range(repeats) for name, url, scr, pid in targets]
+            targets += [("recommend_k1000", stack.base_url, script_large, stack.web.pid),
+                        ("minimal", minimal.url, script, minimal.pid)]
+        for _, url, scr, _ in targets:
+            run_wrk(wrk, url, scr, connections=max(levels), duration=warmup)
+        all_runs = [dict(run_wrk(wrk, url, scr, connections=c, duration=duration, server_pid=pid),
+                         repeat=rep, target=name)
+                    for rep in range(repeats) for c in levels for name, url, scr, pid in targets]
     load_after = os.getloadavg()
-    summary = [_median_run([r for r in runs if r["concurrency"] == c]) for c in concurrency]
+    runs = [r for r in all_runs if r["target"] == "recommend_k25"]
+    peer_runs = [r for r in all_runs if r["target"] != "recommend_k25"]
+    summary = [_median_run([r for r in runs if r["concurrency"] == c]) for c in levels]
     best = _verdict(summary)
+    peer_doc: dict[str, Any] = {}
+    if peers:
+        peer_doc = {"peers": peer_summary(all_runs),
+                    "peers_by_concurrency": [compare_at(all_runs, c) for c in levels],
+                    "peer_runs": peer_runs}
     return {
         "benchmark": "serve",
         "what": "GET /recommend over loopback: K=25 candidates, top 10, d=25; wrk (1 thread) in its own process",
@@ -482,13 +539,19 @@ def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 4, 8, 32), durati
         **best,
         "by_concurrency": summary,
         "runs": runs,
-        **({"peers": peer_summary(peer_runs), "peer_runs": peer_runs} if peer_runs else {}),
+        **peer_doc,
         "settings": {"k_candidates": K_CANDIDATES, "top_k": TOP_K, "d": int(world["PRIVREC_D"]),
                      "n_users": int(world["PRIVREC_N_USERS"]), "n_arms": int(world["PRIVREC_N_ARMS"]),
                      "algorithm": world["PRIVREC_ALGORITHM"], "epsilon": float(world["PRIVREC_EPSILON"]),
                      "seeded_events": events, "model_version": version, "distinct_requests": len(paths),
-                     "concurrency": list(concurrency), "duration_s": duration, "repeats": repeats,
+                     "concurrency": levels, "duration_s": duration, "repeats": repeats,
                      "warmup_s": warmup,
+                     **({"k_large_candidates": k_large, "k_large_distinct_requests": 200,
+                         "k_large_max_path_chars": large_path_chars,
+                         "k_large_form": "GET /recommend?candidates=<comma-separated ids> (the only form "
+                                         "pipeline.web takes)",
+                         "minimal_server": "python -m privrec.bench.minimal: aiohttp + uvloop like pipeline.web, "
+                                           "constant JSON, the K = 25 request paths"} if peers else {}),
                      "load_generator": _wrk_version(wrk), "server": "python -m pipeline.web (one process)"},
         "machine": {**machine_info(), "loadavg_before": [round(x, 2) for x in load_before],
                     "loadavg_after": [round(x, 2) for x in load_after],
@@ -567,7 +630,7 @@ def register(bsub: Any) -> None:
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up load (default 3)")
     p.add_argument("--events", type=int, default=5000, help="interactions that seed the model (default 5000)")
     p.add_argument("--no-peers", action="store_true",
-                   help="skip the K = 1,000 and minimal-endpoint runs at 8 connections")
+                   help="skip the K = 1,000 and minimal-endpoint runs (and the forced 8-connection level)")
     p.set_defaults(func=_run)
 
 
@@ -581,26 +644,67 @@ def _run(args: argparse.Namespace) -> int:
     doc = bench_serve(args.out, concurrency=args.concurrency, duration=args.duration, repeats=args.repeats,
                       warmup=args.warmup, events=args.events, peers=not args.no_peers)
     (args.out / "serve.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"medians of {args.repeats} runs of {args.duration:g} s at each concurrency C:")
-    print(f"{'C':>4} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'req/s':>9} {'cpu µs/req':>11} {'non-2xx':>8}")
-    for r in doc["by_concurrency"]:
-        print(f"{r['concurrency']:>4} {r['p50_ms']:>8.2f} {r['p90_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-              f"{r['requests_per_s']:>9.0f} {r.get('server_cpu_us_per_request', float('nan')):>11.0f} "
-              f"{r['non_2xx']:>8}")
-    verdict = "met" if doc["target_met"] else "MISSED"
-    print(f"headline (C={doc['concurrency']}): p50 {doc['p50_ms']:.2f} ms, p99 {doc['p99_ms']:.2f} ms, "
-          f"{doc['requests_per_s']:.0f} req/s; target p99 <= 5 ms and >= 2,000 req/s: {verdict}; "
-          f"loadavg {doc['machine']['loadavg_before']} -> {doc['machine']['loadavg_after']}; "
-          f"machine yardstick sum(range(1000)) = {doc['machine']['python_speed_us']:.1f} µs")
-    if "peers" in doc:
-        pe = doc["peers"]
-        print(f"at {pe['connections']} connections, medians of {args.repeats} interleaved runs:")
-        for name, label in (("recommend_k25", "/recommend, K = 25"), ("recommend_k1000", "/recommend, K = 1,000"),
-                            ("minimal", "minimal aiohttp endpoint (constant JSON)")):
-            r = pe[name]
-            print(f"  {label:<42} {r['requests_per_s']:>8.0f} req/s  p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms")
-        print(f"  ratio to the minimal endpoint: K = 25 {pe['ratio_k25']:.2f} (target >= 0.5: "
-              f"{'met' if pe['met']['ratio_k25'] else 'MISSED'}), K = 1,000 {pe['ratio_k1000']:.2f}; "
-              f"p99 at K = 25 <= 5 ms: {'met' if pe['met']['p99_ms'] else 'MISSED'}")
+    print("\n".join(summary_lines(doc)))
     print(f"wrote {args.out}/serve.json", file=sys.stderr)
     return 0
+
+
+_PEER_LABELS = {"recommend_k25": "/recommend K = 25", "recommend_k1000": "/recommend K = 1,000",
+                "minimal": "minimal endpoint"}
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def summary_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The printed summary of a ``serve.json`` document.
+
+    >>> run = {"concurrency": 8, "p50_ms": 1.0, "p90_ms": 1.5, "p99_ms": 2.0, "requests_per_s": 4000.0,
+    ...        "server_cpu_us_per_request": 250.0, "non_2xx": 0}
+    >>> doc = {"settings": {"repeats": 1, "duration_s": 3.0}, "by_concurrency": [run], "target_met": True,
+    ...        "concurrency": 8, "p50_ms": 1.0, "p99_ms": 2.0, "requests_per_s": 4000.0,
+    ...        "machine": {"loadavg_before": [0.1], "loadavg_after": [0.5], "python_speed_us": 9.1}}
+    >>> print("\\n".join(summary_lines(doc)))
+    medians of 1 runs of 3 s at each concurrency C (/recommend, K = 25):
+       C   p50 ms   p90 ms   p99 ms     req/s  cpu µs/req  non-2xx
+       8     1.00     1.50     2.00      4000         250        0
+    headline (C=8): p50 1.00 ms, p99 2.00 ms, 4000 req/s; target p99 <= 5 ms and >= 2,000 req/s: met; loadavg [0.1] -> [0.5]; machine yardstick sum(range(1000)) = 9.1 µs
+    """
+    st = doc["settings"]
+    lines = [f"medians of {st['repeats']} runs of {st['duration_s']:g} s at each concurrency C (/recommend, K = 25):",
+             f"{'C':>4} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'req/s':>9} {'cpu µs/req':>11} {'non-2xx':>8}"]
+    for r in doc["by_concurrency"]:
+        lines.append(f"{r['concurrency']:>4} {r['p50_ms']:>8.2f} {r['p90_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                     f"{r['requests_per_s']:>9.0f} {r.get('server_cpu_us_per_request', float('nan')):>11.0f} "
+                     f"{r['non_2xx']:>8}")
+    m = doc["machine"]
+    lines.append(f"headline (C={doc['concurrency']}): p50 {doc['p50_ms']:.2f} ms, p99 {doc['p99_ms']:.2f} ms, "
+                 f"{doc['requests_per_s']:.0f} req/s; target p99 <= 5 ms and >= 2,000 req/s: "
+                 f"{_met(doc['target_met'])}; loadavg {m['loadavg_before']} -> {m['loadavg_after']}; "
+                 f"machine yardstick sum(range(1000)) = {m['python_speed_us']:.1f} µs")
+    if "peers" not in doc:
+        return lines
+    lines += [f"beside the minimal aiohttp endpoint (constant JSON, uvloop), same wrk load, runs interleaved, "
+              f"medians of {st['repeats']}:",
+              f"{'C':>4}  {'server':<22} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu µs/req':>11} "
+              f"{'req/s ratio':>12} {'cpu ratio':>10}"]
+    for level in doc.get("peers_by_concurrency", [doc["peers"]]):
+        for name in PEERS:
+            if name not in level:
+                continue
+            r, key = level[name], name.removeprefix("recommend_")
+            ratio, cpu = level.get(f"ratio_{key}"), level.get(f"cpu_ratio_{key}")
+            lines.append(f"{level['connections']:>4}  {_PEER_LABELS[name]:<22} {r['requests_per_s']:>9.0f} "
+                         f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                         f"{r.get('server_cpu_us_per_request', float('nan')):>11.0f} "
+                         f"{'' if ratio is None else format(ratio, '.3f'):>12} "
+                         f"{'' if cpu is None else format(cpu, '.3f'):>10}")
+    pe = doc["peers"]
+    k25 = pe["recommend_k25"]
+    lines.append(f"at {pe['connections']} connections: requests/s of /recommend over the minimal endpoint's: "
+                 f"K = 25 {pe['ratio_k25']:.3f} (target >= {PEER_TARGET['ratio_k25']}: {_met(pe['met']['ratio_k25'])})"
+                 + (f", K = 1,000 {pe['ratio_k1000']:.3f} (no target)" if "ratio_k1000" in pe else "")
+                 + f"; p99 at K = 25 {k25['p99_ms']:.2f} ms (target <= {PEER_TARGET['p99_ms']:g} ms: "
+                 f"{_met(pe['met']['p99_ms'])})")
+    return lines
