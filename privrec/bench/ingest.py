@@ -14,11 +14,13 @@ started in a temporary state directory with :mod:`pipeline.services`, stopped af
   between the first poll that sees a commit and the last event committed, over that time;
   ``end_to_end`` = the same events until a *solved* model version covers all N.
 * **two workers** (``--no-two-workers`` skips it): 3N fresh events pre-produced, then two workers of
-  one consumer group (the topic's ``partitions`` split between them); ``ingest`` rate from the moment
-  both own partitions until all are committed, and ``second_worker_share`` = (two - one) / one against
-  the pre-produced phase's ingest rate (target >= 0.6), with the bound that the partitions' balance
-  sets (events are keyed by user) and how many of the 2 cores the processes kept busy: the second
-  worker competes with the first, the broker and redis-server for them.
+  one consumer group (the topic's ``partitions`` split between them). The first worker ingests alone
+  until the group settles (~1 s), so the rate counts from the moment both own partitions: while both
+  still have events left (``both_busy``, :func:`both_busy_window`) and until all are committed (which
+  the partitions' balance caps: events are keyed by user). ``second_worker_share`` = (two - one) / one
+  against the pre-produced phase's ingest rate (target >= 0.6), with each process's CPU seconds and
+  how many of the 2 cores they kept busy: the second worker competes with the first, the broker and
+  redis-server for them.
 * **concurrent** (the issue's definition, produce → released model): the worker is
   started and ready on an empty topic; then N events are produced as fast as aiokafka
   goes, from this process, while the worker ingests. ``end_to_end`` = N / (time from the
