@@ -167,8 +167,9 @@ def create_topics(
                     f"({entry.get('error_message')})"
                 )
         admin.wait_for_topics(list(counts), timeout_ms=int(timeout * 1000))
-        if IDENTITY_TOPIC not in admin.list_topics():
-            ensure_identity(address, timeout=timeout)
+        # always through ensure_identity: a running worker may have created the identity topic a moment ago and
+        # not yet written its record, and then the topic exists but has no identity in it
+        ensure_identity(address, timeout=timeout)
         return created
     finally:
         admin.close()

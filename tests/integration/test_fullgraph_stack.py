@@ -109,17 +109,22 @@ def test_every_user_is_a_unit_and_the_release_stays_sparse(stack: dict[str, Any]
 
 
 def test_served_models_are_the_matrix_free_solve_of_the_published_release(stack: dict[str, Any]) -> None:
-    released, _ = _settled(stack)
     s: Settings = stack["settings"]
     cat = load_catalog(s)
-    active = np.flatnonzero(released.count > 0)
-    ours = solve_sparse(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge, users=active, tol=1e-10)
     client = stack["client"]
+    for _ in range(20):  # the tick keeps publishing: read the served models of one release, all of the same version
+        released, _ = _settled(stack)
+        active = np.flatnonzero(released.count > 0)
+        picked = [int(active[i]) for i in (0, len(active) // 2, len(active) - 1)]
+        served = [client.hgetall(PublicKeys(NS).model_unit(u)) for u in picked]
+        if all(int(raw[b"version"]) == released.version for raw in served):
+            break
+    else:
+        pytest.fail("no release whose served models all carry its version in 20 attempts")
+    ours = solve_sparse(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge, users=active, tol=1e-10)
     scale = float(np.abs(ours.theta).max())
-    for i in (0, len(active) // 2, len(active) - 1):
-        u = int(active[i])
-        raw = client.hgetall(PublicKeys(NS).model_unit(u))
-        assert int(raw[b"version"]) == released.version
+    for u, raw in zip(picked, served):
+        i = int(np.searchsorted(active, u))  # ours.M has the active users' rows only
         theta = np.frombuffer(raw[b"theta"], dtype="<f8")
         M = np.frombuffer(raw[b"M"], dtype="<f8").reshape(cat.d, cat.d)
         # the worker solves warm-started to a relative residual of 1e-8; here from zero to 1e-10
