@@ -196,7 +196,7 @@ class KroneckerUCB:
         self.dim = self.d * self.n_users
         self.user_sensitivity: FloatArray = sensitivities(V, self.context_bound)
         self.tick = int(self.privacy.tick)
-        self._vnorm2 = np.linalg.norm(V, axis=0) ** 2
+        self._vnorm2: list[float] = (np.linalg.norm(V, axis=0) ** 2).tolist()
         self._build_mechanisms()
         self.reset()
 
@@ -267,7 +267,7 @@ class KroneckerUCB:
         d = self.d
         if self.block:
             C = ainv[user]
-            theta = C @ b[user * d:(user + 1) * d]
+            theta = C.dot(b[user * d:(user + 1) * d])
         else:
             v = self.V[:, user]
             # Qt = (v^T ⊗ I_d) A^{-1}, shape (d, dN): a weighted sum of A^{-1}'s row blocks,
@@ -318,12 +318,21 @@ class KroneckerUCB:
                 self.user_pending[user] += z
                 self.user_tick_counts[user] += 1
         self.t += 1
-        self.vnorm2_sum += float(self._vnorm2[user])
+        self.vnorm2_sum += self._vnorm2[user]
         if self.t % self.tick == 0:
             self.release()
 
     def release(self) -> None:
         """Publish the statistics accumulated since the last tick (one tick)."""
+        if self.mechanism is None and not self.user_mechanisms and not self._ridge_active:
+            # no noise: the release is the exact sum, kept in place (no mechanism holds the arrays)
+            self.b_exact += self.pending
+            self.b_released = self.b_exact
+            self.pending.fill(0.0)
+            if self.tick > 1:
+                self.ainv_released = self.ainv.copy()
+                self._cache.clear()
+            return
         self.b_exact = self.b_exact + self.pending
         if self.mechanism is not None and self.mech_state is not None:
             released, self.mech_state, _ = self.mechanism.step(self.mech_state, self.pending)
