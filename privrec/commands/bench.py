@@ -47,6 +47,10 @@ def _core(args: argparse.Namespace) -> int:
     for k, v in doc.items():
         if k.endswith("_us") and isinstance(v, float):
             print(f"{k:>16}: {v:9.1f} µs per decide+update")
+    if "speedup_vs_mabwiser_linucb" in doc:
+        per_repeat = ", ".join(f"{r:.1f}" for r in doc["speedup_vs_mabwiser_linucb_by_repeat"])
+        print(f"LinUCB vs MABWiser's LinUCB: {doc['speedup_vs_mabwiser_linucb']:.1f}x (by repeat: {per_repeat}; "
+              f"target >= 50x)")
     print(f"machine yardstick: sum(range(1000)) takes {doc['machine']['python_speed_us']:.1f} µs here "
           f"(wall-clock numbers scale with it)")
     print(f"wrote {args.out}/core.json", file=sys.stderr)
