@@ -33,6 +33,9 @@ def test_bench_core_writes_json(tmp_path: Path) -> None:
     assert main(["bench", "core", "--out", str(tmp_path), "--steps", "100", "--d", "5", "--users", "3"]) == 0
     doc = json.loads((tmp_path / "core.json").read_text())
     assert doc["linucb_us"] > 0 and doc["colin_us"] > 0
+    if "mabwiser_linucb_us" in doc:  # the `bench` extra: the peer took turns with LinUCB, one time per repeat
+        assert doc["speedup_vs_mabwiser_linucb"] == pytest.approx(doc["mabwiser_linucb_us"] / doc["linucb_us"])
+        assert len(doc["speedup_vs_mabwiser_linucb_by_repeat"]) == doc["settings"]["repeats"] == 3
 
 
 @pytest.mark.parametrize(
