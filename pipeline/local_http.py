@@ -17,6 +17,7 @@ from aiohttp import web
 from models.local import LocalConfig, ReportError, parse_report
 from models.local.aggregate import clip_context
 
+from .appkeys import CATALOG, KEYS, LOCAL_CONFIG, PRODUCER, REDIS, SETTINGS
 from .catalog import Catalog, UnknownUserError
 from .keys import PublicKeys
 from .records import TOPICS
@@ -46,7 +47,7 @@ def _error(status: int, parameter: str | None, message: str) -> web.Response:
 
 def refuse_raw_reward(request: web.Request) -> web.Response | None:
     """400 in local mode (a raw reward must never reach the server), ``None`` otherwise."""
-    s: Settings = request.app["settings"]
+    s: Settings = request.app[SETTINGS]
     if s.mode != "local":
         return None
     return _error(400, "reward", RAW_REFUSED)
@@ -63,28 +64,28 @@ def with_contexts(out: dict[str, Any], catalog: Catalog) -> dict[str, Any]:
 
 
 def add_routes(app: web.Application) -> None:
-    s: Settings = app["settings"]
+    s: Settings = app[SETTINGS]
     if s.mode == "local":  # the calibration, computed once before the app starts
-        app["local_config"] = s.local_config(app["catalog"].d)
+        app[LOCAL_CONFIG] = s.local_config(app[CATALOG].d)
     app.router.add_get("/local/config", config_view)
     app.router.add_post("/report", report)
 
 
 def _config(request: web.Request) -> LocalConfig:
-    cfg: LocalConfig = request.app["local_config"]
+    cfg: LocalConfig = request.app[LOCAL_CONFIG]
     return cfg
 
 
 async def config_view(request: web.Request) -> web.Response:
     """The devices' public calibration; ``{"mode": <mode>}`` alone outside local mode."""
-    s: Settings = request.app["settings"]
+    s: Settings = request.app[SETTINGS]
     if s.mode != "local":
         return web.json_response({"mode": s.mode})
     return web.json_response(_config(request).to_public())
 
 
 async def report(request: web.Request) -> web.Response:
-    s: Settings = request.app["settings"]
+    s: Settings = request.app[SETTINGS]
     if s.mode != "local":
         return _error(400, None, f"this stack runs in {s.mode} mode: POST /report is for local mode; send feedback "
                                  f"to POST /feedback")
@@ -94,13 +95,13 @@ async def report(request: web.Request) -> web.Response:
         rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
     except ReportError as e:
         return _error(400, e.parameter, e.message)
-    catalog: Catalog = request.app["catalog"]
+    catalog: Catalog = request.app[CATALOG]
     try:
         catalog.unit_of(rep.user)
     except UnknownUserError as exc:
         return _error(404, "user", str(exc))
-    keys: PublicKeys = request.app["keys"]
-    r = request.app["redis"]
+    keys: PublicKeys = request.app[KEYS]
+    r = request.app[REDIS]
     shown_raw = await r.get(keys.recommendation(rep.rec_id))
     if shown_raw is None:
         return _error(404, "rec_id", f"unknown rec_id {rep.rec_id!r} (never shown by /recommend, or expired)")
@@ -109,7 +110,7 @@ async def report(request: web.Request) -> web.Response:
         return _error(400, "user", f"list {rep.rec_id!r} was shown to another user")
     if rep.item not in shown["items"]:
         return _error(400, "item", f"item {rep.item!r} was not in the list {rep.rec_id!r} showed")
-    producer = request.app["producer"]
+    producer = request.app[PRODUCER]
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
     answered = keys.recommendation(rep.rec_id) + ":answered"

@@ -45,6 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from models.accounting import event_from_dict, group_guarantee
 
+from .appkeys import CATALOG, KEYS, LOG_PRODUCER, METRICS, MODEL_KEYS, PRODUCER, RECOMMENDER, REDIS, SETTINGS, SHOWN, SYNC
 from .catalog import Catalog, UnknownArmError, UnknownUserError, load_catalog
 from .federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
 from .federation import site_namespace
@@ -107,15 +108,15 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
         raise ValueError("setting `redis_url` (REDIS_URL) is required to serve")
     sync = client or connect(settings.redis_url)
     app = web.Application(middlewares=[_observe])
-    app["settings"] = settings
-    app["catalog"] = catalog
-    app["keys"] = PublicKeys(settings.namespace)
+    app[SETTINGS] = settings
+    app[CATALOG] = catalog
+    app[KEYS] = PublicKeys(settings.namespace)
     # the namespaces users are served from: this one, or (federated, decentralized) each site's own
-    app["model_keys"] = [PublicKeys(ns) for ns in model_namespaces(settings)]
-    app["recommender"] = (SiteRouter(sync, settings, catalog, meta_ttl=0.2) if settings.mode == "federated"
+    app[MODEL_KEYS] = [PublicKeys(ns) for ns in model_namespaces(settings)]
+    app[RECOMMENDER] = (SiteRouter(sync, settings, catalog, meta_ttl=0.2) if settings.mode == "federated"
                           else Recommender(sync, settings.namespace, catalog, meta_ttl=0.2))
-    app["sync"] = sync
-    app["metrics"] = _Metrics()
+    app[SYNC] = sync
+    app[METRICS] = _Metrics()
     app.router.add_get("/recommend", recommend)
     app.router.add_post("/feedback", feedback)
     app.router.add_post("/listen", listen)
@@ -184,9 +185,9 @@ class _ShownLists:
 
 
 async def _clients(app: web.Application) -> Any:
-    s: Settings = app["settings"]
-    app["redis"] = connect_async(s.redis_url)  # type: ignore[arg-type]
-    app["shown"] = _ShownLists(app["redis"], app["keys"], REC_TTL_SECONDS)
+    s: Settings = app[SETTINGS]
+    app[REDIS] = connect_async(s.redis_url)  # type: ignore[arg-type]
+    app[SHOWN] = _ShownLists(app[REDIS], app[KEYS], REC_TTL_SECONDS)
     producer = log_producer = None
     if s.kafka:
         # feedback waits for the broker's ack, so its producer does not linger; the log of
@@ -196,13 +197,13 @@ async def _clients(app: web.Application) -> Any:
         log_producer = AIOKafkaProducer(**client_kwargs(s), linger_ms=20)
         await producer.start()
         await log_producer.start()
-    app["producer"] = producer
-    app["log_producer"] = log_producer
+    app[PRODUCER] = producer
+    app[LOG_PRODUCER] = log_producer
     yield
     for p in (producer, log_producer):
         if p is not None:
             await p.stop()
-    await app["redis"].aclose()
+    await app[REDIS].aclose()
 
 
 @web.middleware
@@ -223,7 +224,7 @@ async def _observe(request: web.Request, handler: Any) -> web.StreamResponse:
     except Exception as exc:  # a bug must not take the server down; report it as JSON
         log.exception("unhandled error on %s", request.path)
         resp = _error(500, None, f"internal error: {type(exc).__name__}")
-    m: _Metrics = request.app["metrics"]
+    m: _Metrics = request.app[METRICS]
     m.requests.labels(endpoint, str(resp.status)).inc()
     m.latency.labels(endpoint).observe(time.perf_counter() - t0)
     return resp
@@ -247,7 +248,7 @@ async def recommend(request: web.Request) -> web.Response:
         candidates = [p.strip() for p in q["candidates"].split(",")]
         if not all(candidates):
             return _error(400, "candidates", "must be a comma-separated list of item ids without empty entries")
-    rec: Recommender | SiteRouter = request.app["recommender"]
+    rec: Recommender | SiteRouter = request.app[RECOMMENDER]
     try:
         out = rec.recommend(user, candidates, k)
     except BadRequest as exc:
@@ -255,17 +256,17 @@ async def recommend(request: web.Request) -> web.Response:
         return _error(status, exc.parameter, str(exc))
     except ModelNotReadyError as exc:
         return _error(503, None, f"{exc}; try again in a moment")
-    if request.app["settings"].mode == "local":  # the devices need each item's context for r x
-        with_contexts(out, request.app["catalog"])
+    if request.app[SETTINGS].mode == "local":  # the devices need each item's context for r x
+        with_contexts(out, request.app[CATALOG])
     items = [it["item"] for it in out["items"]]
     record = {"rec_id": out["rec_id"], "user": user, "items": items, "model_version": out["model_version"],
               "ts": time.time() * 1000}
     value = orjson.dumps(record)
-    await request.app["shown"].put(out["rec_id"], value)
-    producer: AIOKafkaProducer | None = request.app["log_producer"]
+    await request.app[SHOWN].put(out["rec_id"], value)
+    producer: AIOKafkaProducer | None = request.app[LOG_PRODUCER]
     if producer is not None:
         await producer.send(TOPICS["recommendations"], key=user.encode(), value=value)
-    request.app["metrics"].model_version.set(out["model_version"])
+    request.app[METRICS].model_version.set(out["model_version"])
     # orjson: the same JSON (scores are finite floats, see serving._num), ~5x faster to encode
     return web.Response(body=orjson.dumps(out), content_type="application/json")
 
@@ -298,8 +299,8 @@ async def feedback(request: web.Request) -> web.Response:
         return _error(400, "reward", f"must be a finite number in [0, 1], got {reward!r}")
     if not 0.0 <= reward <= 1.0:
         return _error(400, "reward", f"must be in [0, 1], got {reward!r}")
-    keys: PublicKeys = request.app["keys"]
-    r = request.app["redis"]
+    keys: PublicKeys = request.app[KEYS]
+    r = request.app[REDIS]
     raw = await r.get(keys.recommendation(rec_id))
     if raw is None:
         return _error(404, "rec_id", f"unknown rec_id {rec_id!r} (never shown by /recommend, or expired after "
@@ -310,7 +311,7 @@ async def feedback(request: web.Request) -> web.Response:
     refused = await _refuse_at_cap(request, shown["user"])
     if refused is not None:
         return refused
-    producer: AIOKafkaProducer | None = request.app["producer"]
+    producer: AIOKafkaProducer | None = request.app[PRODUCER]
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
     # one feedback per shown list: the first claims it atomically; the shown list itself stays, so
@@ -321,12 +322,12 @@ async def feedback(request: web.Request) -> web.Response:
     event = {"event_id": f"{rec_id}:{item}", "user": shown["user"], "arm": item, "context": None,
              "reward": reward, "ts": time.time() * 1000, "rec_id": rec_id}
     try:
-        topic = interactions_topic(request.app["settings"], request.app["catalog"], shown["user"])
+        topic = interactions_topic(request.app[SETTINGS], request.app[CATALOG], shown["user"])
         await producer.send_and_wait(topic, key=shown["user"].encode(), value=json.dumps(event).encode())
     except Exception:
         await r.delete(answered)  # not recorded: the list may be answered again
         raise
-    request.app["metrics"].feedback.labels("1" if reward >= 0.5 else "0").inc()
+    request.app[METRICS].feedback.labels("1" if reward >= 0.5 else "0").inc()
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
 
 
@@ -361,7 +362,7 @@ async def listen(request: web.Request) -> web.Response:
         return _error(400, "reward", "must be a finite number in [0, 1], got an integer too large for a float")
     if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
         return _error(400, "reward", f"must be a finite number in [0, 1], got {reward!r}")
-    catalog: Catalog = request.app["catalog"]
+    catalog: Catalog = request.app[CATALOG]
     try:
         catalog.unit_of(user)
     except UnknownUserError as exc:
@@ -373,21 +374,21 @@ async def listen(request: web.Request) -> web.Response:
     refused = await _refuse_at_cap(request, user)
     if refused is not None:
         return refused
-    producer: AIOKafkaProducer | None = request.app["producer"]
+    producer: AIOKafkaProducer | None = request.app[PRODUCER]
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
     event = {"event_id": f"listen:{uuid.uuid4().hex}", "user": user, "arm": item, "context": None,
              "reward": reward, "ts": time.time() * 1000, "rec_id": None, "kind": "listen"}
-    topic = interactions_topic(request.app["settings"], catalog, user)
+    topic = interactions_topic(request.app[SETTINGS], catalog, user)
     await producer.send_and_wait(topic, key=user.encode(), value=json.dumps(event).encode())
-    request.app["metrics"].listens.inc()
+    request.app[METRICS].listens.inc()
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
 
 
 async def budget(request: web.Request) -> web.Response:
-    s: Settings = request.app["settings"]
-    keys: PublicKeys = request.app["model_keys"][0]
-    r = request.app["redis"]
+    s: Settings = request.app[SETTINGS]
+    keys: PublicKeys = request.app[MODEL_KEYS][0]
+    r = request.app[REDIS]
     meta = {k.decode(): v.decode() for k, v in (await r.hgetall(keys.model_meta)).items()}
     if not meta:
         return _error(503, None, "no release has been published yet")
@@ -421,17 +422,17 @@ async def budget(request: web.Request) -> web.Response:
         out["federated"] = await federated_budget(r, s)
     user = request.query.get("user")
     if user is not None:
-        catalog: Catalog = request.app["catalog"]
+        catalog: Catalog = request.app[CATALOG]
         try:
             catalog.unit_of(user)
         except UnknownUserError as exc:
             return _error(404, "user", str(exc))
         if s.mode == "federated":  # the user's interactions are counted at their own site
-            keys = PublicKeys(site_namespace(s.namespace, request.app["recommender"].site_of(user)))
+            keys = PublicKeys(site_namespace(s.namespace, request.app[RECOMMENDER].site_of(user)))
         counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(s.partitions)))
         k = sum(int(c) for c in counts if c is not None)
         if s.mode == "local":  # the devices' guarantee: what this user's reports cover
-            out["local"] = local_budget(s, s.local_config(request.app["catalog"].d), user, k)
+            out["local"] = local_budget(s, s.local_config(request.app[CATALOG].d), user, k)
             out["user"] = {"user": user, "interactions": k, **out["local"]["user"]}
         elif statement.get("unit") == "user":
             out["user"] = {**await user_budget(r, keys, s.partitions, user, statement, out["tree"]["epoch"]),
@@ -444,7 +445,7 @@ async def budget(request: web.Request) -> web.Response:
                            "bound": "group privacy over all of this user's interactions so far (k times one "
                                     "interaction's sensitivity)"}
     if s.mode == "local" and "local" not in out:
-        out["local"] = local_budget(s, s.local_config(request.app["catalog"].d), None, 0)
+        out["local"] = local_budget(s, s.local_config(request.app[CATALOG].d), None, 0)
     if statement.get("unit") == "user":
         out["ledger"] = await ledger_overview(r, keys, s.partitions, statement, out["tree"]["epoch"])
     return web.json_response(out)
@@ -452,8 +453,8 @@ async def budget(request: web.Request) -> web.Response:
 
 async def budget_history(request: web.Request) -> web.Response:
     """Per release: time, version, events covered, and (user level) the ledger's figures — the dashboard's data."""
-    keys: PublicKeys = request.app["model_keys"][0]
-    return web.json_response({"history": await history(request.app["redis"], keys)})
+    keys: PublicKeys = request.app[MODEL_KEYS][0]
+    return web.json_response({"history": await history(request.app[REDIS], keys)})
 
 
 async def dashboard(request: web.Request) -> web.StreamResponse:
@@ -465,11 +466,11 @@ async def dashboard(request: web.Request) -> web.StreamResponse:
 
 async def _refuse_at_cap(request: web.Request, user: str) -> web.Response | None:
     """``cap_policy = reject``: 403 for a user at the cap (their events would not be learned from anyway)."""
-    s: Settings = request.app["settings"]
+    s: Settings = request.app[SETTINGS]
     if not (s.user_level and s.cap_policy == "reject"):
         return None
-    keys: PublicKeys = request.app["model_keys"][0]
-    r = request.app["redis"]
+    keys: PublicKeys = request.app[MODEL_KEYS][0]
+    r = request.app[REDIS]
     meta = await r.hgetall(keys.model_meta)
     if not meta:
         return None
@@ -483,16 +484,16 @@ async def _refuse_at_cap(request: web.Request, user: str) -> web.Response | None
 
 
 async def metrics(request: web.Request) -> web.Response:
-    m: _Metrics = request.app["metrics"]
-    keys: PublicKeys = request.app["model_keys"][0]
-    r = request.app["redis"]
+    m: _Metrics = request.app[METRICS]
+    keys: PublicKeys = request.app[MODEL_KEYS][0]
+    r = request.app[REDIS]
     v = await r.hget(keys.model_meta, "version")
     if v is not None:
         m.model_version.set(int(v))
     c = await r.hget(keys.released, "count")
     if c is not None:
         m.released_events.set(int(c))
-    s: Settings = request.app["settings"]
+    s: Settings = request.app[SETTINGS]
     dead = 0
     for p in range(s.partitions):
         for val in await r.hvals(keys.ledger_deadletters(p)):
@@ -510,7 +511,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    versions = [await request.app["redis"].hget(k.model_meta, "version") for k in request.app["model_keys"]]
+    versions = [await request.app[REDIS].hget(k.model_meta, "version") for k in request.app[MODEL_KEYS]]
     if any(v is None for v in versions):  # every user must be servable (federated: every site's view)
         return web.json_response({"status": "starting", "model_version": None, "pid": os.getpid()}, status=503)
     # pid: which server process answered (several share the port with PRIVREC_WEB_PROCESSES)
@@ -518,7 +519,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def users(request: web.Request) -> web.Response:
-    catalog: Catalog = request.app["catalog"]
+    catalog: Catalog = request.app[CATALOG]
     limit_raw = request.query.get("limit", "200")
     try:
         limit = int(limit_raw)
