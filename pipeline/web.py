@@ -45,7 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from models.accounting import event_from_dict, group_guarantee
 
-from .appkeys import CATALOG, KEYS, LOG_PRODUCER, METRICS, MODEL_KEYS, PRODUCER, RECOMMENDER, REDIS, SETTINGS, SHOWN, SYNC
+from .appkeys import CATALOG, KEYS, LOG_PRODUCER, MODEL_KEYS, PRODUCER, RECOMMENDER, REDIS, SETTINGS
 from .catalog import Catalog, UnknownArmError, UnknownUserError, load_catalog
 from .federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
 from .federation import site_namespace
@@ -111,12 +111,10 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app[SETTINGS] = settings
     app[CATALOG] = catalog
     app[KEYS] = PublicKeys(settings.namespace)
-    # the namespaces users are served from: this one, or (federated, decentralized) each site's own
     app[MODEL_KEYS] = [PublicKeys(ns) for ns in model_namespaces(settings)]
     app[RECOMMENDER] = (SiteRouter(sync, settings, catalog, meta_ttl=0.2) if settings.mode == "federated"
-                          else Recommender(sync, settings.namespace, catalog, meta_ttl=0.2))
-    app[SYNC] = sync
-    app[METRICS] = _Metrics()
+                        else Recommender(sync, settings.namespace, catalog, meta_ttl=0.2))
+    app[_METRICS] = _Metrics()
     app.router.add_get("/recommend", recommend)
     app.router.add_post("/feedback", feedback)
     app.router.add_post("/listen", listen)
@@ -184,10 +182,14 @@ class _ShownLists:
                     done.set_result(None)
 
 
+_METRICS = web.AppKey("metrics", _Metrics)
+_SHOWN = web.AppKey("shown", _ShownLists)
+
+
 async def _clients(app: web.Application) -> Any:
     s: Settings = app[SETTINGS]
     app[REDIS] = connect_async(s.redis_url)  # type: ignore[arg-type]
-    app[SHOWN] = _ShownLists(app[REDIS], app[KEYS], REC_TTL_SECONDS)
+    app[_SHOWN] = _ShownLists(app[REDIS], app[KEYS], REC_TTL_SECONDS)
     producer = log_producer = None
     if s.kafka:
         # feedback waits for the broker's ack, so its producer does not linger; the log of
@@ -224,7 +226,7 @@ async def _observe(request: web.Request, handler: Any) -> web.StreamResponse:
     except Exception as exc:  # a bug must not take the server down; report it as JSON
         log.exception("unhandled error on %s", request.path)
         resp = _error(500, None, f"internal error: {type(exc).__name__}")
-    m: _Metrics = request.app[METRICS]
+    m: _Metrics = request.app[_METRICS]
     m.requests.labels(endpoint, str(resp.status)).inc()
     m.latency.labels(endpoint).observe(time.perf_counter() - t0)
     return resp
@@ -262,11 +264,11 @@ async def recommend(request: web.Request) -> web.Response:
     record = {"rec_id": out["rec_id"], "user": user, "items": items, "model_version": out["model_version"],
               "ts": time.time() * 1000}
     value = orjson.dumps(record)
-    await request.app[SHOWN].put(out["rec_id"], value)
+    await request.app[_SHOWN].put(out["rec_id"], value)
     producer: AIOKafkaProducer | None = request.app[LOG_PRODUCER]
     if producer is not None:
         await producer.send(TOPICS["recommendations"], key=user.encode(), value=value)
-    request.app[METRICS].model_version.set(out["model_version"])
+    request.app[_METRICS].model_version.set(out["model_version"])
     # orjson: the same JSON (scores are finite floats, see serving._num), ~5x faster to encode
     return web.Response(body=orjson.dumps(out), content_type="application/json")
 
@@ -327,7 +329,7 @@ async def feedback(request: web.Request) -> web.Response:
     except Exception:
         await r.delete(answered)  # not recorded: the list may be answered again
         raise
-    request.app[METRICS].feedback.labels("1" if reward >= 0.5 else "0").inc()
+    request.app[_METRICS].feedback.labels("1" if reward >= 0.5 else "0").inc()
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
 
 
@@ -381,7 +383,7 @@ async def listen(request: web.Request) -> web.Response:
              "reward": reward, "ts": time.time() * 1000, "rec_id": None, "kind": "listen"}
     topic = interactions_topic(request.app[SETTINGS], catalog, user)
     await producer.send_and_wait(topic, key=user.encode(), value=json.dumps(event).encode())
-    request.app[METRICS].listens.inc()
+    request.app[_METRICS].listens.inc()
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
 
 
@@ -484,7 +486,7 @@ async def _refuse_at_cap(request: web.Request, user: str) -> web.Response | None
 
 
 async def metrics(request: web.Request) -> web.Response:
-    m: _Metrics = request.app[METRICS]
+    m: _Metrics = request.app[_METRICS]
     keys: PublicKeys = request.app[MODEL_KEYS][0]
     r = request.app[REDIS]
     v = await r.hget(keys.model_meta, "version")
