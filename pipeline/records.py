@@ -36,10 +36,10 @@ from typing import Any, NamedTuple
 
 import faust
 import numpy as np
-from kafka.partitioner.default import murmur2
 from numpy.typing import NDArray
 
 from .catalog import Catalog, UnknownArmError, UnknownUserError
+from .keys import partition_of
 
 __all__ = ["Interaction", "Recommendation", "DeadLetter", "MalformedEvent", "Parsed", "ParsedBatch",
            "parse_interaction", "parse_batch", "partition_of", "MAX_SHOWN",
@@ -163,18 +163,6 @@ class ParsedBatch(NamedTuple):
 
 #: Values of the optional ``kind`` field: feedback on a shown item (default) or an organic listen.
 KINDS = ("feedback", "listen")
-
-
-def partition_of(user: str, partitions: int) -> int:
-    """The partition of ``interactions`` that holds ``user``'s events: Kafka's default partitioner on the key ``user``.
-
-    Every producer of the project keys an event by its user; ingest refuses an event that arrived on another
-    partition, so one user's contributions are bounded (and their ledger kept) in exactly one place.
-
-    >>> partition_of("42", 4) == partition_of("42", 4) and 0 <= partition_of("42", 4) < 4
-    True
-    """
-    return (murmur2(user.encode("utf-8")) & 0x7FFFFFFF) % int(partitions)
 
 
 def _shown_rows(obj: dict[str, Any], arm: str, catalog: Catalog) -> list[int] | None:
