@@ -12,6 +12,7 @@ Routes (DESIGN §7):
 * ``GET /budget[?user=U]`` — the privacy guarantee of the released statistics,
   releases so far, and for a user the guarantee covering all their interactions.
 * ``GET /metrics`` (Prometheus), ``GET /healthz``, ``GET /users``, and the page at ``/``.
+* ``GET /openapi.json`` — the OpenAPI 3 document of every route (:mod:`pipeline.openapi`).
 
 Errors are JSON ``{"error": {"parameter": ..., "message": ...}}`` with 400
 (bad parameter), 404 (unknown user or rec_id), 409 (feedback repeated) or
@@ -54,6 +55,7 @@ from .keys import PublicKeys
 from .kafkaconn import client_kwargs
 from .redisconn import connect, connect_async
 from .local_http import add_routes as add_local_routes, local_budget, refuse_raw_reward, with_contexts
+from .openapi import add_routes as add_openapi_routes
 from .records import TOPICS
 from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
 from .settings import Settings
@@ -126,6 +128,7 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app.router.add_get("/users", users)
     app.router.add_get("/", index)
     add_local_routes(app)  # GET /local/config, POST /report (local mode; a clear 400 elsewhere)
+    add_openapi_routes(app)  # GET /openapi.json: the contract of every route (pipeline/openapi.py)
     if STATIC.is_dir():
         app.router.add_static("/static/", STATIC)
     app.cleanup_ctx.append(_clients)
