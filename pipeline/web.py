@@ -260,7 +260,9 @@ async def recommend(request: web.Request) -> web.Response:
         status = 404 if exc.parameter == "user" and "unknown user" in str(exc) else 400
         return _error(status, exc.parameter, str(exc))
     except ModelNotReadyError as exc:
-        return _error(503, None, f"{exc}; try again in a moment")
+        resp = _error(503, None, f"{exc}; try again in a moment")
+        resp.headers["Retry-After"] = "1"  # about one release tick (the client waits at least this)
+        return resp
     if request.app[SETTINGS].mode == "local":  # the devices need each item's context for r x
         with_contexts(out, request.app[CATALOG])
     items = [it["item"] for it in out["items"]]
