@@ -107,11 +107,11 @@ class ShownLists:
         value = self._pending.get(rec_id)
         if value is not None:
             return value
-        raw: bytes | None = await self.client.get(self.keys.recommendation(rec_id))
+        raw = await self.client.get(self.keys.recommendation(rec_id))
         if raw is None and self.reread_seconds > 0:  # maybe pending in a sibling server process
             await asyncio.sleep(self.reread_seconds)
             raw = await self.client.get(self.keys.recommendation(rec_id))
-        return raw
+        return raw if raw is None or isinstance(raw, bytes) else raw.encode()
 
     @property
     def pending(self) -> int:

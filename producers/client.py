@@ -132,7 +132,7 @@ class RetryPolicy:
     max_delay: float = 5.0
 
     def delay(self, attempt: int, retry_after: str | None) -> float:
-        wait = min(self.max_delay, self.backoff * 2 ** attempt)
+        wait = min(self.max_delay, self.backoff * 2.0 ** attempt)
         if retry_after is not None:
             try:
                 wait = max(wait, float(retry_after))
