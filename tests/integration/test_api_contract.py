@@ -42,6 +42,8 @@ from privrec.bench.serve import LocalStack, local_stack
 from producers.client import APIError, AsyncClient, Client, RetryPolicy
 from producers.devices import config_from_public
 
+from pipeline_support import publish_model
+
 pytestmark = pytest.mark.integration
 
 BASE = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "30",
@@ -132,11 +134,6 @@ def test_client_retries_a_503_after_its_retry_after(redis_server: services.Servi
     from pipeline.settings import Settings
     from pipeline.web import create_web_app
 
-    import redis as redis_sync
-
-    from pipeline.ingest import IngestProcessor
-    from pipeline.stages import ReleaseStage, SolveStage
-
     s = Settings(namespace=f"apiretry{os.getpid()}", d=5, n_users=6, n_arms=30, epsilon=2.0, privacy_unit="event",
                  redis_url=redis_server.url, kafka=None)
     catalog = SyntheticCatalog(n_users=6, d=5, n_arms=30)
@@ -146,18 +143,6 @@ def test_client_retries_a_503_after_its_retry_after(redis_server: services.Servi
         if request.path == "/recommend":
             seen.append((time.monotonic(), response.status))
 
-    def publish() -> None:
-        client = redis_sync.Redis.from_url(redis_server.url)
-        try:
-            events = [json.dumps({"event_id": f"e{i}", "user": str(i % 6), "arm": str(i % 30), "reward": 1.0,
-                                  "ts": 1.7e12 + i}).encode() for i in range(20)]
-            IngestProcessor(client, s.namespace, catalog).process(0, list(enumerate(events)))
-            release = ReleaseStage(s, catalog, client)
-            assert release.tick(force=True) is not None
-            assert SolveStage(s, client, release.statement).run() is not None
-        finally:
-            client.close()
-
     async def run() -> Any:
         app = create_web_app(s, catalog)
         app.on_response_prepare.append(record)
@@ -166,7 +151,7 @@ def test_client_retries_a_503_after_its_retry_after(redis_server: services.Servi
                 while not seen:  # the first answer is the 503
                     task = asyncio.ensure_future(api.recommend("1", k=2))
                     await asyncio.sleep(0.2)
-                await asyncio.to_thread(publish)
+                await asyncio.to_thread(publish_model, redis_server.url, s, catalog)
                 return await task
 
     rec = asyncio.run(run())

@@ -33,7 +33,7 @@ from pipeline.catalog import SyntheticCatalog
 from pipeline.keys import PublicKeys
 from pipeline.settings import Settings
 
-from pipeline_support import wait_for
+from pipeline_support import publish_model, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -57,23 +57,6 @@ async def hold(app):
 app.on_startup.append(hold)  # after the clients' start-up, which made app[SHOWN]
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
 """
-
-
-def _publish(url: str, s: Settings, catalog: SyntheticCatalog) -> None:
-    """One release and its served model, as the worker makes them (in-process, no Kafka)."""
-    from pipeline.ingest import IngestProcessor
-    from pipeline.stages import ReleaseStage, SolveStage
-
-    client = redis.Redis.from_url(url)
-    try:
-        events = [json.dumps({"event_id": f"e{i}", "user": str(i % N_USERS), "arm": str(i % N_ARMS),
-                              "reward": float(i % 2), "ts": 1.7e12 + i}).encode() for i in range(30)]
-        IngestProcessor(client, s.namespace, catalog).process(0, list(enumerate(events)))
-        release = ReleaseStage(s, catalog, client)
-        assert release.tick(force=True) is not None
-        assert SolveStage(s, client, release.statement).run() is not None
-    finally:
-        client.close()
 
 
 class Web:
@@ -120,7 +103,7 @@ def web(tmp_path: Path, broker: services.ServiceHandle, redis_server: services.S
     ns = f"shown{os.getpid()}"
     s = Settings(namespace=ns, d=D, n_users=N_USERS, n_arms=N_ARMS, epsilon=2.0, privacy_unit="event",
                  redis_url=redis_server.url, kafka=broker.address)
-    _publish(redis_server.url, s, SyntheticCatalog(n_users=N_USERS, d=D, n_arms=N_ARMS))
+    publish_model(redis_server.url, s, SyntheticCatalog(n_users=N_USERS, d=D, n_arms=N_ARMS))
     env = {**os.environ, "REDIS_URL": redis_server.url, "KAFKA_BOOTSTRAP": broker.address, "PRIVREC_NAMESPACE": ns,
            "PRIVREC_CATALOG": "synthetic", "PRIVREC_D": str(D), "PRIVREC_N_USERS": str(N_USERS),
            "PRIVREC_N_ARMS": str(N_ARMS), "PRIVREC_PRIVACY_UNIT": "event", "PRIVREC_LOGLEVEL": "WARNING"}
