@@ -87,12 +87,13 @@ COMPONENTS: dict[str, Any] = {"schemas": {
                        "reward": {"type": "number", "minimum": 0, "maximum": 1, "default": 1.0}},
     },
     "Report": {
-        "type": "object", "required": ["schema", "user", "rec_id", "item", "version", "algorithm"],
-        "description": "a local-mode device's noisy report (models.local.LocalReport.to_json(); docs/local-mode.md)",
-        "properties": {"schema": {"type": "string", "enum": ["privrec.LocalReport/1"]},
+        "type": "object", "required": ["schema", "user", "rec_id", "version", "algorithm"],
+        "additionalProperties": False,
+        "description": "a local-mode device's noisy report on a shown list (models.local.LocalReport.to_json(); "
+                       "docs/local-mode.md); it names the list, not the item, and the server adds the list itself",
+        "properties": {"schema": {"type": "string", "enum": ["privrec.LocalReport/2"]},
                        "user": {"type": "string", "minLength": 1, "maxLength": 200},
                        "rec_id": {"type": "string", "minLength": 1, "maxLength": 200},
-                       "item": {"type": "string", "minLength": 1, "maxLength": 200},
                        "version": {"type": "integer", "minimum": 1},
                        "algorithm": {"type": "string", "enum": ["tree", "round"]},
                        "b": {"type": "array", "items": _NUM, "description": "tree: the device's noisy sum"},

@@ -90,7 +90,7 @@ async def _send_report(api: AsyncClient, devices: Devices, user: str, rec_id: st
                        reward: float) -> None:
     """Send the device's pending reports (an earlier one first, as it was), then forget them."""
     assert item.x is not None, "local mode's /recommend gives each item's x"
-    devices.report(user, rec_id=rec_id, item=item.item, x=list(item.x), reward=reward)
+    devices.report(user, rec_id=rec_id, x=list(item.x), reward=reward)
     for rep in devices.client(user).pending():
         try:
             await api.report(rep)

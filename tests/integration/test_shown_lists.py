@@ -144,7 +144,7 @@ def test_feedback_on_a_pending_list_is_accepted_and_a_crash_loses_only_pending_l
     item = answered["items"][0]["item"]
     status, acc = web.call("POST", "/feedback", {"rec_id": answered["rec_id"], "item": item, "reward": 1.0})
     assert status == 202, acc
-    assert acc["event_id"] == f"{answered['rec_id']}:{item}"
+    assert acc["event_id"].startswith(answered["rec_id"])
     status, again = web.call("POST", "/feedback", {"rec_id": answered["rec_id"], "item": item, "reward": 1.0})
     assert status == 409, again  # the pending list is claimed like a stored one
 
