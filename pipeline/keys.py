@@ -74,6 +74,11 @@ class PublicKeys:
         """Hash: malformed events of one partition counted by reason (operations data, no rewards)."""
         return self._key("ledger", f"p{partition}", "deadletters")
 
+    def retired_logs(self, partition: int) -> str:
+        """Hash: per broker identity whose log is gone, the partition's next offset to count in that log when it
+        was forgotten (operations data; the web's outbox sends again what the lost log held beyond it)."""
+        return self._key("ops", f"p{partition}", "retired-logs")
+
     def recommendation(self, rec_id: str) -> str:
         """String (JSON, with a TTL): a shown list, kept so that feedback can name it by ``rec_id``."""
         return self._key("recs", "recs", rec_id)

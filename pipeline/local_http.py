@@ -20,6 +20,7 @@ from models.local.aggregate import clip_context
 from .appkeys import CATALOG, KEYS, LOCAL_CONFIG, PRODUCER, REDIS, SETTINGS
 from .catalog import Catalog, UnknownUserError
 from .keys import PublicKeys
+from .outbox import OUTBOX, accept
 from .records import TOPICS
 from .settings import Settings
 
@@ -114,13 +115,9 @@ async def report(request: web.Request) -> web.Response:
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
     answered = keys.recommendation(rep.rec_id) + ":answered"
-    if not await r.set(answered, rep.item, nx=True, ex=24 * 3600):
+    if not await accept(r, request.app.get(OUTBOX), producer, TOPICS["ldp_reports"], rep.user.encode(), raw,
+                        claim=(answered, rep.item, 24 * 3600)):
         return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
-    try:
-        await producer.send_and_wait(TOPICS["ldp_reports"], key=rep.user.encode(), value=raw)
-    except Exception:
-        await r.delete(answered)
-        raise
     return web.json_response({"accepted": True, "user": rep.user, "version": rep.version}, status=202)
 
 
