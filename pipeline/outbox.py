@@ -40,7 +40,6 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiohttp import web
 
@@ -168,7 +167,7 @@ class Forwarder:
         self._committed: dict[tuple[str, int], int] = {}
         self._committed_at = 0.0
         self._consumer: AIOKafkaConsumer | None = None
-        self._admin: AIOKafkaAdminClient | None = None
+        self._group: AIOKafkaConsumer | None = None  # never subscribes: reads the workers' committed offsets
         self._waiting_logged = False
         self._after: bytes | None = None  # the last entry this process sent
         self._settled_at = 0.0
@@ -180,18 +179,19 @@ class Forwarder:
         if self._consumer is None:
             self._consumer = AIOKafkaConsumer(**client_kwargs(self.settings), enable_auto_commit=False)
             await self._consumer.start()
-        if self._admin is None:
-            self._admin = AIOKafkaAdminClient(**client_kwargs(self.settings))
-            await self._admin.start()
+        if self._group is None:
+            self._group = AIOKafkaConsumer(**client_kwargs(self.settings), group_id=ingest_group(self.settings),
+                                           enable_auto_commit=False)
+            await self._group.start()
 
     async def close(self) -> None:
-        for c in (self._consumer, self._admin):
+        for c in (self._consumer, self._group):
             if c is not None:
                 try:
-                    await c.close() if isinstance(c, AIOKafkaAdminClient) else await c.stop()
+                    await c.stop()
                 except Exception:  # noqa: BLE001 - closing a client of a dead broker
                     log.debug("closing a Kafka client failed", exc_info=True)
-        self._consumer = self._admin = None
+        self._consumer = self._group = None
 
     def forget_broker(self) -> None:
         """Read the broker's identity and committed offsets again before the next send (after any error)."""
@@ -208,14 +208,16 @@ class Forwarder:
             self._identity_at = time.monotonic()
         return self._identity
 
-    async def committed(self) -> dict[tuple[str, int], int]:
-        """The ingest group's committed offsets on the current broker (cached a fifth of a second)."""
-        if time.monotonic() - self._committed_at > 0.2:
+    async def committed(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The ingest group's committed offsets of ``wanted`` partitions on the current broker (cached 0.2 s)."""
+        if time.monotonic() - self._committed_at > 0.2 or not wanted <= self._committed.keys():
             await self._start_clients()
-            assert self._admin is not None
-            got = await self._admin.list_consumer_group_offsets(ingest_group(self.settings))
-            self._committed = {(tp.topic, tp.partition): meta.offset for tp, meta in got.items()
-                               if meta is not None and meta.offset >= 0}
+            assert self._group is not None
+            got: dict[tuple[str, int], int] = {}
+            for topic, p in sorted(wanted):
+                off = await self._group.committed(TopicPartition(topic, p))
+                got[(topic, p)] = -1 if off is None else int(off)
+            self._committed = got
             self._committed_at = time.monotonic()
         return self._committed
 
@@ -289,19 +291,17 @@ class Forwarder:
         Returns ``False`` while a broker is gone and no worker has yet recorded where its logs ended (nothing
         may be sent meanwhile: the order would change and a counted entry might be sent again).
         """
-        sent = await self.r.hgetall(self.keys.sent)
+        sent = {eid: rec.decode().split(" ") for eid, rec in (await self.r.hgetall(self.keys.sent)).items()}
         done: list[bytes] = []
         again: list[bytes] = []
         waiting = False
-        committed: dict[tuple[str, int], int] | None = None
+        mine = {(topic, int(p)) for who, topic, p, _ in sent.values() if who == ident}
+        committed = await self.committed(mine) if mine else {}
         retired: dict[tuple[int, str], int | None] = {}
-        for eid, rec in sent.items():
-            who, topic, p_raw, o_raw = rec.decode().split(" ")
+        for eid, (who, topic, p_raw, o_raw) in sent.items():
             p, o = int(p_raw), int(o_raw)
             if who == ident:
-                if committed is None:
-                    committed = await self.committed()
-                if o < committed.get((topic, p), 0):
+                if o < committed[(topic, p)]:
                     done.append(eid)
                 continue
             if (p, who) not in retired:
