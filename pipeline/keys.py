@@ -74,6 +74,11 @@ class PublicKeys:
         """Hash: malformed events of one partition counted by reason (operations data, no rewards)."""
         return self._key("ledger", f"p{partition}", "deadletters")
 
+    @property
+    def stack_repairs(self) -> str:
+        """Hash: repairs of the embedded broker and redis-server by the supervisor, per service (operations data)."""
+        return self._key("ops", "ops", "repairs")
+
     def retired_logs(self, partition: int) -> str:
         """Hash: per broker identity whose log is gone, the partition's next offset to count in that log when it
         was forgotten (operations data; the web's outbox sends again what the lost log held beyond it)."""

@@ -42,6 +42,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .keys import PublicKeys
 from .redisconn import connect_async
@@ -50,7 +51,8 @@ from .services import read_identity_async
 from .settings import Settings
 
 __all__ = ["Outbox", "OutboxKeys", "Forwarder", "ENQUEUE_SCRIPT", "OUTBOX", "FORWARDER", "BrokerUnavailable", "accept",
-           "uses_outbox", "ingest_group", "pending_count", "start_forwarding", "stop_forwarding"]
+           "uses_outbox", "ingest_group", "pending_count", "start_forwarding", "stop_forwarding", "outbox_metrics",
+           "observe_outbox"]
 
 log = logging.getLogger("privrec.outbox")
 
@@ -105,6 +107,7 @@ class Outbox:
 
     def __init__(self, client: aioredis.Redis, namespace: str) -> None:
         self.keys = OutboxKeys(namespace)
+        self._client = client
         self._script = client.register_script(ENQUEUE_SCRIPT)
         self.added = asyncio.Event()  # set on every put: wakes the local forwarder
 
@@ -426,3 +429,38 @@ async def stop_forwarding(app: web.Application, task: asyncio.Task[None] | None)
     except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping
         pass
     await app[FORWARDER].r.aclose()
+
+
+_OUTBOX_METRICS: dict[int, dict[str, Any]] = {}
+
+
+def outbox_metrics(registry: CollectorRegistry) -> None:
+    """Register the outbox's and the stack repairs' metrics on the web server's registry."""
+    _OUTBOX_METRICS[id(registry)] = {
+        "pending": Gauge("privrec_outbox_entries", "Events in the outbox: not yet sent, or sent and not yet "
+                         "counted by a worker", registry=registry),
+        "forwarded": Counter("privrec_outbox_forwarded_total", "Outbox events acknowledged by a broker "
+                             "(this process's forwarder)", registry=registry),
+        "resent": Counter("privrec_outbox_resent_total", "Outbox events sent again: a dead broker held them "
+                          "and no worker had counted them", registry=registry),
+        "repairs": Counter("privrec_stack_repairs_total", "Repairs of the embedded broker or redis-server by "
+                           "the supervisor", ["service"], registry=registry),
+        "seen": {},
+    }
+
+
+async def observe_outbox(app: web.Application, registry: CollectorRegistry) -> None:
+    """Bring the metrics of :func:`outbox_metrics` up to date (``GET /metrics``)."""
+    m = _OUTBOX_METRICS[id(registry)]
+    client: aioredis.Redis = app[OUTBOX]._client if OUTBOX in app else None  # type: ignore[assignment]
+    if client is None:
+        return
+    m["pending"].set(await client.xlen(app[OUTBOX].keys.stream))
+    fwd = app[FORWARDER]
+    for name, total in (("forwarded", fwd.forwarded), ("resent", fwd.resent)):
+        m[name].inc(max(0, total - m["seen"].get(name, 0)))
+        m["seen"][name] = total
+    for service, raw in (await client.hgetall(PublicKeys(fwd.settings.namespace).stack_repairs)).items():
+        name, total = service.decode(), int(raw)
+        m["repairs"].labels(name).inc(max(0, total - m["seen"].get(("repairs", name), 0)))
+        m["seen"][("repairs", name)] = total

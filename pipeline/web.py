@@ -55,7 +55,7 @@ from .keys import PublicKeys
 from .kafkaconn import client_kwargs
 from .redisconn import connect, connect_async
 from .local_http import add_routes as add_local_routes, local_budget, refuse_raw_reward, with_contexts
-from .outbox import OUTBOX, BrokerUnavailable, accept, start_forwarding, stop_forwarding
+from .outbox import OUTBOX, BrokerUnavailable, accept, observe_outbox, outbox_metrics, start_forwarding, stop_forwarding
 from .records import TOPICS
 from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
 from .settings import Settings
@@ -102,6 +102,7 @@ class _Metrics:
                                registry=self.registry)
         self.spent_median = Gauge("privrec_budget_spent_median_epsilon", "Median privacy loss (epsilon) of the "
                                   "users with at least one contribution", registry=self.registry)
+        outbox_metrics(self.registry)
 
 
 def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis | None = None) -> web.Application:
@@ -514,6 +515,7 @@ async def metrics(request: web.Request) -> web.Response:
         m.users_at_cap.set(overview["users_at_cap"])
         m.spent_max.set(overview["spent_max"])
         m.spent_median.set(overview["spent_median"])
+    await observe_outbox(request.app, m.registry)
     return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

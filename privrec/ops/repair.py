@@ -63,15 +63,19 @@ def _port(address: str) -> int:
     return int(address.rstrip("/").rpartition(":")[2].split("/")[0])
 
 
-def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], timeout: float) -> dict[str, Any]:
-    """Repair the degraded stack ``stack`` of ``state`` (the caller holds the lock); return what was done."""
+def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], timeout: float,
+           by_supervisor: bool = False) -> dict[str, Any]:
+    """Repair the degraded stack ``stack`` of ``state`` (the caller holds the lock); return what was done.
+
+    ``by_supervisor``: the supervisor repairs a dead broker or redis itself (it is neither stopped nor
+    started again)."""
     t0 = time.monotonic()
 
     def took() -> str:
         return f"[{time.monotonic() - t0:.1f} s]"
 
     names: list[str] = list(stack.get("processes", []))
-    sup_pid = stop_supervisor(state)
+    sup_pid = None if by_supervisor else stop_supervisor(state)
     if sup_pid is not None:
         note(f"supervisor pid {sup_pid} stopped while repairing (a new one starts at the end)")
     handles = {h.name: h for h in recorded_handles(state, stack)}  # after the supervisor: it may have restarted some
@@ -83,7 +87,7 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
     external = stack.get("external") or {}
     restart = [n for n in dead if supervised(n)]
     done: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dead": dead, "restarted": {},
-                            "new_broker": False}
+                            "new_broker": False, "by": "supervisor" if by_supervisor else "privrec up"}
 
     def stop_clients(why: str) -> None:
         live = [h for h in (handles[n] for n in names if supervised(n) and n in running)
@@ -147,10 +151,11 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
     finally:
         client.close()
     policy = stack.get("supervisor")
-    if policy:
+    if policy and not by_supervisor:
         sup = start_supervisor(state, {**SUPERVISION_DEFAULTS, **policy}, timeout=timeout)
         done["supervisor"] = sup.pid
         note(f"supervisor pid {sup.pid}  restarts crashed workers and web {took()}")
+    done["seconds"] = round(time.monotonic() - t0, 1)
     stack.setdefault("repairs", []).append(done)
     write_stack(state, stack)
     assert read_stack(state) is not None

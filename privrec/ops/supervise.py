@@ -36,9 +36,13 @@ from pipeline import services
 from pipeline.services import ServiceError, ServiceHandle
 
 from .relaunch import SUPERVISION_DEFAULTS, read_report, relaunch, supervised, write_report
-from .stackfile import OpsError, read_stack
+from .stackfile import KAFKA, REDIS, OpsError, admin_redis_url, locked, read_stack
 
-__all__ = ["RestartPolicy", "main", "supervise"]
+__all__ = ["RestartPolicy", "main", "supervise", "REPAIRED"]
+
+#: The services the supervisor repairs as ``privrec up`` does (:func:`~privrec.ops.repair.repair`), not one by one.
+REPAIRED = (KAFKA, REDIS)
+
 
 
 class RestartPolicy:
@@ -123,6 +127,8 @@ def supervise(state: Path, policy: RestartPolicy, *, poll_s: float = 0.25, shoul
             time.sleep(poll_s)
             continue
         handles = services.read_handles(state)
+        if _repair_services(state, stack, handles, known, policy, report, died, log, clock):
+            continue  # the stack changed: read it again
         for name in stack.get("processes", []):
             if not supervised(name) or name in report["given_up"] or should_stop():
                 continue
@@ -168,6 +174,86 @@ def supervise(state: Path, policy: RestartPolicy, *, poll_s: float = 0.25, shoul
             write_report(state, report)
         time.sleep(poll_s)
     log("stopping (SIGTERM)")
+
+
+def _repair_services(state: Path, stack: dict[str, Any], handles: dict[str, ServiceHandle],
+                     known: dict[str, ServiceHandle], policy: RestartPolicy, report: dict[str, Any],
+                     died: dict[str, float], log: Callable[[str], None], clock: Callable[[], float]) -> bool:
+    """A dead embedded broker or redis-server: repair the stack as ``privrec up`` does, with the restart policy's
+    backoff and limit. Returns whether a repair ran."""
+    from .repair import repair
+
+    external = stack.get("external") or {}
+    dead: list[str] = []
+    for name in REPAIRED:
+        if name not in stack.get("processes", []) or external.get(name) or name in report["given_up"]:
+            continue
+        h = handles.get(name) or known.get(name)
+        if h is None:
+            continue
+        known[name] = h
+        if services.is_running(h):
+            died.pop(name, None)
+            continue
+        now = clock()
+        if name not in died:
+            died[name] = now
+            log(f"{name} (pid {h.pid}) is not running")
+        action, detail = policy.decide(name, died_at=died[name], now=now)
+        if action == "give up":
+            report["given_up"][name] = f"{detail}; last pid {h.pid}, log {h.log_path}"
+            log(f"giving up on {name}: {detail}; `privrec up` repairs it")
+            write_report(state, report)
+        elif action == "restart":
+            dead.append(name)
+    if not dead:
+        return False
+    now = clock()
+    entries = {}
+    for name in dead:
+        policy.restarted(name, now)
+        report["restarts"][name] = report["restarts"].get(name, 0) + 1
+        entries[name] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "old_pid": known[name].pid, "repair": True}
+    t0 = time.monotonic()
+    try:
+        with locked(state, "the supervisor's repair"):
+            current = read_stack(state)
+            if current is None:
+                return True
+            done = repair(state, current, note=lambda line: log(f"repair: {line}"), timeout=120, by_supervisor=True)
+    except (OpsError, ServiceError, OSError) as exc:
+        log(f"repair of {', '.join(dead)} failed: {str(exc).splitlines()[0]}")
+        for name in dead:
+            entries[name]["error"] = str(exc).splitlines()[0]
+            died[name] = clock()
+    else:
+        took = round(time.monotonic() - t0, 1)
+        for name in dead:
+            died.pop(name, None)
+            known.pop(name, None)
+            entries[name].update(new_pid=done["restarted"].get(name), seconds=took)
+        log(f"repaired the stack ({', '.join(dead)} dead) in {took} s: restarted {done['restarted']}")
+        _count_repairs(current, dead, log)
+    for name in dead:
+        report["last"][name] = entries[name]
+    write_report(state, report)
+    return True
+
+
+def _count_repairs(stack: dict[str, Any], names: list[str], log: Callable[[str], None]) -> None:
+    import redis
+
+    from pipeline.keys import PublicKeys
+
+    try:
+        client = redis.Redis.from_url(admin_redis_url(stack), socket_timeout=5)
+        try:
+            for name in names:
+                client.hincrby(PublicKeys(str(stack["namespace"])).stack_repairs, name, 1)  # the web's counter
+        finally:
+            client.close()
+    except (redis.RedisError, KeyError) as exc:
+        log(f"repairs not counted in Redis: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
