@@ -7,11 +7,12 @@ supervisor (so the two do not restart the same process), then starts again, with
 ``stack.json`` recorded:
 
 * a dead ``redis`` — on its port, from its AOF (the workers reconnect on their own);
-* a dead ``kafka`` — a *new* memory-only broker on its port, whose log starts at offset 0: every worker and
-  the web server are restarted too (their clients and in-memory positions belong to the old log), the
-  topics created again and the namespace's stored ingest offsets reset, exactly as ``up`` does for a new
-  broker (otherwise the new log's first events would be skipped as "already counted"); events the old
-  broker held but no worker had counted are lost with it;
+* a dead ``kafka`` — a *new* memory-only broker on its port, whose log starts at offset 0: every worker is
+  restarted too (its in-memory positions belong to the old log), the topics created again and the
+  namespace's stored ingest offsets reset, exactly as ``up`` does for a new broker (otherwise the new log's
+  first events would be skipped as "already counted"), where they stood in the old logs recorded for the web's
+  outbox, which sends again what the old broker held and no worker had counted (:mod:`pipeline.outbox`); the
+  web server keeps running (its Kafka clients reconnect to the same address);
 * the dead workers and web server, exactly as ``up`` started them
   (:func:`~privrec.ops.relaunch.relaunch`), waiting until every worker has partitions again;
 * a new supervisor, which carries on the restart counts.
@@ -34,7 +35,7 @@ from pipeline.settings import Settings
 
 from .relaunch import (SUPERVISION_DEFAULTS, fallback_handle, relaunch, stack_settings, start_supervisor, stop_supervisor,
                        supervised)
-from .stackfile import KAFKA, REDIS, OpsError, read_stack, recorded_handles, running_processes, settings_dict, worker_status_key, write_stack
+from .stackfile import KAFKA, REDIS, WEB, OpsError, read_stack, recorded_handles, running_processes, settings_dict, worker_status_key, write_stack
 from .workers import create_stack_topics, reset_after_new_broker, wait_workers
 
 __all__ = ["check_same_settings", "repair"]
@@ -89,12 +90,12 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
     done: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dead": dead, "restarted": {},
                             "new_broker": False, "by": "supervisor" if by_supervisor else "privrec up"}
 
-    def stop_clients(why: str) -> None:
-        live = [h for h in (handles[n] for n in names if supervised(n) and n in running)
-                if services.stop(h, grace_seconds=10)]
+    def stop_clients(why: str, *, web: bool = True) -> None:
+        which = [n for n in names if supervised(n) and (web or n != WEB)]
+        live = [h for h in (handles[n] for n in which if n in running) if services.stop(h, grace_seconds=10)]
         if live:
             note(f"stopped {', '.join(f'{h.name} (pid {h.pid})' for h in live)}: {why}")
-        restart[:] = [n for n in names if supervised(n)]
+        restart[:] = sorted(set(restart) | set(which), key=names.index)
 
     if REDIS in dead and not external.get("redis"):
         assert settings.redis_url is not None
@@ -108,7 +109,8 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
         note(f"redis    {rds.url}  pid {rds.pid}  (again, from the AOF in {state / REDIS}) {took()}")
     if KAFKA in dead and not external.get("kafka"):
         assert settings.kafka is not None
-        stop_clients("the broker is memory-only: they read and wrote the old broker's log")
+        # the web server stays: its clients reconnect to the same address, and its outbox keeps the feedback
+        stop_clients("the broker is memory-only: they read the old broker's log", web=False)
         try:
             kafka = services.start_broker(state, port=_port(settings.kafka), timeout=timeout)
         except PortInUseError:
