@@ -56,6 +56,9 @@ __all__ = ["Outbox", "OutboxKeys", "Forwarder", "ENQUEUE_SCRIPT", "OUTBOX", "FOR
 
 log = logging.getLogger("privrec.outbox")
 
+#: Seconds a read of the broker (its identity, the workers' committed offsets) may take; then new clients.
+READ_TIMEOUT = 5.0
+
 #: Claim the shown list (``SET NX EX``, when KEYS[1] is given) and append the event, atomically.
 # KEYS[1] - the stream; KEYS[2] (optional) - the shown list's "answered" key
 # ARGV[1] topic, ARGV[2] key, ARGV[3] value, ARGV[4] the claim's value, ARGV[5] its TTL in seconds
@@ -191,7 +194,7 @@ class Forwarder:
         for c in (self._consumer, self._group):
             if c is not None:
                 try:
-                    await c.stop()
+                    await asyncio.wait_for(c.stop(), READ_TIMEOUT)
                 except Exception:  # noqa: BLE001 - closing a client of a dead broker
                     log.debug("closing a Kafka client failed", exc_info=True)
         self._consumer = self._group = None
@@ -207,7 +210,8 @@ class Forwarder:
         if self._identity is None or time.monotonic() - self._identity_at > 0.5:
             await self._start_clients()
             assert self._consumer is not None
-            self._identity = await read_identity_async(self._consumer, self.settings.kafka or "")
+            self._identity = await asyncio.wait_for(read_identity_async(self._consumer, self.settings.kafka or ""),
+                                                    READ_TIMEOUT)
             self._identity_at = time.monotonic()
         return self._identity
 
@@ -218,7 +222,7 @@ class Forwarder:
             assert self._group is not None
             got: dict[tuple[str, int], int] = {}
             for topic, p in sorted(wanted):
-                off = await self._group.committed(TopicPartition(topic, p))
+                off = await asyncio.wait_for(self._group.committed(TopicPartition(topic, p)), READ_TIMEOUT)
                 got[(topic, p)] = -1 if off is None else int(off)
             self._committed = got
             self._committed_at = time.monotonic()
@@ -254,6 +258,7 @@ class Forwarder:
                 except Exception as exc:  # noqa: BLE001 - the broker or Redis away: keep the entries, retry
                     log.warning("outbox: %s: %s; retrying in %.1f s", type(exc).__name__, exc, backoff.delay)
                     self.forget_broker()
+                    await self.close()  # new clients: those of a dead broker may wait on it for ever
                     await backoff.wait()
         finally:
             await self.close()
@@ -277,15 +282,20 @@ class Forwarder:
     async def step(self) -> bool:
         """One round: settle what the workers counted (at most every 0.2 s), send the next unsent entries in
         stream order; whether there is more to do at once."""
+        log.debug("step: identity")
         ident = await self.identity()
+        log.debug("step: identity %s", ident)
         if time.monotonic() - self._settled_at > 0.2 or ident != self._settled_for:
             if not await self.settle(ident):
                 await asyncio.sleep(0.2)
                 return False
+        log.debug("step: unsent")
         todo = await self._unsent()
         if not todo:
             return False
+        log.debug("step: send %d", len(todo))
         await self._send(ident, todo)
+        log.debug("step: sent")
         return True
 
     async def settle(self, ident: str) -> bool:
@@ -299,7 +309,9 @@ class Forwarder:
         again: list[bytes] = []
         waiting = False
         mine = {(topic, int(p)) for who, topic, p, _ in sent.values() if who == ident}
+        log.debug("settle: %d sent, committed of %s", len(sent), mine)
         committed = await self.committed(mine) if mine else {}
+        log.debug("settle: committed %s", committed)
         retired: dict[tuple[int, str], int | None] = {}
         for eid, (who, topic, p_raw, o_raw) in sent.items():
             p, o = int(p_raw), int(o_raw)
@@ -352,10 +364,15 @@ class Forwarder:
             start = "(" + self._after.decode()
 
     async def _send(self, ident: str, todo: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
-        futures = []
+        futures: list[asyncio.Future[Any]] = []
+        enqueue_error: BaseException | None = None
         for _, f in todo:
-            key = f.get(b"k") or None
-            futures.append(await self.producer.send(f[b"t"].decode(), value=f[b"v"], key=key))
+            try:
+                futures.append(await self.producer.send(f[b"t"].decode(), value=f[b"v"], key=f.get(b"k") or None))
+            except KafkaError as exc:  # no metadata within the request timeout: the rest is not sent
+                enqueue_error = exc
+                break
+        todo = todo[:len(futures)]
         # no timeout of our own here: a record abandoned while its request is in flight may still be written, and
         # would then be sent twice; the producer's request timeout bounds the wait and resolves every future
         results = await asyncio.gather(*futures, return_exceptions=True)
@@ -369,6 +386,7 @@ class Forwarder:
         if positions:
             await self.r.hset(self.keys.sent, mapping=positions)  # type: ignore[arg-type]
             self.forwarded += len(positions)
+        failed = failed or enqueue_error
         if failed is not None:
             self._after = None  # the failed ones are sent again first
             raise failed

@@ -90,9 +90,9 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
     done: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dead": dead, "restarted": {},
                             "new_broker": False, "by": "supervisor" if by_supervisor else "privrec up"}
 
-    def stop_clients(why: str, *, web: bool = True) -> None:
+    def stop_clients(why: str, *, web: bool = True, grace: float = 10) -> None:
         which = [n for n in names if supervised(n) and (web or n != WEB)]
-        live = [h for h in (handles[n] for n in which if n in running) if services.stop(h, grace_seconds=10)]
+        live = [h for h in (handles[n] for n in which if n in running) if services.stop(h, grace_seconds=grace)]
         if live:
             note(f"stopped {', '.join(f'{h.name} (pid {h.pid})' for h in live)}: {why}")
         restart[:] = sorted(set(restart) | set(which), key=names.index)
@@ -110,7 +110,8 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
     if KAFKA in dead and not external.get("kafka"):
         assert settings.kafka is not None
         # the web server stays: its clients reconnect to the same address, and its outbox keeps the feedback
-        stop_clients("the broker is memory-only: they read the old broker's log", web=False)
+        # (3 s: a worker whose broker died may not get to its exit; it commits atomically, so a kill is safe)
+        stop_clients("the broker is memory-only: they read the old broker's log", web=False, grace=3)
         try:
             kafka = services.start_broker(state, port=_port(settings.kafka), timeout=timeout)
         except PortInUseError:
