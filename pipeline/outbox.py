@@ -282,20 +282,15 @@ class Forwarder:
     async def step(self) -> bool:
         """One round: settle what the workers counted (at most every 0.2 s), send the next unsent entries in
         stream order; whether there is more to do at once."""
-        log.debug("step: identity")
         ident = await self.identity()
-        log.debug("step: identity %s", ident)
         if time.monotonic() - self._settled_at > 0.2 or ident != self._settled_for:
             if not await self.settle(ident):
                 await asyncio.sleep(0.2)
                 return False
-        log.debug("step: unsent")
         todo = await self._unsent()
         if not todo:
             return False
-        log.debug("step: send %d", len(todo))
         await self._send(ident, todo)
-        log.debug("step: sent")
         return True
 
     async def settle(self, ident: str) -> bool:
@@ -309,9 +304,7 @@ class Forwarder:
         again: list[bytes] = []
         waiting = False
         mine = {(topic, int(p)) for who, topic, p, _ in sent.values() if who == ident}
-        log.debug("settle: %d sent, committed of %s", len(sent), mine)
         committed = await self.committed(mine) if mine else {}
-        log.debug("settle: committed %s", committed)
         retired: dict[tuple[int, str], int | None] = {}
         for eid, (who, topic, p_raw, o_raw) in sent.items():
             p, o = int(p_raw), int(o_raw)
