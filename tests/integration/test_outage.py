@@ -220,3 +220,71 @@ def test_broker_killed_during_a_replay(stack: Path) -> None:
 def test_redis_killed_during_a_replay(stack: Path) -> None:
     _outage(stack, "redis")
 
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], float]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return int(resp.status), dict(resp.headers), time.monotonic() - t0
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), dict(exc.headers), time.monotonic() - t0
+
+
+def test_broker_down_is_202_into_the_outbox_and_redis_down_is_503(tmp_path: Path) -> None:
+    """No supervisor: with the broker dead, listens are answered 202 at once and kept in the outbox (durable:
+    they are still there after redis-server is killed and restarted from its AOF); with redis-server dead too,
+    503 with ``Retry-After`` within 2 s."""
+    import sys
+
+    from pipeline import services
+
+    from pipeline_support import WORLD
+
+    broker = services.start_broker(tmp_path / "kafka")
+    rds = services.start_redis(tmp_path / "redis")
+    web = None
+    try:
+        services.create_topics(broker.address, {"interactions": 4, "dead-letters": 1, "recommendations": 1})
+        port = services.free_port()
+        env = {**os.environ, **WORLD, "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": rds.url,
+               "PRIVREC_NAMESPACE": "down", "PRIVREC_STATE_DIR": str(tmp_path)}
+        web = services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], tmp_path,
+                                     env=env, address=f"127.0.0.1:{port}")
+        url = f"http://127.0.0.1:{port}/listen"
+        assert _post(url, {"user": "1", "item": "3"})[0] == 202
+        os.kill(broker.pid, signal.SIGKILL)
+        wait_for(lambda: not services.is_running(broker), 10, "the broker to exit")
+        answers = [_post(url, {"user": str(i % 6), "item": str(i)}) for i in range(20)]
+        assert [a[0] for a in answers] == [202] * 20
+        slowest_202 = max(a[2] for a in answers)
+        assert slowest_202 < 2.0
+        keys = OutboxKeys("down")
+        client = redis.Redis.from_url(rds.url)
+        assert client.xlen(keys.stream) == 21  # the first one too: sent, but kept until a worker counts it
+        client.close()
+        os.kill(rds.pid, signal.SIGKILL)
+        wait_for(lambda: not services.is_running(rds), 10, "redis-server to exit")
+        refused = [_post(url, {"user": "2", "item": "5"}) for _ in range(5)]
+        assert all(status == 503 and "Retry-After" in headers for status, headers, _ in refused), refused
+        slowest_503 = max(t for _, _, t in refused)
+        assert slowest_503 < 2.0
+        rds = services.start_redis(tmp_path / "redis", port=int(rds.url.rsplit(":", 1)[1].split("/")[0]))
+        client = redis.Redis.from_url(rds.url)
+        assert client.xlen(keys.stream) == 21  # durable: from the AOF
+        client.close()
+        status, _, _ = wait_for(lambda: (lambda a: a if a[0] == 202 else None)(_post(url, {"user": "2", "item": "5"})),
+                                20, "202 again once redis-server is back")
+        print(f"\nbroker dead: 20 listens answered 202 in at most {slowest_202 * 1000:.0f} ms; redis dead too: "
+              f"503 + Retry-After in at most {slowest_503 * 1000:.0f} ms")
+    finally:
+        if web is not None:
+            services.stop(web)
+        services.stop(rds)
+        services.stop(broker)
