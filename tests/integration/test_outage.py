@@ -288,3 +288,23 @@ def test_broker_down_is_202_into_the_outbox_and_redis_down_is_503(tmp_path: Path
             services.stop(web)
         services.stop(rds)
         services.stop(broker)
+
+
+def test_where_a_lost_log_was_counted_to_is_recorded(redis_client: redis.Redis) -> None:
+    """Adopting a new broker (a worker) or resetting the offsets (``privrec up``, the repair) records, per
+    partition, the next offset the old log would have been counted from — what the outbox re-sends beyond."""
+    from pipeline.trusted import TrustedStore
+
+    store = TrustedStore(redis_client, "lost")
+    public = PublicKeys("lost")
+    assert store.adopt_broker("A", 2) is False  # the first broker: nothing to retire
+    redis_client.set(store.keys.offset(0), 7)
+    assert store.adopt_broker("B", 2) is True
+    assert redis_client.hgetall(public.retired_logs(0)) == {b"A": b"7"}
+    assert redis_client.hgetall(public.retired_logs(1)) == {b"A": b"0"}  # nothing counted there
+    assert store.offsets(2) == [None, None]
+    redis_client.set(store.keys.offset(1), 5)
+    store.reset_offsets(2)  # `privrec up` after a new broker, before any worker adopts it
+    assert redis_client.hget(public.retired_logs(1), "B") == b"5"
+    assert store.adopt_broker("C", 2) is True
+    assert redis_client.hget(public.retired_logs(1), "B") == b"5"  # the reset's record stands
