@@ -4,7 +4,7 @@
 Redis stream (:meth:`Outbox.put`, one script that also claims the shown list, so a refused or failed request
 leaves nothing behind) and answers ``202``; if Redis itself does not answer, the request fails with ``503``
 and ``Retry-After`` (the middleware of :mod:`pipeline.web`) and nothing was recorded. A :class:`Forwarder`
-(one background task per web process; a Redis lease lets one forward at a time, so the stream's order is
+(one background task per web process; a Redis lease, renewed every round, lets one forward at a time, so the stream's order is
 the order produced) sends the stream's entries to Kafka, oldest first, and keeps each one, with the position
 the broker acknowledged (broker identity, topic, partition, offset), **until the workers have counted it**:
 
@@ -71,6 +71,21 @@ return redis.call('XADD', KEYS[1], '*', 't', ARGV[1], 'k', ARGV[2], 'v', ARGV[3]
 """
 
 
+#: Take or extend the forwarding lease (KEYS[1]) for ARGV[1] by ARGV[2] ms; 1 if held, 0 if another holds it;
+#: ARGV[2] = 0 releases it (when held).
+LEASE_SCRIPT = """
+local holder = redis.call('GET', KEYS[1])
+if holder ~= false and holder ~= ARGV[1] then return 0 end
+if tonumber(ARGV[2]) == 0 then redis.call('DEL', KEYS[1]) return 1 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+return 1
+"""
+
+#: Milliseconds a forwarder holds the lease without renewing it (it renews every round, at least every 50 ms
+#: when idle): a web process that dies holding it delays forwarding by at most this.
+LEASE_MS = 10_000
+
+
 def uses_outbox(settings: Settings) -> bool:
     """Whether this web server writes feedback through the outbox: global mode and local mode without the
     shuffler (their ingested topics' offsets are the ones the workers store); federated and shuffled local
@@ -110,7 +125,7 @@ class Outbox:
 
     def __init__(self, client: aioredis.Redis, namespace: str) -> None:
         self.keys = OutboxKeys(namespace)
-        self._client = client
+        self.client = client
         self._script = client.register_script(ENQUEUE_SCRIPT)
         self.added = asyncio.Event()  # set on every put: wakes the local forwarder
 
@@ -178,6 +193,8 @@ class Forwarder:
         self._after: bytes | None = None  # the last entry this process sent
         self._settled_at = 0.0
         self._settled_for: str | None = None
+        self._held = False
+        self._lease_script = client.register_script(LEASE_SCRIPT)
 
     # ------------------------------------------------------------------ broker state
 
@@ -231,14 +248,12 @@ class Forwarder:
     # ------------------------------------------------------------------ the loop
 
     async def _lease(self) -> bool:
-        """Hold (or take) the forwarding lease for 5 s."""
-        holder = await self.r.get(self.keys.lease)
-        if holder is not None and holder.decode() != self.me:
-            return False
-        if holder is None:
-            return bool(await self.r.set(self.keys.lease, self.me, nx=True, px=5000))
-        await self.r.pexpire(self.keys.lease, 5000)
-        return True
+        """Take or renew the forwarding lease (atomically: two forwarders would send the same entries)."""
+        held = bool(await self._lease_script(keys=[self.keys.lease], args=[self.me, LEASE_MS]))
+        if held and not self._held:
+            self._after = None  # another process may have sent entries meanwhile
+        self._held = held
+        return held
 
     async def run(self) -> None:
         """Forward until cancelled; errors (broker or Redis away) back off from 0.1 s to 2 s."""
@@ -263,8 +278,7 @@ class Forwarder:
         finally:
             await self.close()
             try:
-                if (await self.r.get(self.keys.lease) or b"").decode() == self.me:
-                    await self.r.delete(self.keys.lease)
+                await self._lease_script(keys=[self.keys.lease], args=[self.me, 0])
             except (redis.exceptions.RedisError, OSError):
                 pass
 
@@ -442,12 +456,10 @@ async def stop_forwarding(app: web.Application, task: asyncio.Task[None] | None)
     await app[FORWARDER].r.aclose()
 
 
-_OUTBOX_METRICS: dict[int, dict[str, Any]] = {}
-
-
-def outbox_metrics(registry: CollectorRegistry) -> None:
-    """Register the outbox's and the stack repairs' metrics on the web server's registry."""
-    _OUTBOX_METRICS[id(registry)] = {
+def outbox_metrics(registry: CollectorRegistry) -> dict[str, Any]:
+    """Register the outbox's and the stack repairs' metrics on the web server's registry; pass what it returns
+    to :func:`observe_outbox`."""
+    return {
         "pending": Gauge("privrec_outbox_entries", "Events in the outbox: not yet sent, or sent and not yet "
                          "counted by a worker", registry=registry),
         "forwarded": Counter("privrec_outbox_forwarded_total", "Outbox events acknowledged by a broker "
@@ -460,12 +472,11 @@ def outbox_metrics(registry: CollectorRegistry) -> None:
     }
 
 
-async def observe_outbox(app: web.Application, registry: CollectorRegistry) -> None:
+async def observe_outbox(app: web.Application, m: dict[str, Any]) -> None:
     """Bring the metrics of :func:`outbox_metrics` up to date (``GET /metrics``)."""
-    m = _OUTBOX_METRICS[id(registry)]
-    client: aioredis.Redis = app[OUTBOX]._client if OUTBOX in app else None  # type: ignore[assignment]
-    if client is None:
+    if OUTBOX not in app:
         return
+    client = app[OUTBOX].client
     m["pending"].set(await client.xlen(app[OUTBOX].keys.stream))
     fwd = app[FORWARDER]
     for name, total in (("forwarded", fwd.forwarded), ("resent", fwd.resent)):

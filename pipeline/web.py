@@ -102,7 +102,7 @@ class _Metrics:
                                registry=self.registry)
         self.spent_median = Gauge("privrec_budget_spent_median_epsilon", "Median privacy loss (epsilon) of the "
                                   "users with at least one contribution", registry=self.registry)
-        outbox_metrics(self.registry)
+        self.outbox = outbox_metrics(self.registry)
 
 
 def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis | None = None) -> web.Application:
@@ -515,7 +515,7 @@ async def metrics(request: web.Request) -> web.Response:
         m.users_at_cap.set(overview["users_at_cap"])
         m.spent_max.set(overview["spent_max"])
         m.spent_median.set(overview["spent_median"])
-    await observe_outbox(request.app, m.registry)
+    await observe_outbox(request.app, m.outbox)
     return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
