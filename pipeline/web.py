@@ -328,11 +328,14 @@ async def feedback(request: web.Request) -> web.Response:
     # one feedback per shown list: the first claims it atomically with recording the event; the shown list
     # itself stays, so a repeat is told apart from an unknown rec_id (409, not 404)
     answered = keys.recommendation(rec_id) + ":answered"
-    event = {"event_id": f"{rec_id}:{item}", "user": shown["user"], "arm": item, "context": None,
-             "reward": reward, "ts": time.time() * 1000, "rec_id": rec_id}
+    # the marker says *that* the list was answered (public), never which item: the choice is protected
+    # the whole shown list travels with the feedback: the Gram matrix takes every shown item (public), so it
+    # never reveals which one the user chose (DESIGN §2)
+    event = {"event_id": f"{rec_id}:fb", "user": shown["user"], "arm": item, "context": None,
+             "reward": reward, "ts": time.time() * 1000, "rec_id": rec_id, "shown": shown["items"]}
     topic = interactions_topic(request.app[SETTINGS], request.app[CATALOG], shown["user"])
     if not await accept(r, request.app.get(OUTBOX), producer, topic, shown["user"].encode(),
-                        json.dumps(event).encode(), claim=(answered, item, REC_TTL_SECONDS)):
+                        json.dumps(event).encode(), claim=(answered, "1", REC_TTL_SECONDS)):
         return _error(409, "rec_id", f"feedback for {rec_id!r} was already recorded (one feedback per shown list)")
     request.app[_METRICS].feedback.labels("1" if reward >= 0.5 else "0").inc()
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
