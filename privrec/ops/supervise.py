@@ -139,21 +139,11 @@ def supervise(state: Path, policy: RestartPolicy, *, poll_s: float = 0.25, shoul
             how = _exit_of(h.pid)
             if how is not None:
                 exits[name] = how
-            if services.is_running(h):
-                died.pop(name, None)
+            detail = _due(state, name, h, policy=policy, report=report, died=died, log=log, clock=clock,
+                          how=exits.get(name, "exit status unknown"), then="`privrec up` restarts it")
+            if detail is None:
                 continue
             now = clock()
-            if name not in died:
-                died[name] = now
-                log(f"{name} (pid {h.pid}) is not running ({exits.get(name, 'exit status unknown')})")
-            action, detail = policy.decide(name, died_at=died[name], now=now)
-            if action == "wait":
-                continue
-            if action == "give up":
-                report["given_up"][name] = f"{detail}; last pid {h.pid}, log {h.log_path}"
-                log(f"giving up on {name}: {detail}; `privrec up` restarts it")
-                write_report(state, report)
-                continue
             policy.restarted(name, now)
             report["restarts"][name] = report["restarts"].get(name, 0) + 1
             entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "old_pid": h.pid, "backoff_s": detail,
@@ -176,6 +166,29 @@ def supervise(state: Path, policy: RestartPolicy, *, poll_s: float = 0.25, shoul
     log("stopping (SIGTERM)")
 
 
+def _due(state: Path, name: str, h: ServiceHandle, *, policy: RestartPolicy, report: dict[str, Any],
+         died: dict[str, float], log: Callable[[str], None], clock: Callable[[], float], how: str,
+         then: str) -> float | None:
+    """The backoff waited if the process ``name`` (``h``) is dead and due for a restart now; ``None`` while it
+    runs, waits out its backoff, or once given up on (said in the report and the log, with ``then``)."""
+    if services.is_running(h):
+        died.pop(name, None)
+        return None
+    now = clock()
+    if name not in died:
+        died[name] = now
+        log(f"{name} (pid {h.pid}) is not running ({how})")
+    action, detail = policy.decide(name, died_at=died[name], now=now)
+    if action == "wait":
+        return None
+    if action == "give up":
+        report["given_up"][name] = f"{detail}; last pid {h.pid}, log {h.log_path}"
+        log(f"giving up on {name}: {detail}; {then}")
+        write_report(state, report)
+        return None
+    return float(detail)
+
+
 def _repair_services(state: Path, stack: dict[str, Any], handles: dict[str, ServiceHandle],
                      known: dict[str, ServiceHandle], policy: RestartPolicy, report: dict[str, Any],
                      died: dict[str, float], log: Callable[[str], None], clock: Callable[[], float]) -> bool:
@@ -192,19 +205,8 @@ def _repair_services(state: Path, stack: dict[str, Any], handles: dict[str, Serv
         if h is None:
             continue
         known[name] = h
-        if services.is_running(h):
-            died.pop(name, None)
-            continue
-        now = clock()
-        if name not in died:
-            died[name] = now
-            log(f"{name} (pid {h.pid}) is not running")
-        action, detail = policy.decide(name, died_at=died[name], now=now)
-        if action == "give up":
-            report["given_up"][name] = f"{detail}; last pid {h.pid}, log {h.log_path}"
-            log(f"giving up on {name}: {detail}; `privrec up` repairs it")
-            write_report(state, report)
-        elif action == "restart":
+        if _due(state, name, h, policy=policy, report=report, died=died, log=log, clock=clock, how="exit status unknown",
+                then="`privrec up` repairs it") is not None:
             dead.append(name)
     if not dead:
         return False
