@@ -189,6 +189,12 @@ def _outage(stack: Path, service: str) -> None:
     last = st["supervisor"]["last"][service]
     assert last["old_pid"] == pid and last["new_pid"] == st["processes"][service], last
     assert st["repairs"][-1]["by"] == "supervisor" and service in st["repairs"][-1]["dead"]
+    import subprocess
+    import sys
+
+    human = subprocess.run([sys.executable, "-m", "privrec.cli", "status", "--state-dir", str(stack)],
+                           capture_output=True, text=True, timeout=60).stdout
+    assert f"{service} {repairs + 1}" in human and "by supervisor" in human, human
     # every acknowledged feedback released, exactly once
     want = base + out.acknowledged
     deadline = time.monotonic() + 90
