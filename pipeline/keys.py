@@ -96,7 +96,8 @@ class PublicKeys:
 
     def retired_logs(self, partition: int) -> str:
         """Hash: per broker identity whose log is gone, the partition's next offset to count in that log when it
-        was forgotten (operations data; the web's outbox sends again what the lost log held beyond it)."""
+        was forgotten, and ``@adopted``: the broker the partition's offset now refers to (operations data; the
+        web's outbox sends again what a lost log held beyond it, and all of a log no worker ever adopted)."""
         return self._key("ops", f"p{partition}", "retired-logs")
 
     def recommendation(self, rec_id: str) -> str:

@@ -14,7 +14,12 @@ the broker acknowledged (broker identity, topic, partition, offset), **until the
   :data:`pipeline.services.IDENTITY_TOPIC`) is done if its offset lies below the partition's last counted
   offset in that broker's log — which the worker that adopts the new broker, or ``privrec up``'s reset,
   records atomically with forgetting it (:meth:`pipeline.keys.PublicKeys.retired_logs`) — and is sent again
-  otherwise: the old log that held it is gone, and no worker counted it.
+  otherwise: the old log that held it is gone, and no worker counted it. A broker that no worker ever
+  adopted (its record is missing while the field ``@adopted`` names the current broker) had none of its
+  records counted: all of them are sent again. Until one of these records exists nothing is sent.
+
+The outbox holds raw events, as the ``interactions`` topic does, and only until they are counted: the web
+role and the administrator can read it, the workers' serving-side readers cannot (it is no public kind).
 
 Keys, all under the web role's own ``recs`` kind and hash slot (so the ACL of :mod:`pipeline.acl` already
 lets the web write them, and the enqueue script is valid in a Redis Cluster): ``…:outbox`` (stream: ``t``
@@ -327,7 +332,9 @@ class Forwarder:
                     done.append(eid)
                 continue
             if (p, who) not in retired:
-                end = await self.r.hget(self.public.retired_logs(p), who)
+                end, adopted = await self.r.hmget(self.public.retired_logs(p), [who, "@adopted"])
+                if end is None and adopted is not None and adopted.decode() == ident:
+                    end = b"0"  # the workers moved to this broker and never adopted that one: none of it counted
                 retired[(p, who)] = None if end is None else int(end)
             end = retired[(p, who)]
             if end is None:

@@ -125,11 +125,12 @@ return 1
 # KEYS[1] - the partition's broker identity; KEYS[2] - its offset; KEYS[3] - its retired logs (public; same slot)
 # ARGV[1] - the current broker's identity
 # return 1 if another broker was recorded (the offset is then deleted, and where it stood in the old broker's log
-# recorded unless `reset_offsets` did first), 0 otherwise
+# recorded unless `reset_offsets` did first), 0 otherwise; the retired logs' field '@adopted' names the current one
 ADOPT_SCRIPT = """
 local stored = redis.call('GET', KEYS[1])
 if stored == ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[3], '@adopted', ARGV[1])
 if stored == false then return 0 end
 redis.call('HSETNX', KEYS[3], stored, redis.call('GET', KEYS[2]) or '0')
 redis.call('DEL', KEYS[2])

@@ -306,11 +306,12 @@ def test_where_a_lost_log_was_counted_to_is_recorded(redis_client: redis.Redis) 
     assert store.adopt_broker("A", 2) is False  # the first broker: nothing to retire
     redis_client.set(store.keys.offset(0), 7)
     assert store.adopt_broker("B", 2) is True
-    assert redis_client.hgetall(public.retired_logs(0)) == {b"A": b"7"}
-    assert redis_client.hgetall(public.retired_logs(1)) == {b"A": b"0"}  # nothing counted there
+    assert redis_client.hgetall(public.retired_logs(0)) == {b"A": b"7", b"@adopted": b"B"}
+    assert redis_client.hgetall(public.retired_logs(1)) == {b"A": b"0", b"@adopted": b"B"}  # nothing counted there
     assert store.offsets(2) == [None, None]
     redis_client.set(store.keys.offset(1), 5)
     store.reset_offsets(2)  # `privrec up` after a new broker, before any worker adopts it
     assert redis_client.hget(public.retired_logs(1), "B") == b"5"
     assert store.adopt_broker("C", 2) is True
     assert redis_client.hget(public.retired_logs(1), "B") == b"5"  # the reset's record stands
+    assert redis_client.hget(public.retired_logs(1), "@adopted") == b"C"
