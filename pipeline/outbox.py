@@ -18,8 +18,9 @@ the broker acknowledged (broker identity, topic, partition, offset), **until the
   adopted (its record is missing while the field ``@adopted`` names the current broker) had none of its
   records counted: all of them are sent again. Until one of these records exists nothing is sent.
 
-The outbox holds raw events, as the ``interactions`` topic does, and only until they are counted: the web
-role and the administrator can read it, the workers' serving-side readers cannot (it is no public kind).
+The outbox holds raw events, as the ``interactions`` topic does, and only until they are counted; the roles
+that may read it (the web, which received them, the workers and the administrator) are those that see the
+topic. It is no public kind: serving code never reads it.
 
 Keys, all under the web role's own ``recs`` kind and hash slot (so the ACL of :mod:`pipeline.acl` already
 lets the web write them, and the enqueue script is valid in a Redis Cluster): ``…:outbox`` (stream: ``t``
