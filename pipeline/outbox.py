@@ -37,6 +37,7 @@ Nothing accepted is lost unless Redis loses its AOF.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -50,6 +51,7 @@ from aiokafka.errors import KafkaError
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from . import faults
 from .keys import PublicKeys
 from .redisconn import connect_async
 from .kafkaconn import client_kwargs
@@ -124,6 +126,11 @@ class OutboxKeys:
     @property
     def lease(self) -> str:
         return self._key("outbox-lease")
+
+    @property
+    def inflight(self) -> str:
+        """Hash: the batch being sent (``ident``, ``ids``, ``ends``: the partitions' end offsets before it)."""
+        return self._key("outbox-inflight")
 
 
 class Outbox:
@@ -258,8 +265,70 @@ class Forwarder:
         held = bool(await self._lease_script(keys=[self.keys.lease], args=[self.me, LEASE_MS]))
         if held and not self._held:
             self._after = None  # another process may have sent entries meanwhile
+            await self.recover()
         self._held = held
         return held
+
+    async def recover(self) -> None:
+        """A batch left in flight by a forwarder that died: find where its entries landed, record it."""
+        raw = await self.r.hgetall(self.keys.inflight)
+        if not raw:
+            return
+        who = raw[b"ident"].decode()
+        ids = [i.encode() for i in json.loads(raw[b"ids"])]
+        ends = {(t, int(p)): int(o) for t, p, o in json.loads(raw[b"ends"])}
+        known = await self.r.hmget(self.keys.sent, ids)
+        values: dict[bytes, bytes] = {}
+        for eid, rec in zip(ids, known):
+            if rec is None:
+                got = await self.r.xrange(self.keys.stream, min=eid.decode(), max=eid.decode())
+                if got:
+                    values[got[0][1][b"v"]] = eid
+        positions: dict[bytes, str] = {}
+        ident = await self.identity()
+        if values and who == ident:
+            positions = await self._find(values, ends, ident)
+        elif values:
+            # the broker that took them is gone; were any counted? Only if a partition's retired log ends
+            # beyond where that partition ended before the batch
+            for (_, p), end in ends.items():
+                counted = await self.r.hget(self.public.retired_logs(p), who)
+                if counted is not None and int(counted) > end:
+                    log.error("outbox: a forwarder died with %d events in flight to a broker that is gone, after "
+                              "a worker counted part of partition %d beyond them: they are sent again and some "
+                              "may be counted twice", len(values), p)
+                    break
+        async with self.r.pipeline(transaction=True) as pipe:
+            if positions:
+                pipe.hset(self.keys.sent, mapping=positions)  # type: ignore[arg-type]
+            pipe.delete(self.keys.inflight)
+            await pipe.execute()
+        log.warning("outbox: recovered a batch a forwarder left in flight: %d of %d events had reached the broker",
+                    len(positions), len(values))
+
+    async def _find(self, values: dict[bytes, bytes], ends: dict[tuple[str, int], int], ident: str
+                    ) -> dict[bytes, str]:
+        """Read the partitions from where they ended before the batch to their ends now; the entries found."""
+        await self._start_clients()
+        assert self._consumer is not None
+        tps = [TopicPartition(t, p) for t, p in ends]
+        now = await asyncio.wait_for(self._consumer.end_offsets(tps), READ_TIMEOUT)
+        todo = {tp for tp in tps if now[tp] > ends[(tp.topic, tp.partition)]}
+        self._consumer.assign(list(todo))
+        for tp in todo:
+            self._consumer.seek(tp, ends[(tp.topic, tp.partition)])
+        found: dict[bytes, str] = {}
+        while todo:
+            batches = await asyncio.wait_for(self._consumer.getmany(*todo, timeout_ms=1000), READ_TIMEOUT)
+            for tp, records in batches.items():
+                for rec in records:
+                    eid = values.get(bytes(rec.value or b""))
+                    if eid is not None:
+                        found[eid] = f"{ident} {tp.topic} {tp.partition} {rec.offset}"
+            for tp in list(todo):
+                if await self._consumer.position(tp) >= now[tp]:
+                    todo.discard(tp)
+        return found
 
     async def run(self) -> None:
         """Forward until cancelled; errors (broker or Redis away) back off from 0.1 s to 2 s."""
@@ -379,6 +448,16 @@ class Forwarder:
             start = "(" + self._after.decode()
 
     async def _send(self, ident: str, todo: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        # before sending: which entries, and where their partitions ended, so that a forwarder that dies between
+        # the broker's acknowledgements and the write of the positions is recovered from, not sent twice
+        topics = sorted({f[b"t"].decode() for _, f in todo})
+        await self._start_clients()
+        assert self._consumer is not None
+        tps = [TopicPartition(t, p) for t in topics for p in sorted(await self.producer.partitions_for(t))]
+        ends = await asyncio.wait_for(self._consumer.end_offsets(tps), READ_TIMEOUT)
+        await self.r.hset(self.keys.inflight, mapping={  # type: ignore[arg-type]
+            "ident": ident, "ids": json.dumps([eid.decode() for eid, _ in todo]),
+            "ends": json.dumps([[tp.topic, tp.partition, int(off)] for tp, off in ends.items()])})
         futures: list[asyncio.Future[Any]] = []
         enqueue_error: BaseException | None = None
         for _, f in todo:
@@ -398,9 +477,13 @@ class Forwarder:
                 failed = failed or res
                 continue
             positions[eid] = f"{ident} {res.topic} {res.partition} {res.offset}"
-        if positions:
-            await self.r.hset(self.keys.sent, mapping=positions)  # type: ignore[arg-type]
-            self.forwarded += len(positions)
+        faults.point("outbox-acknowledged")
+        async with self.r.pipeline(transaction=True) as pipe:
+            if positions:
+                pipe.hset(self.keys.sent, mapping=positions)  # type: ignore[arg-type]
+            pipe.delete(self.keys.inflight)
+            await pipe.execute()
+        self.forwarded += len(positions)
         failed = failed or enqueue_error
         if failed is not None:
             self._after = None  # the failed ones are sent again first
