@@ -27,11 +27,18 @@ lets the web write them, and the enqueue script is valid in a Redis Cluster): ``
 topic, ``k`` key, ``v`` value), ``…:outbox-sent`` (hash: entry id → ``identity topic partition offset``),
 ``…:outbox-lease`` (the forwarding process).
 
-**Guarantee.** An event answered ``202`` is counted exactly once, through any number of broker deaths and
-Redis restarts (Redis's AOF keeps the stream), with two narrow exceptions where it is counted twice: the web
-process dies between the broker's acknowledgement and the Redis write of its position (about a millisecond
-per batch), or the broker writes a record, a worker counts it, and the broker dies before acknowledging it.
-Nothing accepted is lost unless Redis loses its AOF.
+**A forwarder that dies mid-batch.** Before a batch is sent, its entry ids and the end offsets of the
+partitions it goes to are written to ``…:outbox-inflight``; the positions are written, and that record
+deleted, in one transaction after the acknowledgements. The next forwarder to hold the lease finds a record
+left behind and reads those partitions from the recorded ends to their ends now: each entry found gets its
+position (it is not sent again), the others are sent.
+
+**Guarantee.** An event answered ``202`` is counted exactly once, through any number of broker deaths, Redis
+restarts (Redis's AOF keeps the stream) and web server deaths, except where it is counted twice in these
+narrow cases: the broker writes a record but its answer is lost (the producer's own retry writes it again;
+a worker counts both), or dies after a worker counted a record it had not yet acknowledged; or a forwarder
+dies with a batch in flight and the broker is replaced before the batch is recovered, after a worker
+counted past it (logged as an error). Nothing accepted is lost unless Redis loses its AOF.
 """
 
 from __future__ import annotations

@@ -136,21 +136,21 @@ async def _replay(http: str, kill: int, pid: int) -> tuple[Replay, float]:
     return out, killed_at
 
 
-def _outbox_len(url: str) -> int:
+def _outbox_len(url: str, ns: str = NS) -> int:
     client = redis.Redis.from_url(url)
     try:
-        return int(client.xlen(OutboxKeys(NS).stream))
+        return int(client.xlen(OutboxKeys(ns).stream))
     finally:
         client.close()
 
 
-def _ledger(url: str) -> Counter[str]:
+def _ledger(url: str, ns: str = NS) -> Counter[str]:
     """Interactions counted per user (the public ledger, written atomically with each ingest commit)."""
     client = redis.Redis.from_url(url)
     try:
         out: Counter[str] = Counter()
         for p in range(Settings().partitions):
-            for user, n in client.hgetall(PublicKeys(NS).ledger_users(p)).items():
+            for user, n in client.hgetall(PublicKeys(ns).ledger_users(p)).items():
                 out[user.decode()] += int(n)
         return out
     finally:
@@ -315,3 +315,66 @@ def test_where_a_lost_log_was_counted_to_is_recorded(redis_client: redis.Redis) 
     assert store.adopt_broker("C", 2) is True
     assert redis_client.hget(public.retired_logs(1), "B") == b"5"  # the reset's record stands
     assert redis_client.hget(public.retired_logs(1), "@adopted") == b"C"
+
+
+def test_a_forwarder_killed_between_the_acks_and_their_record_counts_nothing_twice(
+        tmp_path: Path, redis_server: Any) -> None:
+    """The web server SIGKILLs itself right after the broker acknowledged a batch, before the positions are in
+    Redis (fault point ``outbox-acknowledged``). The next web server finds the batch in flight, reads where its
+    entries landed, and sends none of them again: every acknowledged feedback is counted exactly once."""
+    import json
+    import sys
+    import urllib.request
+
+    from pipeline import services
+
+    from pipeline_support import open_stack
+
+    def web(env: dict[str, str], port: int) -> services.ServiceHandle:
+        return services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], tmp_path,
+                                      env={**os.environ, **env}, address=f"127.0.0.1:{port}")
+
+    def feedback(base: str, user: str) -> int:
+        with urllib.request.urlopen(f"{base}/recommend?user={user}&k=3", timeout=10) as resp:
+            rec = json.loads(resp.read())
+        return _post(f"{base}/feedback", {"rec_id": rec["rec_id"], "item": rec["items"][0]["item"], "reward": 1})[0]
+
+    ns = "inflight"
+    with open_stack(tmp_path, redis_server.url, ns) as st:
+        st.start_worker()
+        wait_for(lambda: st.model_version() >= 1, 30, "a first model")
+        port = services.free_port()
+        base = f"http://127.0.0.1:{port}"
+        first = web({**st.env, "PRIVREC_FAULT": "outbox-acknowledged@3"}, port)
+        acked: Counter[str] = Counter()
+        try:
+            for i in range(20):
+                user = str(i % 6)
+                try:
+                    status = feedback(base, user)
+                except OSError:
+                    break  # the server killed itself
+                assert status == 202
+                acked[user] += 1
+                time.sleep(0.1)  # one batch per feedback
+            wait_for(lambda: not services.is_running(first), 10, "the web server to kill itself")
+        finally:
+            services.stop(first)
+        assert 3 <= sum(acked.values()) < 20
+        client = redis.Redis.from_url(st.redis_url)
+        assert client.exists(OutboxKeys(ns).inflight)  # it died with the batch in flight
+        client.close()
+        second = web(st.env, port)
+        try:
+            for i in range(6):
+                assert feedback(base, str(i)) == 202
+                acked[str(i)] += 1
+            deadline = time.monotonic() + 60
+            while _outbox_len(st.redis_url, ns) or _ledger(st.redis_url, ns) != acked:
+                assert time.monotonic() < deadline, (_outbox_len(st.redis_url, ns), _ledger(st.redis_url, ns), acked)
+                time.sleep(0.1)
+            time.sleep(1.5)  # nothing counted twice arrives late
+            assert _ledger(st.redis_url, ns) == acked
+            assert b"recovered a batch" in Path(second.log_path).read_bytes()
+        finally:
+            services.stop(second)
