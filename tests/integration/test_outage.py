@@ -378,3 +378,33 @@ def test_a_forwarder_killed_between_the_acks_and_their_record_counts_nothing_twi
             assert b"recovered a batch" in Path(second.log_path).read_bytes()
         finally:
             services.stop(second)
+
+
+def test_the_web_role_may_use_its_outbox_and_nothing_trusted(tmp_path: Path) -> None:
+    """Under the ACL users of :func:`pipeline.acl.global_rules`, the web role enqueues (the claim and the event in
+    one script), takes the forwarding lease, records positions and reads the retired logs; it still cannot read
+    an offset (a trusted key)."""
+    from pipeline import acl, services
+    from pipeline.outbox import ENQUEUE_SCRIPT, LEASE_SCRIPT
+    from pipeline.trusted import TrustedKeys
+
+    handle = services.start_redis(tmp_path, name="redis-acl-outbox")
+    try:
+        rules = acl.global_rules("aclbox")
+        creds = acl.new_credentials(list(rules))
+        acl.apply_acl(redis.Redis.from_url(handle.url), rules, creds)
+        web = redis.Redis.from_url(acl.role_url(handle.url, "web", creds["web"]))
+        keys = OutboxKeys("aclbox")
+        answered = PublicKeys("aclbox").recommendation("r1") + ":answered"
+        enqueue = web.register_script(ENQUEUE_SCRIPT)
+        assert enqueue(keys=[keys.stream, answered], args=["interactions", b"u", b"{}", "1", 60]) is not None
+        assert enqueue(keys=[keys.stream, answered], args=["interactions", b"u", b"{}", "1", 60]) is None  # 409
+        assert web.register_script(LEASE_SCRIPT)(keys=[keys.lease], args=["me", 1000]) == 1
+        web.hset(keys.sent, "1-0", "id interactions 0 0")
+        web.hset(keys.inflight, "ident", "id")
+        assert web.hgetall(PublicKeys("aclbox").retired_logs(0)) == {}
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            web.get(TrustedKeys("aclbox").offset(0))
+        web.close()
+    finally:
+        services.stop(handle)
