@@ -1,4 +1,5 @@
-"""The stack's supervisor: restart a crashed worker or web server, with backoff and a limit.
+"""The stack's supervisor: restart a crashed worker or web server, repair a dead broker or redis, with backoff
+and a limit.
 
 ``privrec up`` starts it as a tracked process of its own (``python -m privrec.ops.supervise --state-dir
 DIR``, in its own session, like the others); ``privrec down`` stops it first, so it never restarts what
@@ -9,6 +10,14 @@ DIR``, in its own session, like the others); ``privrec down`` stops it first, so
 the last ``window_s`` seconds (0.5 s, 1 s, 2 s, ... at most ``max_backoff_s``). After ``max_restarts``
 restarts in ``window_s`` seconds it gives up on that process (a crash loop: its log says why) and says so
 in its report; ``privrec up`` on the stack starts it again and a new supervisor.
+
+A dead embedded broker or redis-server (:data:`REPAIRED`; not an external one) is repaired as ``privrec up``
+repairs a degraded stack — :func:`privrec.ops.repair.repair`, under the state directory's lock, without
+stopping this supervisor: redis-server again on its port from its AOF; a new memory-only broker on its port,
+the topics, the offsets reset and the workers restarted (the web server keeps running: its outbox holds the
+feedback, :mod:`pipeline.outbox`). The same backoff and limit apply, per service; each repair is counted in
+the report's ``restarts`` and ``last``, in ``stack.json``'s ``repairs`` (``"by": "supervisor"``) and in
+Redis (:attr:`pipeline.keys.PublicKeys.stack_repairs`: the web's ``privrec_stack_repairs_total``).
 
 The report, ``DIR/supervisor.json``, written after every change::
 
