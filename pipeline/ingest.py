@@ -84,7 +84,7 @@ def _reason_class(reason: str) -> str:
     """A short, bounded label for counting (the full reason goes to the dead letter)."""
     for key in ("not JSON", "not a JSON object", "missing field", "must be a non-empty string", "reward must be",
                 "not finite", "outside [0, 1]", "unknown user", "unknown arm", "context has", "context must",
-                "ts must"):
+                "ts must", "partition mismatch", "shown"):
         if key in reason:
             return key
     return "other"

@@ -162,7 +162,8 @@ class LocalConfig:
                   "protects": "the rewards a user gives and which item of a shown list they acted on (which "
                               "lists were shown and answered is public, as in every mode)",
                   "neighbours": "one interaction replaced: another reward, and another item of the same shown "
-                                "list (L2 sensitivity 2 of r x)"}
+                                "list (L2 sensitivity 2 of r x)",
+                  "statistics": [self._report_statistic()]}
         if self.algorithm == "tree":
             return {**common, "epsilon": self.epsilon, "valid": True, "mechanism": self.mechanism,
                     "statement": f"each device releases its own running sum b_u = sum r x through "
@@ -197,6 +198,20 @@ class LocalConfig:
                              f"released statistics, the analysts), batches of {self.shuffle_batch} distinct users "
                              f"stripped of identity make each batch ({self.epsilon:g}, {self.delta:g})-DP centrally "
                              f"(Feldman, McMillan & Talwar 2021); a user's reports in k batches compose"}
+
+    def _report_statistic(self) -> dict[str, Any]:
+        """What one report releases, its bound and its sensitivity under the stated relation (``/budget``)."""
+        what = {"tree": "b_u = sum r x, the device's running sum (one tick per interaction)",
+                "round": "m = r x, one interaction"}[self.algorithm]
+        out: dict[str, Any] = {"name": "report", "what": what, "released": "through the device's noise",
+                               "clip": 1.0, "clip_of": "r x per interaction (r in [0, 1], ||x|| <= 1)"}
+        if self.shuffled:
+            out.update({"sensitivity_per_tick": 2.0 * math.sqrt(self.d), "norm": "L1",
+                        "sensitivity_rule": "L1: r x and r' x' anywhere in the domain, 2 sqrt(d)"})
+        else:
+            out.update({"sensitivity_per_tick": REPORT_SENSITIVITY, "norm": "L2",
+                        "sensitivity_rule": "2 x clip: another reward and another item of the list"})
+        return out
 
     def to_public(self) -> dict[str, Any]:
         """``GET /local/config``: everything a device needs (all public)."""
