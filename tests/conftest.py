@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -44,25 +45,36 @@ def _leaked(root: Path) -> list[tuple[str, int, str]]:
         if services.is_running(handle):
             found[handle.pid] = (handle.name, handle.pid, str(path.parent))
             services.stop(handle, grace_seconds=2)
-    needle = f"PRIVREC_STATE_DIR={root}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] == "Z" or not any(v.startswith(needle) for v in env):
-            continue
-        pid = int(entry.name)
-        cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    # a process whose parent was just stopped may still be on its way out (a forked web server process ends
+    # with its parent): give those 5 s
+    deadline = time.monotonic() + 5.0
+    while (alive := _with_state_dir(root)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid, cmd in alive.items():
         found.setdefault(pid, (cmd[:120], pid, "environment"))
         try:
             os.kill(pid, 9)
         except ProcessLookupError:
             pass
     return sorted(found.values(), key=lambda f: f[1])
+
+
+def _with_state_dir(root: Path) -> dict[int, str]:
+    """Live processes (not zombies) whose environment has a ``PRIVREC_STATE_DIR`` under ``root``: pid -> command."""
+    needle = f"PRIVREC_STATE_DIR={root}".encode()
+    out: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] != "Z" and any(v.startswith(needle) for v in env):
+            out[int(entry.name)] = cmd
+    return out
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
