@@ -1,0 +1,339 @@
+"""The empirical privacy audit (issue 19): for every statistic privrec releases, in the configuration the stack
+runs, a Monte-Carlo Neyman–Pearson distinguisher between worst-case neighbours under the *stated* relation
+measures Gaussian-DP ``mu`` and checks it against the published claim (method, margin and measurements: README.md).
+
+Each configuration drives the real code (:mod:`tests.privacy.audit`): events through ``parse_batch`` and the
+ingest processor, the fold and the release stage against a real ``redis-server``; local mode through
+``LocalClient.report``. Each test asserts ``mu_hat <= mu_claimed + margin`` (margin: the Monte-Carlo error of
+``mu_hat`` at level 1e-3, fixed seeds); each ``test_control_*`` runs the same releases with half the noise and
+asserts the audit catches them (``mu_hat > mu_claimed + margin``): the audit has the power to see a factor 2.
+
+Sizes. The default run uses epochs of 15 ticks (``tree_levels = 4``), ``d = 2``, two users and four items, 1,000
+training and 1,000 test seeds; the claim is calibrated for whatever epoch the settings give (``sigma = Delta
+sqrt(B(cap)) / mu`` for that horizon), the bug class the audit looks for — a per-tick sensitivity that does not
+match the relation, a cap that does not hold, noise that depends on the data, an un-noised statistic — does not
+depend on the horizon or on ``d`` (contexts have norm 1 whatever ``d``), and the worst pattern (the first ``cap``
+ticks of an epoch) is inside it. The ``slow`` twins (``pytest -m slow tests/privacy``) take 63-tick epochs, ``d =
+3``, three users, six items and 6,000 + 6,000 seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import redis
+
+from models.accounting import gdp_mu
+from models.local import LocalClient, LocalConfig, MemoryStorage
+from pipeline.catalog import SyntheticCatalog
+from pipeline.settings import Settings
+from pipeline.sites import SiteCatalog, SiteReleaseStage, site_settings
+
+from .audit import (Estimate, Neighbours, StageNeighbours, StageReleases, claimed_mu, distinguish, event, reseeded,
+                    run_stream)
+
+
+@dataclass(frozen=True)
+class Size:
+    """How large one audit is: the epoch, the world and the Monte-Carlo sample."""
+
+    tree_levels: int
+    d: int
+    n_users: int
+    n_arms: int
+    n_train: int
+    n_test: int
+
+    @property
+    def ticks(self) -> int:
+        return (1 << self.tree_levels) - 1
+
+
+DEFAULT = Size(tree_levels=4, d=2, n_users=2, n_arms=4, n_train=1000, n_test=1000)
+LARGE = Size(tree_levels=5, d=3, n_users=3, n_arms=6, n_train=6000, n_test=6000)
+SIZES = [pytest.param(DEFAULT, id="default"), pytest.param(LARGE, id="large", marks=pytest.mark.slow)]
+
+
+@dataclass
+class Audit:
+    """One configuration's measurement."""
+
+    name: str
+    claim: float                 # mu the published statement claims for these releases
+    estimate: Estimate           # the distinguisher on the releases as they are
+    control: Estimate            # ... and with half the noise
+    leaks: list[str] = field(default_factory=list)  # public fields that differ between the neighbours
+
+    @property
+    def margin(self) -> float:
+        return self.estimate.margin(self.claim)
+
+    def summary(self) -> str:
+        return (f"{self.name}: mu_hat = {self.estimate.mu:.3f} (x{self.estimate.mu / self.claim:.2f} of the claim), "
+                f"claim {self.claim:.3f} + margin {self.margin:.3f}; control (sigma/2) {self.control.mu:.3f}; "
+                f"releases {self.estimate.dim} values, {self.estimate.n_train} + {self.estimate.n_test} seeds"
+                + (f"; public fields that differ: {self.leaks}" if self.leaks else ""))
+
+
+def _measure(name: str, nb: Neighbours, claim: float, size: Size, leaks: list[str] | None = None) -> Audit:
+    train = range(1_000_000, 1_000_000 + size.n_train)
+    test = range(2_000_000, 2_000_000 + size.n_test)
+    estimate = distinguish(nb, train, test)
+    control = distinguish(nb, train, test, noise_factor=0.5, check=0)
+    audit = Audit(name, claim, estimate, control, leaks or [])
+    print(audit.summary())
+    return audit
+
+
+# ------------------------------------------------------------------------------------------- the neighbours
+
+def _unit(d: int, sign: float) -> list[float]:
+    return [sign] + [0.0] * (d - 1)
+
+
+def _user_level_ticks(size: Size, rewards: tuple[float, float]) -> list[list[bytes]]:
+    """User ``0`` in every tick of the epoch (the cap keeps the first ``cap``: the worst pattern), two events per
+    tick on items ``0`` and ``1`` with contexts ``+e1`` and ``-e1`` and rewards ``rewards``; every other user one
+    event per tick, the same in both streams. Stream A: rewards (1, 0); B: (0, 1) — ``b`` moves by ``2 e1`` and the
+    item sums by ``(-1, 1)`` each tick, the largest change per tick the stated relation allows."""
+    out, i = [], 0
+    for _ in range(size.ticks):
+        evs = [event(i, "0", "0", rewards[0], _unit(size.d, 1.0)), event(i + 1, "0", "1", rewards[1], _unit(size.d, -1.0))]
+        i += 2
+        for u in range(1, size.n_users):
+            evs.append(event(i, str(u), str(2 + u % (size.n_arms - 2)), 1.0))
+            i += 1
+        out.append(evs)
+    return out
+
+
+def _event_level_ticks(size: Size, users: list[str], reward: float) -> list[list[bytes]]:
+    """Every listed user one event per tick (item from the catalog, its features); user ``users[0]``'s first
+    interaction (tick 1, context ``+e1`` on item ``0``) has reward ``reward``: A 1, B 0."""
+    out, i = [], 0
+    for t in range(size.ticks):
+        evs = []
+        for u in users:
+            if t == 0 and u == users[0]:
+                evs.append(event(i, u, "0", reward, _unit(size.d, 1.0)))
+            else:
+                evs.append(event(i, u, str(1 + int(u) % (size.n_arms - 1)), 1.0))
+            i += 1
+        out.append(evs)
+    return out
+
+
+def _settings(size: Size, namespace: str, **kw: object) -> Settings:
+    return Settings(namespace=namespace, d=size.d, n_users=size.n_users, n_arms=size.n_arms,
+                    tree_levels=size.tree_levels, partitions=1, kafka=None, **kw)  # type: ignore[arg-type]
+
+
+def _catalog(size: Size) -> SyntheticCatalog:
+    return SyntheticCatalog(n_users=size.n_users, d=size.d, n_arms=size.n_arms)
+
+
+_CACHE: dict[tuple[str, Size], object] = {}
+
+
+def _cached(key: tuple[str, Size], make: Callable[[], object]) -> object:
+    if key not in _CACHE:
+        _CACHE[key] = make()
+    return _CACHE[key]
+
+
+def _stage_pair(client: redis.Redis, size: Size, tag: str, ticks_a: list[list[bytes]], ticks_b: list[list[bytes]],
+                **kw: object) -> tuple[StageReleases, StageReleases, dict[str, object]]:
+    def make() -> tuple[StageReleases, StageReleases, dict[str, object]]:
+        cat = _catalog(size)
+        a = run_stream(client, _settings(size, f"audit-{tag}-{size.tree_levels}-a", **kw), cat, ticks_a, seed=11)
+        b = run_stream(client, _settings(size, f"audit-{tag}-{size.tree_levels}-b", **kw), cat, ticks_b, seed=12)
+        assert a.stage.statement == b.stage.statement
+        return StageReleases(a), StageReleases(b), a.stage.statement
+
+    return _cached((tag, size), make)  # type: ignore[return-value]
+
+
+def user_level(client: redis.Redis, size: Size, statistics: str) -> Audit:
+    """(1) ``b`` of the default stack (item term off); (2)/(3) the LastFM stack's ``b``, item sums, and both."""
+    def make() -> Audit:
+        item = 0.0 if statistics == "b-only" else 1.0
+        a, b, statement = _stage_pair(client, size, f"user-item{item:g}", _user_level_ticks(size, (1.0, 0.0)),
+                                      _user_level_ticks(size, (0.0, 1.0)), item_weight=item)
+        assert statement["unit"] == "user" and statement["mechanism"] == "user-blt-exact"
+        names = {"b-only": ("b",), "b": ("b",), "items": ("items",), "both": ("b", "items")}[statistics]
+        claim = claimed_mu(statement, names[0] if len(names) == 1 else None)
+        return _measure(f"user level, {statistics}", StageNeighbours(a, b, names), claim, size)
+
+    return _cached((f"user-{statistics}", size), make)  # type: ignore[return-value]
+
+
+def event_level(client: redis.Redis, size: Size) -> Audit:
+    """(4) ``privacy_unit = event`` with both statistics (b and the item sums)."""
+    def make() -> Audit:
+        users = [str(u) for u in range(size.n_users)]
+        a, b, statement = _stage_pair(client, size, "event", _event_level_ticks(size, users, 1.0),
+                                      _event_level_ticks(size, users, 0.0), item_weight=1.0, privacy_unit="event")
+        assert "unit" not in statement and "composition" in statement
+        return _measure("event level, b + items", StageNeighbours(a, b, ("b", "items")), claimed_mu(statement), size)
+
+    return _cached(("event", size), make)  # type: ignore[return-value]
+
+
+def federated_site(client: redis.Redis, size: Size) -> Audit:
+    """(5) Site 0 of two: its own units' ``b`` through :class:`SiteReleaseStage`, ingest through its catalog."""
+    def make() -> Audit:
+        cat = _catalog(size)
+        own = [str(u) for u in range(size.n_users) if u % 2 == 0]  # assign_sites: unit mod sites (user u = unit u)
+        traces = []
+        for tag, reward in (("a", 1.0), ("b", 0.0)):
+            fed = _settings(size, f"audit-fed-{size.tree_levels}-{tag}", mode="federated", sites=2, site=0)
+            s = site_settings(fed, 0)
+            traces.append(run_stream(client, s, SiteCatalog(cat, site=0, sites=2), _event_level_ticks(size, own, reward),
+                                     seed=13 if tag == "a" else 14, stage_type=SiteReleaseStage))
+        statement = traces[0].stage.statement
+        assert statement["mode"] == "federated"
+        nb = StageNeighbours(StageReleases(traces[0]), StageReleases(traces[1]), ("b",))
+        return _measure("federated site, b", nb, claimed_mu(statement), size)
+
+    return _cached(("federated", size), make)  # type: ignore[return-value]
+
+
+class LocalNeighbours(Neighbours):
+    """One device's reports: its first interaction differs in the reward *and* the item acted on (A: reward 1 on
+    item ``a``, context ``+e1``; B: reward 1 on item ``b``, context ``-e1``: ``r x - r' x'`` has norm 2), the others
+    are the same. ``leaks``: report fields other than the noisy vector that differ between A and B.
+
+    Every report comes from :meth:`LocalClient.report`, except that ``tree``'s bulk trials step the device's own
+    mechanism (``config.device_mechanism``, keyed by the trial's seed) over the exact running sums the device
+    computed: the first ``verify`` seeds of each stream check that this gives the device's reports bit for bit.
+    """
+
+    def __init__(self, config: LocalConfig, reports: int, verify: int = 20) -> None:
+        self.config = config
+        d = config.d
+        self.plans = {
+            "a": [("a", _unit(d, 1.0), 1.0)] + [("c", _unit(d, 1.0), 1.0)] * (reports - 1),
+            "b": [("b", _unit(d, -1.0), 1.0)] + [("c", _unit(d, 1.0), 1.0)] * (reports - 1),
+        }
+        ea, pa, _ = self._device("a", 1)
+        eb, pb, _ = self._device("b", 1)
+        self.leaks = sorted({k for ra, rb in zip(pa, pb) for k in ra if ra[k] != rb[k]})
+        self.exact = {"a": ea, "b": eb}
+        self.mechanism = config.device_mechanism(1) if config.algorithm == "tree" else None
+        for which in ("a", "b"):
+            for seed in range(verify):
+                if not np.array_equal(self._release(which, seed), self._device(which, seed)[2]):
+                    raise AssertionError(f"seed {seed}: the device mechanism's releases are not the device's reports")
+        super().__init__(ea, eb, lambda s: self._release("a", s), lambda s: self._release("b", s))
+
+    def _device(self, which: str, seed: int) -> tuple[np.ndarray, list[dict[str, object]], np.ndarray]:
+        """``(exact, public fields, vectors)`` of the reports of a device with secret ``seed``."""
+        dev = LocalClient("7", self.config, MemoryStorage(), seed=seed)
+        exact, public, vectors = [], [], []
+        before = dev.exact_b
+        for v, (item, x, r) in enumerate(self.plans[which], start=1):
+            rep = dev.report(rec_id=f"r{v}", item=item, x=np.array(x), reward=r)
+            after = dev.exact_b
+            exact.append(after if self.config.algorithm == "tree" else after - before)  # what the vector noises
+            before = after
+            public.append({k: v for k, v in rep.to_dict().items() if k not in ("b", "m")})
+            vectors.append(rep.vector)
+        return np.array(exact), public, np.array(vectors)
+
+    def _release(self, which: str, seed: int) -> np.ndarray:
+        if self.mechanism is None:  # round: one device per trial
+            return self._device(which, seed)[2]
+        mech = reseeded(self.mechanism, seed)
+        state = mech.init_state()
+        out = []
+        for prefix in self.exact[which]:
+            y, state, _ = mech.step_to(state, prefix)
+            out.append(y)
+        return np.array(out)
+
+
+def local_reports(size: Size, algorithm: str) -> Audit:
+    """(6) Local mode: ``tree`` (a device's whole epoch of running-sum reports; the epoch is ``size.ticks``
+    reports) and ``round`` (each report alone: the differing one and one more)."""
+    def make() -> Audit:
+        s = Settings(mode="local", local_algorithm=algorithm, local_capacity=size.ticks, d=size.d, kafka=None)
+        config = s.local_config(size.d)
+        g = config.guarantee()
+        nb = LocalNeighbours(config, size.ticks if algorithm == "tree" else 2)
+        return _measure(f"local {algorithm}", nb, gdp_mu(float(g["epsilon"]), float(g["delta"])), size, nb.leaks)
+
+    return _cached((f"local-{algorithm}", size), make)  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------------------------------- tests
+
+XFAIL_USER = pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 19: the fold clips each stream's per-tick b and item sums "
+                                                   "to norm 1, so replace-neighbours differ by 2 (b) and sqrt 2 "
+                                                   "(items) where the noise is calibrated to 1")
+XFAIL_LOCAL = pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 19: a report names the item acted on in clear, and its "
+                                                    "noise is calibrated to sensitivity 1 where r x - r' x' reaches 2")
+
+
+def _check(audit: Audit) -> None:
+    assert not audit.leaks, f"{audit.summary()}: the neighbours' reports differ in public fields"
+    assert audit.estimate.mu <= audit.claim + audit.margin, audit.summary()
+
+
+@XFAIL_USER
+@pytest.mark.parametrize("size", SIZES)
+def test_user_level_b_of_the_default_stack(audit_redis: redis.Redis, size: Size) -> None:
+    _check(user_level(audit_redis, size, "b-only"))
+
+
+@XFAIL_USER
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("statistic", ["b", "items"])
+def test_user_level_each_statistic_of_the_item_stack(audit_redis: redis.Redis, size: Size, statistic: str) -> None:
+    _check(user_level(audit_redis, size, statistic))
+
+
+@XFAIL_USER
+@pytest.mark.parametrize("size", SIZES)
+def test_user_level_b_and_item_sums_together(audit_redis: redis.Redis, size: Size) -> None:
+    _check(user_level(audit_redis, size, "both"))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_event_level(audit_redis: redis.Redis, size: Size) -> None:
+    _check(event_level(audit_redis, size))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_federated_site_release(audit_redis: redis.Redis, size: Size) -> None:
+    _check(federated_site(audit_redis, size))
+
+
+@XFAIL_LOCAL
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("algorithm", ["tree", "round"])
+def test_local_reports(size: Size, algorithm: str) -> None:
+    _check(local_reports(size, algorithm))
+
+
+CONFIGS: dict[str, Callable[[redis.Redis, Size], Audit]] = {
+    "user-b-only": lambda c, s: user_level(c, s, "b-only"),
+    "user-b": lambda c, s: user_level(c, s, "b"),
+    "user-items": lambda c, s: user_level(c, s, "items"),
+    "user-both": lambda c, s: user_level(c, s, "both"),
+    "event": event_level,
+    "federated": federated_site,
+    "local-tree": lambda c, s: local_reports(s, "tree"),
+    "local-round": lambda c, s: local_reports(s, "round"),
+}
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_control_with_half_the_noise_is_caught(audit_redis: redis.Redis, size: Size, config: str) -> None:
+    audit = CONFIGS[config](audit_redis, size)
+    assert audit.control.mu > audit.claim + audit.margin, audit.summary()
+    assert math.isfinite(audit.control.mu)
