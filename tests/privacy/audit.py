@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,9 +69,11 @@ class Trace:
     published: list[dict[str, np.ndarray]]  # per tick: what the tick published ("b": b_tilde, "items": sums)
 
 
-def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog, ticks: Sequence[Sequence[bytes]], *,
-               seed: int, stage_type: type[ReleaseStage] = ReleaseStage) -> Trace:
-    """Ingest ``ticks`` (the events of each release tick, partition 0) and release once per tick, as the worker does.
+def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
+               ticks: Sequence[Mapping[int, Sequence[bytes]]], *, seed: int,
+               stage_type: type[ReleaseStage] = ReleaseStage, allow_dead: bool = False) -> Trace:
+    """Ingest ``ticks`` (per release tick, the events that land on each partition) and release once per tick, as
+    the worker does. Every event must be counted, unless ``allow_dead`` (then ingest may dead-letter some).
 
     The namespace (``settings.namespace``) must be fresh; its secret noise seed is set to ``seed`` first.
     """
@@ -81,15 +83,17 @@ def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog, ticks:
     proc = make(client, s.namespace, catalog, item_sums=s.item_term, listen_weight=s.listen_weight_in_force)
     stage = stage_type(s, catalog, client)
     n_items = stage.n_items
-    offset = 0
+    offsets: dict[int, int] = {}
     stats: list[UnitStats] = []
     items: list[np.ndarray] = []
     published: list[dict[str, np.ndarray]] = []
     keys = PublicKeys(s.namespace)
-    for t, raws in enumerate(ticks, start=1):
-        batch = proc.process(0, list(enumerate(raws, start=offset)))
-        assert not batch.dead, batch.dead  # every event of the audit is valid
-        offset += len(raws)
+    for t, per_partition in enumerate(ticks, start=1):
+        for partition, raws in per_partition.items():
+            start = offsets.get(partition, 0)
+            batch = proc.process(partition, list(enumerate(raws, start=start)))
+            assert allow_dead or not batch.dead, batch.dead  # every event of the audit is valid
+            offsets[partition] = start + len(raws)
         assert stage.tick(force=True) == t
         snap, sums, _ = stage.store.snapshot_items(s.partitions, catalog.n_units, catalog.d, n_items)
         stats.append(snap)
