@@ -42,8 +42,8 @@ from pipeline.settings import Settings
 from pipeline.stages import ReleaseStage
 from pipeline.trusted import TrustedKeys
 
-__all__ = ["Trace", "run_stream", "reseeded", "StageReleases", "StageNeighbours", "Neighbours", "Estimate", "distinguish",
-           "claimed_mu", "margin", "event", "ALPHA"]
+__all__ = ["Trace", "run_stream", "reseeded", "StageReleases", "StageNeighbours", "Neighbours", "Estimate",
+           "distinguish", "claimed_mu", "margin", "event", "ALPHA"]
 
 #: One-sided level of the margin: a mechanism that keeps its claim fails the audit with probability <= ALPHA
 #: over the choice of seeds (the seeds are fixed, so a given run is deterministic).
@@ -242,7 +242,7 @@ def distinguish(nb: Neighbours, train: Sequence[int], test: Sequence[int], *, ch
     var = z_train.var(axis=0)
     free = var <= 1e-24 * max(1.0, float(var.max()))  # coordinates released without noise
     if np.any(np.abs(delta[free]) > 1e-12):
-        return Estimate(math.inf, len(train), 0, int(delta.size), float(np.linalg.norm(delta)))
+        return Estimate(math.inf, len(train), len(test), int(delta.size), float(np.linalg.norm(delta)))
     keep = ~free
     cov = np.cov(z_train[:, keep], rowvar=False)
     w = np.linalg.solve(np.atleast_2d(cov), delta[keep])

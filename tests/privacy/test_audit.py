@@ -13,7 +13,7 @@ training and 1,000 test seeds; the claim is calibrated for whatever epoch the se
 sqrt(B(cap)) / mu`` for that horizon), the bug class the audit looks for — a per-tick sensitivity that does not
 match the relation, a cap that does not hold, noise that depends on the data, an un-noised statistic — does not
 depend on the horizon or on ``d`` (contexts have norm 1 whatever ``d``), and the worst pattern (the first ``cap``
-ticks of an epoch) is inside it. The ``slow`` twins (``pytest -m slow tests/privacy``) take 63-tick epochs, ``d =
+ticks of an epoch) is inside it. The ``slow`` twins (``pytest -m slow tests/privacy``) take 31-tick epochs, ``d =
 3``, three users, six items and 6,000 + 6,000 seeds.
 """
 
@@ -80,7 +80,8 @@ class Audit:
 
 
 def _measure(name: str, nb: Neighbours, claim: float, size: Size, leaks: list[str] | None = None) -> Audit:
-    # training seeds: 20 per released value (the estimated whitening then loses <= 2.5 % of mu), at least 200
+    # training seeds: 20 per released value (the estimated whitening then loses about p / 2n <= 2.5 % of mu), at
+    # least 200, at most n_train
     train = range(1_000_000, 1_000_000 + min(size.n_train, max(200, 20 * nb.exact_a.size)))
     test = range(2_000_000, 2_000_000 + size.n_test)
     estimate = distinguish(nb, train, test)
@@ -215,8 +216,9 @@ def federated_site(client: redis.Redis, size: Size) -> Audit:
         for tag, reward in (("a", 1.0), ("b", 0.0)):
             fed = _settings(size, f"audit-fed-{size.tree_levels}-{tag}", mode="federated", sites=2, site=0)
             s = site_settings(fed, 0)
-            traces.append(run_stream(client, s, SiteCatalog(cat, site=0, sites=2), _event_level_ticks(size, own, reward),
-                                     seed=13 if tag == "a" else 14, stage_type=SiteReleaseStage))
+            traces.append(run_stream(client, s, SiteCatalog(cat, site=0, sites=2),  # type: ignore[arg-type]
+                                     _event_level_ticks(size, own, reward), seed=13 if tag == "a" else 14,
+                                     stage_type=SiteReleaseStage))
         statement = traces[0].stage.statement
         assert statement["mode"] == "federated"
         nb = StageNeighbours(StageReleases(traces[0]), StageReleases(traces[1]), ("b",))
@@ -294,11 +296,13 @@ def local_reports(size: Size, algorithm: str) -> Audit:
 
 # ----------------------------------------------------------------------------------------------------- tests
 
-XFAIL_USER = pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 19: the fold clips each stream's per-tick b and item sums "
-                                                   "to norm 1, so replace-neighbours differ by 2 (b) and sqrt 2 "
-                                                   "(items) where the noise is calibrated to 1")
-XFAIL_LOCAL = pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 19: a report names the item acted on in clear, and its "
-                                                    "noise is calibrated to sensitivity 1 where r x - r' x' reaches 2")
+XFAIL_USER = pytest.mark.xfail(strict=True, raises=AssertionError,
+                               reason="issue 19: the fold clips each stream's per-tick b and item sums to norm 1, so "
+                                      "replace-neighbours differ by 2 (b) and sqrt 2 (items) where the noise is "
+                                      "calibrated to 1")
+XFAIL_LOCAL = pytest.mark.xfail(strict=True, raises=AssertionError,
+                                reason="issue 19: a report names the item acted on in clear, and its noise is "
+                                       "calibrated to sensitivity 1 where r x - r' x' reaches 2")
 
 
 def _check(audit: Audit) -> None:
@@ -325,9 +329,10 @@ def test_user_level_b_and_item_sums_together(audit_redis: redis.Redis, size: Siz
     _check(user_level(audit_redis, size, "both"))
 
 
-XFAIL_PARTITIONS = pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 19: the cap and the "
-                                     "clipping are per partition: a user whose events carry another key contributes "
-                                     "once per partition (and the per-tick b difference is 2, as above)")
+XFAIL_PARTITIONS = pytest.mark.xfail(strict=True, raises=AssertionError,
+                                     reason="issue 19: the cap and the clipping are per partition: a user whose events "
+                                            "carry another key contributes once per partition (and the per-tick b "
+                                            "difference is 2, as above)")
 
 
 @XFAIL_PARTITIONS
@@ -372,3 +377,15 @@ def test_control_with_half_the_noise_is_caught(audit_redis: redis.Redis, size: S
     audit = CONFIGS[config](audit_redis, size)
     assert audit.control.mu > audit.claim + audit.margin, audit.summary()
     assert math.isfinite(audit.control.mu)
+
+
+def test_the_claim_is_read_from_the_per_statistic_list_when_the_statement_has_one() -> None:
+    plain = {"private": True, "epsilon": 2.0, "delta": 1e-5}
+    assert claimed_mu(plain) == gdp_mu(2.0, 1e-5)
+    composed = {**plain, "mu_at_cap": 0.5, "composition": {"bandit": {"epsilon": 1.5}, "items": {"epsilon": 1.2}}}
+    assert claimed_mu(composed) == 0.5
+    assert claimed_mu(composed, "b") == gdp_mu(1.5, 1e-5) and claimed_mu(composed, "items") == gdp_mu(1.2, 1e-5)
+    listed = {**composed, "statistics": [{"name": "b", "clip": 0.5, "sensitivity_per_tick": 1.0, "mu_at_cap": 0.3},
+                                         {"name": "items", "clip": 0.7, "sensitivity_per_tick": 1.0, "mu_at_cap": 0.4}]}
+    assert claimed_mu(listed, "b") == 0.3 and claimed_mu(listed, "items") == 0.4
+    assert claimed_mu(listed) == pytest.approx(0.5)
