@@ -101,7 +101,8 @@ def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
             batch = proc.process(partition, list(enumerate(raws, start=start)))
             assert allow_dead or not batch.dead, batch.dead  # every event of the audit is valid
             offsets[partition] = start + len(raws)
-        assert stage.tick(force=True) == t
+        version = stage.tick(force=True)
+        assert version == t, (version, t)
         snap, sums, _ = stage.store.snapshot_items(s.partitions, catalog.n_units, catalog.d, n_items)
         stats.append(snap)
         items.append(sums)
@@ -271,13 +272,14 @@ def distinguish(nb: Neighbours, train: Sequence[int], test: Sequence[int], *, ch
 def claimed_mu(statement: dict[str, Any], statistic: str | None = None) -> float:
     """The ``mu`` a published statement claims: for one statistic (``"b"`` / ``"items"``) or, ``None``, all of them.
 
-    Reads ``statement["statistics"]`` (per statistic ``mu_at_cap``) when the statement has it; else
+    Reads ``statement["statistics"]`` (per statistic ``mu_at_cap``, or ``mu`` at event level) when the statement
+    has it; else
     ``mu_at_cap`` / ``epsilon`` + ``delta`` (the whole release) and, for one statistic of a composed release,
     ``composition[<statistic>]["epsilon"]`` (``"bandit"`` for ``b``).
     """
     per = statement.get("statistics")
-    if per:
-        mus = {e["name"]: float(e["mu_at_cap"]) for e in per}
+    if per:  # the noisy statistics' own mu (entries without one, e.g. the Grams, are released as public)
+        mus = {e["name"]: float(e.get("mu_at_cap", e.get("mu"))) for e in per if "mu_at_cap" in e or "mu" in e}
         if statistic is None:
             return math.sqrt(sum(m * m for m in mus.values()))
         return mus[statistic]

@@ -127,31 +127,44 @@ def _home(user: str, partitions: int) -> int:
     return (murmur2(user.encode()) & 0x7FFFFFFF) % partitions
 
 
-def _choice_ticks(size: Size, arm: str, shown: tuple[str, str]) -> list[dict[int, list[bytes]]]:
-    """User ``0`` answers the list ``shown`` in every tick, with reward 1 on ``arm`` (its catalog features: the
-    context ``/feedback`` sends); every other user one event per tick, the same in both streams."""
+#: The list user ``0`` answers in the choice neighbours, and what each stream chooses on it: reward 1 on item ``0``
+#: with context ``+e1`` (A) or on item ``1`` with context ``-e1`` (B) — ``r x - r' x'`` of norm 2, and item sums
+#: that differ by ``(-1, 1)``: the largest change of one interaction under "reward and choice" neighbours.
+SHOWN = ("0", "1")
+CHOICES = {"a": ("0", (1.0, 0.0)), "b": ("1", (-1.0, 0.0))}
+#: Choices whose contexts differ in ``x x^T`` too (``e1`` / ``e2``): a Gram that took the chosen item would name it.
+GRAM_CHOICES = {"a": ("0", (1.0, 0.0)), "b": ("1", (0.0, 1.0))}
+
+
+def _choice(size: Size, i: int, which: str, choices: dict[str, tuple[str, tuple[float, float]]] = CHOICES) -> bytes:
+    arm, head = choices[which]
+    return event(i, "0", arm, 1.0, [*head] + [0.0] * (size.d - 2), shown=SHOWN)
+
+
+def _choice_ticks(size: Size, which: str) -> list[dict[int, list[bytes]]]:
+    """User ``0`` answers the list :data:`SHOWN` in every tick of the epoch with the choice ``which`` of
+    :data:`GRAM_CHOICES` (the cap keeps the first ``cap`` ticks); every other user one event per tick, the same in
+    both streams."""
     out, i = [], 0
     for _ in range(size.ticks):
-        evs = [event(i, "0", arm, 1.0, shown=shown)]
+        evs = [_choice(size, i, which, GRAM_CHOICES)]
         i += 1
         for u in range(1, size.n_users):
-            evs.append(event(i, str(u), str(u % size.n_arms), 1.0))
+            evs.append(event(i, str(u), str(2 + u % (size.n_arms - 2)), 1.0))
             i += 1
         out.append({0: evs})
     return out
 
 
-def _event_level_ticks(size: Size, users: list[str], reward: float) -> list[dict[int, list[bytes]]]:
+def _event_level_ticks(size: Size, users: list[str], which: str) -> list[dict[int, list[bytes]]]:
     """Every listed user one event per tick (item from the catalog, its features); user ``users[0]``'s first
-    interaction (tick 1, context ``+e1`` on item ``0``) has reward ``reward``: A 1, B 0."""
+    interaction (tick 1) is the choice ``which`` on the list :data:`SHOWN`."""
     out, i = [], 0
     for t in range(size.ticks):
         evs = []
         for u in users:
-            if t == 0 and u == users[0]:
-                evs.append(event(i, u, "0", reward, _unit(size.d, 1.0)))
-            else:
-                evs.append(event(i, u, str(1 + int(u) % (size.n_arms - 1)), 1.0))
+            evs.append(_choice(size, i, which) if t == 0 and u == users[0] else
+                       event(i, u, str(2 + int(u) % (size.n_arms - 2)), 1.0))
             i += 1
         out.append({0: evs})
     return out
@@ -207,14 +220,10 @@ def user_level(client: redis.Redis, size: Size, statistics: str) -> Audit:
 
 def user_level_choice(client: redis.Redis, size: Size) -> Audit:
     """(2c) The LastFM stack's two statistics when the neighbours differ in *which* shown item user ``0`` chose
-    (the two catalog items of most different features, reward 1 on either), every tick of the epoch."""
+    (:data:`GRAM_CHOICES`: ``b`` moves by sqrt 2 per tick, the item sums by sqrt 2), every tick of the epoch."""
     def make() -> Audit:
-        fm = _catalog(size).feature_matrix
-        gaps = {(a, b): float(np.linalg.norm(fm[a] - fm[b])) for a in range(len(fm)) for b in range(a + 1, len(fm))}
-        a_arm, b_arm = (str(x) for x in max(gaps, key=gaps.__getitem__))
-        shown = (a_arm, b_arm)
-        a, b, statement = _stage_pair(client, size, "user-choice", _choice_ticks(size, a_arm, shown),
-                                      _choice_ticks(size, b_arm, shown), item_weight=1.0)
+        a, b, statement = _stage_pair(client, size, "user-choice", _choice_ticks(size, "a"), _choice_ticks(size, "b"),
+                                      item_weight=1.0)
         return _measure("user level, b + items, which item was chosen", StageNeighbours(a, b, ("b", "items")),
                         claimed_mu(statement), size)
 
@@ -237,8 +246,8 @@ def event_level(client: redis.Redis, size: Size) -> Audit:
     """(4) ``privacy_unit = event`` with both statistics (b and the item sums)."""
     def make() -> Audit:
         users = [str(u) for u in range(size.n_users)]
-        a, b, statement = _stage_pair(client, size, "event", _event_level_ticks(size, users, 1.0),
-                                      _event_level_ticks(size, users, 0.0), item_weight=1.0, privacy_unit="event")
+        a, b, statement = _stage_pair(client, size, "event", _event_level_ticks(size, users, "a"),
+                                      _event_level_ticks(size, users, "b"), item_weight=1.0, privacy_unit="event")
         assert "unit" not in statement and "composition" in statement
         return _measure("event level, b + items", StageNeighbours(a, b, ("b", "items")), claimed_mu(statement), size)
 
@@ -251,11 +260,11 @@ def federated_site(client: redis.Redis, size: Size) -> Audit:
         cat = _catalog(size)
         own = [str(u) for u in range(size.n_users) if u % 2 == 0]  # assign_sites: unit mod sites (user u = unit u)
         traces = []
-        for tag, reward in (("a", 1.0), ("b", 0.0)):
+        for tag in ("a", "b"):
             fed = _settings(size, f"audit-fed-{size.tree_levels}-{tag}", mode="federated", sites=2, site=0)
             s = site_settings(fed, 0)
             traces.append(run_stream(client, s, SiteCatalog(cat, site=0, sites=2),  # type: ignore[arg-type]
-                                     _event_level_ticks(size, own, reward), seed=13 if tag == "a" else 14,
+                                     _event_level_ticks(size, own, tag), seed=13 if tag == "a" else 14,
                                      stage_type=SiteReleaseStage))
         statement = traces[0].stage.statement
         assert statement["mode"] == "federated"
@@ -371,6 +380,9 @@ def test_user_level_b_and_item_sums_together(audit_redis: redis.Redis, size: Siz
 XFAIL_CHOICE = pytest.mark.xfail(strict=True, raises=AssertionError,
                                  reason="issue 19: the Gram takes the context of the item the user chose, released "
                                         "exactly: it names the choice")
+XFAIL_EVENT = pytest.mark.xfail(strict=True, raises=AssertionError,
+                                reason="issue 19: the noise is calibrated to a change of one reward (1), where "
+                                       "replacing one interaction's reward and choice moves b by 2 (items by sqrt 2)")
 
 
 @XFAIL_CHOICE
@@ -391,11 +403,13 @@ def test_user_level_one_cap_per_user_across_partitions(audit_redis: redis.Redis,
     _check(user_level_partitions(audit_redis, size))
 
 
+@XFAIL_EVENT
 @pytest.mark.parametrize("size", SIZES)
 def test_event_level(audit_redis: redis.Redis, size: Size) -> None:
     _check(event_level(audit_redis, size))
 
 
+@XFAIL_EVENT
 @pytest.mark.parametrize("size", SIZES)
 def test_federated_site_release(audit_redis: redis.Redis, size: Size) -> None:
     _check(federated_site(audit_redis, size))
