@@ -51,9 +51,12 @@ ALPHA = 1e-3
 
 
 def event(i: int, user: str, arm: str, reward: float, context: Sequence[float] | None = None, *,
-          shown: Sequence[str] | None = None) -> bytes:
-    """One ``interactions`` value, as the HTTP paths and producers write it (``shown``: the list it answers)."""
+          shown: Sequence[str] | None = None, kind: str | None = None) -> bytes:
+    """One ``interactions`` value, as the HTTP paths and producers write it (``shown``: the list it answers;
+    ``kind``: ``"listen"`` for an organic listen)."""
     obj: dict[str, Any] = {"event_id": f"e{i}", "user": user, "arm": arm, "reward": reward, "ts": 1.7e12 + i}
+    if kind is not None:
+        obj["kind"] = kind
     if context is not None:
         obj["context"] = list(context)
     if shown is not None:

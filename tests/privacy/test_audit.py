@@ -136,18 +136,24 @@ CHOICES = {"a": ("0", (1.0, 0.0)), "b": ("1", (-1.0, 0.0))}
 GRAM_CHOICES = {"a": ("0", (1.0, 0.0)), "b": ("1", (0.0, 1.0))}
 
 
-def _choice(size: Size, i: int, which: str, choices: dict[str, tuple[str, tuple[float, float]]] = CHOICES) -> bytes:
+def _choice(size: Size, i: int, which: str, choices: dict[str, tuple[str, tuple[float, float]]] = CHOICES, *,
+            listen: bool = False) -> bytes:
+    """User ``0``'s choice ``which``: feedback on the list :data:`SHOWN`, or (``listen``) an organic listen."""
     arm, head = choices[which]
-    return event(i, "0", arm, 1.0, [*head] + [0.0] * (size.d - 2), shown=SHOWN)
+    context = [*head] + [0.0] * (size.d - 2)
+    if listen:
+        return event(i, "0", arm, 1.0, context, kind="listen")
+    return event(i, "0", arm, 1.0, context, shown=SHOWN)
 
 
-def _choice_ticks(size: Size, which: str) -> list[dict[int, list[bytes]]]:
-    """User ``0`` answers the list :data:`SHOWN` in every tick of the epoch with the choice ``which`` of
-    :data:`GRAM_CHOICES` (the cap keeps the first ``cap`` ticks); every other user one event per tick, the same in
-    both streams."""
+def _choice_ticks(size: Size, which: str, choices: dict[str, tuple[str, tuple[float, float]]] = GRAM_CHOICES, *,
+                  listen: bool = False) -> list[dict[int, list[bytes]]]:
+    """User ``0`` answers the list :data:`SHOWN` (or ``listen``: listens of their own accord) in every tick of the
+    epoch with the choice ``which`` of ``choices`` (the cap keeps the first ``cap`` ticks); every other user one
+    event per tick, the same in both streams."""
     out, i = [], 0
     for _ in range(size.ticks):
-        evs = [_choice(size, i, which, GRAM_CHOICES)]
+        evs = [_choice(size, i, which, choices, listen=listen)]
         i += 1
         for u in range(1, size.n_users):
             evs.append(event(i, str(u), str(2 + u % (size.n_arms - 2)), 1.0))
@@ -228,6 +234,19 @@ def user_level_choice(client: redis.Redis, size: Size) -> Audit:
                         claimed_mu(statement), size)
 
     return _cached(("user-choice", size), make)  # type: ignore[return-value]
+
+
+def user_level_listens(client: redis.Redis, size: Size) -> Audit:
+    """(2d) The item stack's two statistics when the neighbours differ in which item user ``0`` listened to of their
+    own accord (``"kind": "listen"``, no shown list; :data:`CHOICES`: ``b`` moves by 2 per tick at listen weight 1,
+    the item sums by sqrt 2), every tick of the epoch."""
+    def make() -> Audit:
+        a, b, statement = _stage_pair(client, size, "user-listen", _choice_ticks(size, "a", CHOICES, listen=True),
+                                      _choice_ticks(size, "b", CHOICES, listen=True), item_weight=1.0)
+        return _measure("user level, b + items, which item was listened to", StageNeighbours(a, b, ("b", "items")),
+                        claimed_mu(statement), size)
+
+    return _cached(("user-listen", size), make)  # type: ignore[return-value]
 
 
 def user_level_partitions(client: redis.Redis, size: Size) -> Audit:
@@ -391,6 +410,12 @@ def test_user_level_which_item_was_chosen(audit_redis: redis.Redis, size: Size) 
     _check(user_level_choice(audit_redis, size))
 
 
+@XFAIL_USER
+@pytest.mark.parametrize("size", SIZES)
+def test_user_level_which_item_was_listened_to(audit_redis: redis.Redis, size: Size) -> None:
+    _check(user_level_listens(audit_redis, size))
+
+
 XFAIL_PARTITIONS = pytest.mark.xfail(strict=True, raises=AssertionError,
                                      reason="issue 19: the cap and the clipping are per partition: a user whose events "
                                             "carry another key contributes once per partition (and the per-tick b "
@@ -426,6 +451,7 @@ CONFIGS: dict[str, Callable[[redis.Redis, Size], Audit]] = {
     "user-b-only": lambda c, s: user_level(c, s, "b-only"),
     "user-partitions": user_level_partitions,
     "user-choice": user_level_choice,
+    "user-listen": user_level_listens,
     "user-b": lambda c, s: user_level(c, s, "b"),
     "user-items": lambda c, s: user_level(c, s, "items"),
     "user-both": lambda c, s: user_level(c, s, "both"),
