@@ -36,7 +36,7 @@ from models.mechanisms import Mechanism
 from models.ground.items import ReleasedItems
 from models.streaming import ReleasedStats, UnitStats
 from pipeline.catalog import Catalog
-from pipeline.ingest import IngestProcessor, UserIngestProcessor
+from pipeline.agents import make_processor
 from pipeline.keys import PublicKeys
 from pipeline.settings import Settings
 from pipeline.stages import ReleaseStage
@@ -85,12 +85,7 @@ def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
     """
     s = settings
     client.set(TrustedKeys(s.namespace).secret, str(int(seed)))
-    make = UserIngestProcessor if s.user_level else IngestProcessor  # as pipeline.agents.ingest builds it
-    kwargs: dict[str, Any] = {"item_sums": s.item_term, "listen_weight": s.listen_weight_in_force}
-    clips = getattr(s, "clips", None)
-    if clips is not None:  # the clips and the partition check of issue 19's fix, where the code has them
-        kwargs.update(b_clip=clips[0], item_clip=clips[1], partitions=s.partitions)
-    proc = make(client, s.namespace, catalog, **kwargs)
+    proc = make_processor(client, s, catalog)  # the worker's own construction
     stage = stage_type(s, catalog, client)
     n_items = stage.n_items
     offsets: dict[int, int] = {}

@@ -19,7 +19,6 @@ ticks of an epoch) is inside it. The ``slow`` twins (``pytest -m slow tests/priv
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -326,9 +325,8 @@ class LocalNeighbours(Neighbours):
         dev = LocalClient("7", self.config, MemoryStorage(), seed=seed)
         exact, public, vectors = [], [], []
         before = dev.exact_b
-        for v, (item, x, r) in enumerate(self.plans[which], start=1):
-            named = {"item": item} if "item" in inspect.signature(dev.report).parameters else {}  # before issue 19
-            rep = dev.report(rec_id=f"r{v}", x=np.array(x), reward=r, **named)
+        for v, (_item, x, r) in enumerate(self.plans[which], start=1):
+            rep = dev.report(rec_id=f"r{v}", x=np.array(x), reward=r)  # the item stays on the device
             after = dev.exact_b
             exact.append(after if self.config.algorithm == "tree" else after - before)  # what the vector noises
             before = after
@@ -378,26 +376,7 @@ CONFIGS: dict[str, Callable[[redis.Redis, Size], Audit]] = {
 }
 
 
-def _xfail(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"issue 19: {reason}")
-
-
-XFAIL_USER = _xfail("the fold clips each stream's per-tick b and item sums to norm 1, so replace-neighbours differ "
-                    "by 2 (b) and sqrt 2 (items) where the noise is calibrated to 1")
-XFAIL_CHOICE = _xfail("the Gram takes the context of the item the user chose, released exactly: it names the choice")
-XFAIL_PARTITIONS = _xfail("the cap and the clipping are per partition: a user whose events carry another key "
-                          "contributes once per partition (and the per-tick b difference is 2, as above)")
-XFAIL_EVENT = _xfail("the noise is calibrated to a change of one reward (1), where replacing one interaction's "
-                     "reward and choice moves b by 2 (items by sqrt 2)")
-XFAIL_LOCAL = _xfail("a report names the item acted on in clear, and its noise is calibrated to sensitivity 1 where "
-                     "r x - r' x' reaches 2")
-
-#: The configurations that fail on the code before issue 19's fix, and why (strict: a fixed one XPASSes, which fails
-#: the run — then delete its entry).
-BEFORE_THE_FIX = {"user-b-only": XFAIL_USER, "user-b": XFAIL_USER, "user-items": XFAIL_USER, "user-both": XFAIL_USER,
-                  "user-choice": XFAIL_CHOICE, "user-listen": XFAIL_USER, "user-partitions": XFAIL_PARTITIONS,
-                  "event": XFAIL_EVENT, "federated": XFAIL_EVENT, "local-tree": XFAIL_LOCAL,
-                  "local-round": XFAIL_LOCAL}
+#: Measured on the code before issue 19's fix (8df20bd): every configuration below failed its claim (README here).
 
 
 def _check(audit: Audit) -> None:
@@ -406,7 +385,7 @@ def _check(audit: Audit) -> None:
 
 
 @pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("config", [pytest.param(c, marks=BEFORE_THE_FIX.get(c, ()), id=c) for c in CONFIGS])
+@pytest.mark.parametrize("config", list(CONFIGS))
 def test_the_release_keeps_its_claim(audit_redis: redis.Redis, size: Size, config: str) -> None:
     """``mu_hat <= mu_claimed + margin`` for the worst-case neighbours of ``config``, none of which differ in a
     value released without noise."""
