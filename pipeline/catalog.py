@@ -224,13 +224,19 @@ class LastFMCatalogAdapter(_Base):
 
 
 def load_catalog(settings: Settings) -> SyntheticCatalog | LastFMCatalogAdapter:
-    """The catalog the settings name (LastFM is built or read from its cache), with its default pool.
+    """The catalog the settings name (LastFM or a catalog directory is built or read from its cache), with its
+    default pool.
 
     Raises :class:`~pipeline.settings.SettingsError` (``default_pool``) when the
     configured pool names an arm the catalog does not have.
     """
     catalog: SyntheticCatalog | LastFMCatalogAdapter
-    if settings.catalog == "synthetic":
+    if settings.catalog not in ("synthetic", "lastfm"):  # a catalog directory
+        from .catalog_open import open_catalog
+
+        catalog = open_catalog(settings.catalog, d=settings.d, units=settings.catalog_units,
+                               seed=settings.world_seed)
+    elif settings.catalog == "synthetic":
         catalog = SyntheticCatalog(n_users=settings.n_users, d=settings.d, n_arms=settings.n_arms,
                                    seed=settings.world_seed)
     else:

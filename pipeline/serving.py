@@ -167,6 +167,8 @@ class Recommender:
             unit = self.catalog.unit_of(user)
         except UnknownUserError as exc:
             raise BadRequest("user", str(exc)) from None
+        if candidates is None and getattr(self.catalog, "rank_all", False):
+            return self._rank_all(user, unit, k)
         pool = list(self.catalog.default_pool if candidates is None else candidates)
         if not pool:
             raise BadRequest("candidates", "must name at least one item")
@@ -196,6 +198,42 @@ class Recommender:
             "items": [{"item": pool[i], "name": self.catalog.arm_name(pool[i]), "score": _num(score[i]),
                        "mean": _num(mean[i]), "bonus": _num(bonus[i]),
                        **({} if term is None else {"popularity": _num(popular[i])})} for i in order],
+        }
+
+
+    def _rank_all(self, user: str, unit: int, k: int) -> dict[str, Any]:
+        """Top-``k`` of every catalog item: one matrix product for the means, one for the widths, a partial sort."""
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise BadRequest("k", f"must be an integer in [1, {MAX_K}], got {k!r}")
+        override = getattr(self.catalog, "_default_pool_override", None)
+        if override:
+            return self.recommend(user, override, k)
+        X = self.catalog.feature_matrix  # items added while running are appended rows: read it once
+        ids = self.catalog.arm_ids
+        meta = self.meta()
+        version = int(meta["version"])
+        model = self.unit_model(unit, version)
+        alpha = model.width if model.width is not None else float(meta["alpha"])
+        mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
+        term = self.item_term(version)
+        score = mean + bonus
+        popular = None
+        if term is not None:  # an item newer than the release has no released sum yet: popularity 0
+            popular = np.zeros(len(X))
+            n = min(len(X), len(term[1]))
+            popular[:n] = term[0] * term[1][:n]
+            score += popular
+        kk = min(k, len(X))
+        top = np.argpartition(-score, kk - 1)[:kk] if kk < len(X) else np.arange(len(X))
+        order = top[np.lexsort((top, -score[top]))]  # by score, ties by row (as the stable sort of a pool)
+        return {
+            "user": user,
+            "unit": unit,
+            "rec_id": uuid.uuid4().hex,
+            "model_version": model.version,
+            "items": [{"item": ids[i], "name": self.catalog.arm_name(ids[i]), "score": _num(score[i]),
+                       "mean": _num(mean[i]), "bonus": _num(bonus[i]),
+                       **({} if popular is None else {"popularity": _num(popular[i])})} for i in order],
         }
 
 
