@@ -104,8 +104,8 @@ def parse_features(text: str, *, file: str = "items.csv", line: int | None = Non
                    d: int | None = None) -> NDArray[np.float64]:
     """The floats of a ``features`` cell (space separated), checked finite and of length ``d`` when given.
 
-    >>> parse_features("0.5 -1e-3  2")
-    array([ 0.5  , -0.001,  2.   ])
+    >>> parse_features("0.5 -1.5  2").tolist()
+    [0.5, -1.5, 2.0]
     >>> parse_features("0.5 x", line=4)
     Traceback (most recent call last):
     ...

@@ -1,0 +1,155 @@
+"""A catalog directory on the real stack (broker, redis, worker, HTTP server): new users, all items, replays.
+
+Nothing mocked: a generated catalog (string ids, non-ASCII names, tags, a friend graph) is served by a real
+faust worker and ``pipeline.web``; users the catalog does not list are served and learned from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from pipeline import services
+from privrec.cli import main
+from producers.catalog import hash_unit
+from producers.catalog.generate import write_catalog
+
+from pipeline_support import REPO, wait_for
+
+pytestmark = pytest.mark.integration
+
+UNITS = 4
+
+
+def _get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture(scope="module")
+def catalog_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_catalog(tmp_path_factory.mktemp("mine") / "shop", n_items=400, n_users=60, n_events=1500, seed=7)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: services.ServiceHandle,
+          catalog_dir: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    tmp = tmp_path_factory.mktemp("openworld")
+    broker = services.start_broker(tmp)
+    services.create_topics(broker.address, {"interactions": 4, "dead-letters": 1, "recommendations": 1})
+    env = {**os.environ, "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_server.url, "PRIVREC_NAMESPACE": "ow",
+           "PRIVREC_CATALOG": str(catalog_dir), "PRIVREC_CATALOG_UNITS": str(UNITS), "PRIVREC_D": "8",
+           "PRIVREC_EPSILON": "inf", "PRIVREC_TICK_SECONDS": "0.3", "PRIVREC_STATE_DIR": str(tmp),
+           "PRIVREC_CACHE_DIR": str(tmp / "cache"), "PRIVREC_LOGLEVEL": "WARNING", "PYTHONPATH": str(REPO),
+           "PRIVREC_ADMIN_TOKEN": "operator-secret"}
+    client = redis.Redis.from_url(redis_server.url)
+    started = []
+    try:
+        started.append(services.start_process(
+            "worker-0", [sys.executable, "-m", "pipeline.worker"], tmp, env=env, timeout=90,
+            ready=lambda: bool(client.hgetall("ow:ops:{ow:ops}:workers"))))
+        port = services.free_port()
+        web = services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], tmp,
+                                     env=env, address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
+        started.append(web)
+        wait_for(lambda: _get(f"{web.url}/healthz")[0] == 200, 60, "a first model")
+        yield web.url, env
+    finally:
+        for h in reversed(started):
+            services.stop(h, grace_seconds=5)
+        services.stop(broker)
+
+
+def test_a_new_user_is_served_over_every_item_and_learned_from(stack: tuple[str, dict[str, str]]) -> None:
+    url, _ = stack
+    user = "Zoë, new today"
+    q = urllib.parse.urlencode({"user": user, "k": "5"})
+    code, body = _get(f"{url}/recommend?{q}")
+    assert code == 200, body
+    assert body["unit"] == hash_unit(user, UNITS)  # the public rule
+    assert len(body["items"]) == 5 and len({it["item"] for it in body["items"]}) == 5
+    target = "sku-000123-δ"
+    cand = urllib.parse.urlencode({"user": user, "k": "1", "candidates": target})
+    _, before = _get(f"{url}/recommend?{cand}")
+    for _ in range(20):  # the new user likes one item: positive feedback on it
+        code, rec = _get(f"{url}/recommend?{cand}")
+        assert code == 200
+        code, ack = _post(f"{url}/feedback", {"rec_id": rec["rec_id"], "item": target, "reward": 1})
+        assert code == 202, ack
+
+    wait_for(lambda: _get(f"{url}/budget")[1].get("events_released", 0) >= 20, 30, "the 20 feedbacks released")
+    _, now = _get(f"{url}/recommend?{cand}")
+    # exactly the 20 feedbacks in the unit's Gram (epsilon = inf, nobody else in it yet): width alpha / sqrt(1 + 20)
+    assert now["items"][0]["bonus"] == pytest.approx(before["items"][0]["bonus"] / 21 ** 0.5, rel=1e-9)
+    assert before["items"][0]["mean"] == 0.0 and now["items"][0]["mean"] > 0.0
+    code, budget = _get(f"{url}/budget?user={urllib.parse.quote(user)}")
+    assert code == 200 and budget["user"]["interactions"] == 20
+
+
+def test_every_item_is_ranked_without_candidates(stack: tuple[str, dict[str, str]], catalog_dir: Path) -> None:
+    url, _ = stack
+    code, body = _get(f"{url}/recommend?user=user-3@example.org&k=100")
+    assert code == 200
+    scores = [it["score"] for it in body["items"]]
+    assert scores == sorted(scores, reverse=True) and len(body["items"]) == 100
+    # the top 100 of all 400 items: none of the others scores higher (the same scores through candidates)
+    ids = [line.split(",")[0] for line in (catalog_dir / "items.csv").read_text(encoding="utf-8").splitlines()[1:]]
+    rest = [i for i in ids if i not in {it["item"] for it in body["items"]}]
+    best_rest = max(_get(f"{url}/recommend?" + urllib.parse.urlencode(
+        {"user": "user-3@example.org", "k": "1", "candidates": ",".join(rest[j:j + 100])}))[1]["items"][0]["score"]
+        for j in range(0, len(rest), 100))
+    assert best_rest <= scores[-1] + 1e-9
+
+
+def test_replay_events_writes_the_ratio_and_baselines(stack: tuple[str, dict[str, str]], catalog_dir: Path,
+                                                      tmp_path: Path) -> None:
+    url, _ = stack
+    out = tmp_path / "replay"
+    assert main(["replay", "events", str(catalog_dir / "events.csv"), "--http", url, "--events", "400",
+                 "--pool", "10", "--rate", "max", "--out", str(out), "--no-progress"]) == 0
+    doc = json.loads((out / "replay.json").read_text())
+    assert doc["events"] == 400 and doc["source"] == "events"
+    assert doc["random_reward"] == pytest.approx(400 / 10)
+    assert doc["ratio"] == pytest.approx(doc["reward"] / doc["random_reward"])
+    assert {"popularity_ratio", "private_popularity_ratio"} <= doc.keys()
+    assert doc["settings"]["catalog"] == str(catalog_dir.resolve())
+    assert (out / "replay.png").stat().st_size > 0
+
+
+def test_a_bad_catalog_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "items.csv").write_text("item,tags\na,x|y\nb,\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith("PRIVREC_") or k in ("KAFKA_BOOTSTRAP", "REDIS_URL"))}
+    state = tmp_path / "state"
+    proc = subprocess.run([sys.executable, "-m", "privrec.cli", "up", "--state-dir", str(state), "--catalog",
+                           str(bad)], capture_output=True, text=True, timeout=120,
+                          env={**env, "PRIVREC_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode != 0
+    assert "items.csv, line 3, column tags: empty 'tags' and 'features'" in proc.stderr
+    assert not (state / "stack.json").exists() and not list(state.glob("*.pid"))
