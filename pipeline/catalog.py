@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from .settings import Settings
 
-__all__ = ["Catalog", "SyntheticCatalog", "LastFMCatalogAdapter", "load_catalog", "UnknownUserError",
+__all__ = ["Catalog", "SyntheticCatalog", "LastFMCatalogAdapter", "load_catalog", "item_capacity", "UnknownUserError",
            "UnknownArmError"]
 
 FloatArray = NDArray[np.float64]
@@ -221,6 +221,12 @@ class LastFMCatalogAdapter(_Base):
     def default_pool(self) -> Sequence[str]:
         """The configured pool, else the 25 most often tagged artists."""
         return self._default_pool_override or self._popular
+
+
+def item_capacity(catalog: Catalog) -> int:
+    """Coordinates of the item term's reward sums: a catalog directory's pre-sized capacity (items may be added
+    while running, :mod:`pipeline.items_live`), else the number of items."""
+    return int(getattr(catalog, "item_capacity", len(catalog.feature_matrix)))
 
 
 def load_catalog(settings: Settings) -> SyntheticCatalog | LastFMCatalogAdapter:

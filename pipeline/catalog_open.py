@@ -82,6 +82,12 @@ class OpenCatalog(_Base):
     def n_items(self) -> int:
         return len(self._arm_ids)
 
+    @property
+    def item_capacity(self) -> int:
+        """Coordinates of the item term's reward sums, fixed at start: the built items plus
+        ``max(1024, built items)`` for items added while running (an item beyond gets no item-term sum)."""
+        return self._n_built + max(1024, self._n_built)
+
     def features_from_tags(self, tags: list[list[str]]) -> FloatArray:
         """Features of new items from the build's fitted tag transform (ValueError: no transform / no known tag)."""
         f = self.built.featurizer

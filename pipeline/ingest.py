@@ -24,7 +24,7 @@ import redis
 
 from models.streaming import UnitStats
 
-from .catalog import Catalog
+from .catalog import Catalog, item_capacity
 from .records import MalformedEvent, ParsedBatch, parse_batch, parse_interaction
 from .trusted import TrustedStore
 from .userlevel import PENDING_SCRIPT, Contribution, UserLevelKeys, decode_contribution, encode_contribution
@@ -101,7 +101,7 @@ class IngestProcessor:
                  listen_weight: float = 1.0) -> None:
         self.store = TrustedStore(client, namespace)
         self.catalog = catalog
-        self.n_items = len(catalog.feature_matrix) if item_sums else 0
+        self.n_items = item_capacity(catalog) if item_sums else 0
         self.listen_scale = float(np.sqrt(listen_weight))
         self._shards: dict[int, tuple[UnitStats, np.ndarray, int | None]] = {}
 
@@ -134,7 +134,7 @@ class IngestProcessor:
             new.add(u_arr, X, r)
         new_items, touched = items, {}
         if self.n_items and len(u_arr):
-            known = parsed.items >= 0
+            known = (parsed.items >= 0) & (parsed.items < self.n_items)  # an item beyond the capacity: no sum
             new_items = items.copy()
             np.add.at(new_items, parsed.items[known], parsed.rewards[known])  # unbuffered, in event order
             touched = {int(a): float(new_items[a]) for a in np.unique(parsed.items[known])}
@@ -255,7 +255,7 @@ class UserIngestProcessor(IngestProcessor):
             c.b = c.b + rb[rows] @ Xu
             c.count += e - s
         if self.n_items:  # the item sums take the unscaled reward
-            for j in np.flatnonzero(parsed.items >= 0).tolist():
+            for j in np.flatnonzero((parsed.items >= 0) & (parsed.items < self.n_items)).tolist():
                 c = work[parsed.users[j]]
                 a = int(parsed.items[j])
                 c.items[a] = c.items.get(a, 0.0) + float(parsed.rewards[j])

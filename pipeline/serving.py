@@ -187,7 +187,11 @@ class Recommender:
         alpha = model.width if model.width is not None else float(meta["alpha"])
         mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
         term = self.item_term(version)
-        popular = np.zeros(len(rows)) if term is None else term[0] * term[1][rows]
+        if term is None:
+            popular = np.zeros(len(rows))
+        else:  # an item added after the release (or beyond the item capacity) has no released sum: 0
+            idx = np.asarray(rows)
+            popular = term[0] * np.where(idx < len(term[1]), term[1][np.minimum(idx, len(term[1]) - 1)], 0.0)
         score = mean + bonus + popular
         order = np.argsort(-score, kind="stable")[: min(k, len(pool))]
         return {

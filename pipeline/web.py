@@ -53,6 +53,7 @@ from .budget_view import history, ledger_overview, user_budget
 from .keys import PublicKeys
 from .kafkaconn import client_kwargs
 from .redisconn import connect, connect_async
+from .items_live import add_routes as add_items_routes, live_context
 from .local_http import add_routes as add_local_routes, local_budget, refuse_raw_reward, with_contexts
 from .records import TOPICS
 from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
@@ -126,6 +127,7 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app.router.add_get("/users", users)
     app.router.add_get("/", index)
     add_local_routes(app)  # GET /local/config, POST /report (local mode; a clear 400 elsewhere)
+    add_items_routes(app)  # POST /items (operator), and the follower of the items topic (pipeline.items_live)
     if STATIC.is_dir():
         app.router.add_static("/static/", STATIC)
     app.cleanup_ctx.append(_clients)
@@ -321,7 +323,8 @@ async def feedback(request: web.Request) -> web.Response:
     answered = keys.recommendation(rec_id) + ":answered"
     if not await r.set(answered, item, nx=True, ex=REC_TTL_SECONDS):
         return _error(409, "rec_id", f"feedback for {rec_id!r} was already recorded (one feedback per shown list)")
-    event = {"event_id": f"{rec_id}:{item}", "user": shown["user"], "arm": item, "context": None,
+    event = {"event_id": f"{rec_id}:{item}", "user": shown["user"], "arm": item,
+             "context": live_context(request.app[CATALOG], item),  # an item added while running: its features
              "reward": reward, "ts": time.time() * 1000, "rec_id": rec_id}
     try:
         topic = interactions_topic(request.app[SETTINGS], request.app[CATALOG], shown["user"])

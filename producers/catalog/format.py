@@ -173,10 +173,13 @@ def _rows(path: Path, required: tuple[str, ...], optional: tuple[str, ...] = ()
 
 
 def read_items(root: Path, d: int | None = None) -> ItemRows:
-    """Read and check ``items.csv`` (see the module docstring); ``d`` fixes the length of ``features``."""
-    pos, rows = _rows(root / "items.csv", ("item",))
+    """Read and check ``items.csv`` of the directory ``root`` (or the items file ``root``; see the module
+    docstring); ``d`` fixes the length of ``features``."""
+    path = root if root.is_file() else root / "items.csv"
+    name = path.name
+    pos, rows = _rows(path, ("item",))
     if "features" not in pos and "tags" not in pos:
-        raise CatalogFormatError("items.csv", 1, None, "needs a 'features' or a 'tags' column (or both)")
+        raise CatalogFormatError(name, 1, None, "needs a 'features' or a 'tags' column (or both)")
     ids: list[str] = []
     names: list[str] = []
     tags: list[list[str]] = []
@@ -188,21 +191,21 @@ def read_items(root: Path, d: int | None = None) -> ItemRows:
     for line, f in rows:
         item = f[i_item].strip()
         if not item:
-            raise CatalogFormatError("items.csv", line, "item", "empty item id")
+            raise CatalogFormatError(name, line, "item", "empty item id")
         if item in first:
-            raise CatalogFormatError("items.csv", line, "item", f"duplicate item id {item!r} (first on line "
+            raise CatalogFormatError(name, line, "item", f"duplicate item id {item!r} (first on line "
                                                                 f"{first[item]})")
         first[item] = line
         t = split_tags(f[i_tags]) if i_tags is not None else []
         x = None
         if i_feat is not None and f[i_feat].strip():
-            x = parse_features(f[i_feat], line=line, d=width)
+            x = parse_features(f[i_feat], file=name, line=line, d=width)
             if width is None:
                 if len(x) == 0:
-                    raise CatalogFormatError("items.csv", line, "features", "no values")
+                    raise CatalogFormatError(name, line, "features", "no values")
                 width = len(x)
         if x is None and not t:
-            raise CatalogFormatError("items.csv", line, "tags" if i_tags is not None else "features",
+            raise CatalogFormatError(name, line, "tags" if i_tags is not None else "features",
                                      "empty 'tags' and 'features': an item needs one of them")
         ids.append(item)
         names.append(f[i_name].strip() if i_name is not None else "")
@@ -210,7 +213,7 @@ def read_items(root: Path, d: int | None = None) -> ItemRows:
         feats.append(x)
         lines.append(line)
     if not ids:
-        raise CatalogFormatError("items.csv", None, None, "no items")
+        raise CatalogFormatError(name, None, None, "no items")
     return ItemRows(ids, names, tags, feats, lines)
 
 

@@ -153,3 +153,84 @@ def test_a_bad_catalog_is_refused_before_anything_starts(tmp_path: Path) -> None
     assert proc.returncode != 0
     assert "items.csv, line 3, column tags: empty 'tags' and 'features'" in proc.stderr
     assert not (state / "stack.json").exists() and not list(state.glob("*.pid"))
+
+
+def _tags_of(catalog_dir: Path, item: str) -> list[str]:
+    import csv
+
+    with (catalog_dir / "items.csv").open(encoding="utf-8") as fh:
+        return next(r["tags"].split("|") for r in csv.DictReader(fh) if r["item"] == item)
+
+
+def test_an_item_added_while_running_is_recommended_and_learned(stack: tuple[str, dict[str, str]],
+                                                                catalog_dir: Path) -> None:
+    url, env = stack
+    auth = {"Authorization": "Bearer operator-secret"}
+    # the operator token is required
+    assert _post(f"{url}/items", {"item": "x", "tags": ["Jazz"]})[0] == 401
+    assert _post(f"{url}/items", {"item": "x", "tags": ["Jazz"]}, {"Authorization": "Bearer nope"})[0] == 401
+    # malformed bodies: 400 naming the field
+    for body, field in (({"tags": ["Jazz"]}, "item"), ({"item": "x", "features": [1, 2]}, "features"),
+                        ({"item": "x", "features": ["a"] * 8}, "features"), ({"item": "x"}, "tags"),
+                        ({"item": "x", "tags": ["no-such-label"]}, "tags"), ({"item": "x", "tags": "Jazz"}, "tags"),
+                        ({"item": "x", "tags": ["Jazz"], "name": 3}, "name"), ([1, 2], "body")):
+        code, err = _post(f"{url}/items", body, auth)
+        assert (code, err["error"]["parameter"]) == (400, field), (body, err)
+    assert _post(f"{url}/items", {"item": "sku-000001-β", "tags": ["Jazz"]}, auth)[0] == 409  # already there
+
+    # a unit learns to like one item: 30 new users that the public rule puts in one unit
+    target = "sku-000200-α"
+    unit = (hash_unit("Zoë, new today", UNITS) + 1) % UNITS
+    fans = [u for u in (f"fan-{i}" for i in range(2000)) if hash_unit(u, UNITS) == unit][:30]
+    released = _get(f"{url}/budget")[1]["events_released"]
+    for fan in fans:
+        _, rec = _get(f"{url}/recommend?" + urllib.parse.urlencode({"user": fan, "k": "1", "candidates": target}))
+        assert _post(f"{url}/feedback", {"rec_id": rec["rec_id"], "item": target, "reward": 1})[0] == 202
+    wait_for(lambda: _get(f"{url}/budget")[1]["events_released"] >= released + 30, 30, "the fans' feedback")
+
+    # a new item like the liked one (the same tags: the same features, from the build's tag transform)
+    new = "neu ✨ 2026"
+    code, ack = _post(f"{url}/items", {"item": new, "name": "Neu ✨", "tags": _tags_of(catalog_dir, target)}, auth)
+    assert code == 202, ack
+
+    def top() -> dict[str, float]:
+        _, body = _get(f"{url}/recommend?" + urllib.parse.urlencode({"user": fans[0], "k": "20"}))
+        return {it["item"]: it["score"] for it in body["items"]}
+
+    ranked = wait_for(lambda: (lambda t: t if new in t else None)(top()), 10, "the new item in the top 20")
+    assert ranked[new] == pytest.approx(ranked[target], abs=1e-9)  # ranked with the liked item, every item ranked
+    # the worker knows it too: feedback on it is learned, not dead-lettered
+    released = _get(f"{url}/budget")[1]["events_released"]
+    _, rec = _get(f"{url}/recommend?" + urllib.parse.urlencode({"user": fans[1], "k": "1", "candidates": new}))
+    assert rec["items"][0]["name"] == "Neu ✨"
+    assert _post(f"{url}/feedback", {"rec_id": rec["rec_id"], "item": new, "reward": 1})[0] == 202
+    wait_for(lambda: _get(f"{url}/budget")[1]["events_released"] >= released + 1, 30, "feedback on the new item")
+
+
+def test_malformed_items_and_events_naming_unknown_items_are_dead_lettered(stack: tuple[str, dict[str, str]]
+                                                                          ) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    _, env = stack
+    kafka = env["KAFKA_BOOTSTRAP"]
+    producer = KafkaProducer(bootstrap_servers=kafka)
+    producer.send("items", key=b"bad", value=b'{"item": "bad", "features": [1, 2]}')
+    producer.send("interactions", key=b"u", value=json.dumps(
+        {"event_id": "ow-unknown", "user": "u", "arm": "no-such-item", "reward": 1}).encode())
+    producer.flush()
+    producer.close()
+    consumer = KafkaConsumer("dead-letters", bootstrap_servers=kafka, auto_offset_reset="earliest",
+                             consumer_timeout_ms=1000)
+    seen: list[dict[str, Any]] = []
+
+    def both() -> bool:
+        seen.extend(json.loads(m.value) for m in consumer)
+        reasons = [(d["topic"], d["reason"]) for d in seen]
+        return (any(t == "items" and "malformed item" in r and "`features`" in r for t, r in reasons)
+                and any(t == "interactions" and "unknown arm 'no-such-item'" in r for t, r in reasons))
+
+    try:
+        wait_for(both, 30, "both dead letters")
+    finally:
+        consumer.close()
+    assert sum(1 for d in seen if d["topic"] == "items") == 1  # once, whichever worker saw it first
