@@ -56,6 +56,8 @@ class OpenCatalog(_Base):
         self._arm_rows = {a: i for i, a in enumerate(self._arm_ids)}
         self._names = list(built.item_names)
         self._features = np.ascontiguousarray(built.features, dtype=np.float64)
+        #: float32 copy of the features: ranking every item (pipeline.serving) moves half the bytes
+        self.features32 = self._features.astype(np.float32)
         self._n_built = len(self._arm_ids)
         self._grow = threading.Lock()
         h = hashlib.sha256(_Base.fingerprint.func(self).encode())  # type: ignore[attr-defined]
@@ -108,16 +110,23 @@ class OpenCatalog(_Base):
         norms = np.linalg.norm(X, axis=1)
         X = np.where((norms > 1.0)[:, None], X / np.where(norms > 0, norms, 1.0)[:, None], X)
         with self._grow:
-            fresh = [i for i, a in enumerate(ids) if a not in self._arm_rows and a not in ids[:i]]
+            seen: set[str] = set()
+            fresh = []
+            for i, a in enumerate(ids):
+                if a not in self._arm_rows and a not in seen:
+                    seen.add(a)
+                    fresh.append(i)
             if not fresh:
                 return []
             start = len(self._arm_ids)
             feats = np.vstack([self._features, X[fresh]])
+            feats32 = feats.astype(np.float32)
             for j, i in enumerate(fresh):
                 self._arm_rows[ids[i]] = start + j
                 self._arm_ids.append(ids[i])
                 self._names.append("" if names is None else names[i])
             self._features = feats
+            self.features32 = feats32
         return [ids[i] for i in fresh]
 
 

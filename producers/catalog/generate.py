@@ -59,6 +59,7 @@ def write_catalog(root: Path, *, n_items: int = 200, n_users: int = 50, n_events
             tags = [GENRES[genre[i]], f"decade={1950 + 10 * int(rng.integers(0, 7))}s"]
             if rng.random() < 0.5:
                 tags.append(GENRES[int(rng.integers(0, len(GENRES)))])
+            tags += [f"kw-{min(int(rng.zipf(1.3)), 5000)}" for _ in range(int(rng.integers(0, 4)))]  # a long tail
             x = rng.normal(size=d)
             x[genre[i] % d] += 3.0
             w.writerow([item, f"Titel Nº {i} «{GENRES[genre[i]]}»", "" if has_features[i] else "|".join(tags),
