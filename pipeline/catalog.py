@@ -8,7 +8,10 @@ serving scores candidates with these features.
 * :class:`SyntheticCatalog`: the collaborative paper's synthetic world (users
   ``"0".."N-1"``, one unit each; arms ``"0".."K-1"``), built from a public seed.
 * :class:`LastFMCatalogAdapter`: HetRec LastFM (users → 100 friend-graph
-  clusters; artists with TF-IDF/SVD features), from :mod:`producers.lastfm`.
+  clusters; artists with TF-IDF/SVD features), from :mod:`producers.lastfm`; :func:`load_catalog` uses it for
+  ``graph="users"`` only: with clusters LastFM goes through the generic path
+  (:func:`pipeline.catalog_open.lastfm_catalog`, the same features, units, ``W`` and fingerprint).
+* a catalog directory (:mod:`pipeline.catalog_open`, :mod:`producers.catalog`): anyone's items, users, graph.
 """
 
 from __future__ import annotations
@@ -245,6 +248,10 @@ def load_catalog(settings: Settings) -> SyntheticCatalog | LastFMCatalogAdapter:
     elif settings.catalog == "synthetic":
         catalog = SyntheticCatalog(n_users=settings.n_users, d=settings.d, n_arms=settings.n_arms,
                                    seed=settings.world_seed)
+    elif settings.graph == "clusters":  # LastFM through the generic path: its export, built as any directory
+        from .catalog_open import lastfm_catalog
+
+        catalog = lastfm_catalog(settings.data_dir, d=settings.d)
     else:
         from producers.lastfm import load_catalog as load_lastfm
 

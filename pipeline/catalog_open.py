@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from producers.catalog.build import BuiltCatalog, build_catalog, hash_unit
 
 from .catalog import FloatArray, _Base
 
-__all__ = ["OpenCatalog", "open_catalog"]
+__all__ = ["OpenCatalog", "LastFMOpenCatalog", "open_catalog", "lastfm_catalog"]
 
 
 class OpenCatalog(_Base):
@@ -133,3 +134,45 @@ class OpenCatalog(_Base):
 def open_catalog(path: str, *, d: int, units: int, seed: int) -> OpenCatalog:
     """Build (or read from the cache) the catalog directory ``path`` (see :func:`producers.catalog.build_catalog`)."""
     return OpenCatalog(build_catalog(path, d=d, units=units, seed=seed))
+
+
+class LastFMOpenCatalog(OpenCatalog):
+    """HetRec LastFM (friend-graph clusters) served through the generic path: its export
+    (:func:`producers.lastfm.export.write_catalog_dir`) built like any catalog directory.
+
+    As :class:`~pipeline.catalog.LastFMCatalogAdapter` (``graph="clusters"``): the name ``lastfm``, the same
+    features, units, ``W`` and fingerprint (namespaces made before keep working), the 25 most often logged
+    artists as the default pool; in addition, users the catalog does not list are served (the public rule).
+    """
+
+    rank_all = False  # LastFM's default pool stays the 25 most often logged artists
+
+    def __init__(self, built: BuiltCatalog, lastfm: Any) -> None:
+        super().__init__(built)
+        self.name = "lastfm"
+        self.lastfm = lastfm
+        self.fingerprint = _Base.fingerprint.func(self)  # type: ignore[attr-defined]
+        counts = np.bincount(lastfm.event_arrays().arms.astype(np.int64))
+        popular = np.argsort(-counts)[:200]
+        self._popular = [str(a) for a in popular if counts[a] > 0 and str(a) in self._arm_rows][:25]
+
+    def arm_name(self, arm: str) -> str:
+        self.arm_row(arm)
+        return str(self.lastfm.artist_names.get(arm, f"artist {arm}"))
+
+    @property
+    def default_pool(self) -> Sequence[str]:
+        """The configured pool, else the 25 most often logged artists."""
+        return self._default_pool_override or self._popular
+
+
+def lastfm_catalog(data_dir: str | None, *, d: int) -> LastFMOpenCatalog:
+    """LastFM through the generic path: built (or read from its cache), exported once as a catalog directory
+    (next to the catalog builds, keyed by LastFM's own cache key), then built as any directory."""
+    from producers.catalog.build import default_root
+    from producers.lastfm import load_catalog as load_lastfm
+    from producers.lastfm.export import write_catalog_dir
+
+    lf = load_lastfm(data_dir, d=d, progress=False)
+    root = write_catalog_dir(lf, default_root() / f"lastfm-{lf.info['key']}")
+    return LastFMOpenCatalog(build_catalog(root, d=d, units=lf.n_clusters, seed=lf.params.seed), lf)

@@ -10,7 +10,8 @@ transform (:meth:`TagFeaturizer.transform`), so it lands in the same space as th
 
 Units (who shares a model), in this order:
 
-1. ``users.csv`` has a ``unit`` column: users with the same label share a unit (labels sorted, numbered 0..);
+1. ``users.csv`` has a ``unit`` column: users with the same label share a unit (labels sorted, as numbers when
+   they all are, and numbered 0..);
 2. else ``edges.csv`` exists: the friend graph over the users of ``users.csv`` and of the edges is cut into
    ``min(units, users)`` clusters, as for LastFM (:func:`producers.lastfm.clusters.cluster_users`);
 3. else the public rule: ``unit = SHA-256(user id) mod units`` (:func:`hash_unit`).
@@ -175,6 +176,8 @@ def _units(root: Path, n_units: int, seed: int) -> tuple[list[str], NDArray[np.i
     ids = list(users.ids) if users is not None else []
     if users is not None and users.units is not None:
         labels = sorted(set(users.units))
+        if all(lab.isdecimal() for lab in labels):  # numeric labels keep their numbers' order (0, 1, 2, ..., 10)
+            labels.sort(key=int)
         number = {lab: i for i, lab in enumerate(labels)}
         units = np.asarray([number[u] for u in users.units], dtype=np.int64)
         rule, n = "users.csv unit", len(labels)
@@ -215,7 +218,8 @@ def _build(root: Path, d: int, n_units: int, seed: int) -> BuiltCatalog:
         if x is not None:
             X[i] = x
     norms = np.linalg.norm(X, axis=1)
-    X[norms > 1.0] /= norms[norms > 1.0, None]
+    longer = norms > 1.0 + 1e-9  # (a unit vector written out may read back 1 ulp longer: kept bit for bit)
+    X[longer] /= norms[longer, None]
     tagged = [t for t in items.tags if t]
     featurizer = TagFeaturizer.fit(tagged, d, seed) if tagged else None
     need = np.flatnonzero(~given)
