@@ -22,7 +22,7 @@ import numpy as np
 
 from producers.catalog.build import BuiltCatalog, build_catalog, hash_unit
 
-from .catalog import FloatArray, _Base
+from .catalog_base import FloatArray, _Base
 
 __all__ = ["OpenCatalog", "LastFMOpenCatalog", "open_catalog", "lastfm_catalog"]
 
@@ -53,7 +53,7 @@ class OpenCatalog(_Base):
         self.name = built.root.name
         self.W = built.W
         self._user_unit = {u: int(c) for u, c in zip(built.users, built.user_units.tolist())}
-        self._arm_ids = list(built.item_ids)
+        self._arm_ids: list[str] = list(built.item_ids)
         self._arm_rows = {a: i for i, a in enumerate(self._arm_ids)}
         self._names = list(built.item_names)
         self._features = np.ascontiguousarray(built.features, dtype=np.float64)
@@ -159,6 +159,12 @@ class LastFMOpenCatalog(OpenCatalog):
     def arm_name(self, arm: str) -> str:
         self.arm_row(arm)
         return str(self.lastfm.artist_names.get(arm, f"artist {arm}"))
+
+    @property
+    def item_capacity(self) -> int:
+        """The built artists only: the item term keeps the shape that namespaces made before recorded (an artist
+        added while running is served and learned from by the bandit, with no item-term sum)."""
+        return self._n_built
 
     @property
     def default_pool(self) -> Sequence[str]:

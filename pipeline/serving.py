@@ -218,7 +218,7 @@ class Recommender:
         model = self.unit_model(unit, version)
         alpha = model.width if model.width is not None else float(meta["alpha"])
         term = self.item_term(version)
-        ids = self.catalog.arm_ids
+        ids = self.catalog.arm_ids  # type: ignore[attr-defined]  # (a catalog that ranks all items has them)
         rows = self._ranking(unit, model, alpha, term)[:k]
         X = self.catalog.feature_matrix[rows]
         mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
