@@ -96,9 +96,7 @@ class LastFMCatalogAdapter(_Base):
         self._features = np.asarray(catalog.feature_matrix, dtype=np.float64)
         self._arm_ids = list(catalog.artist_ids)
         self._arm_rows = dict(catalog.artist_index)
-        counts = np.bincount(catalog.event_arrays().arms.astype(np.int64))
-        popular = np.argsort(-counts)[:200]
-        self._popular = [str(a) for a in popular if counts[a] > 0 and str(a) in self._arm_rows][:25]
+        self._popular = catalog.most_logged(25)
 
     def arm_name(self, arm: str) -> str:
         self.arm_row(arm)

@@ -152,9 +152,7 @@ class LastFMOpenCatalog(OpenCatalog):
         self.name = "lastfm"
         self.lastfm = lastfm
         self.fingerprint = _Base.fingerprint.func(self)  # type: ignore[attr-defined]
-        counts = np.bincount(lastfm.event_arrays().arms.astype(np.int64))
-        popular = np.argsort(-counts)[:200]
-        self._popular = [str(a) for a in popular if counts[a] > 0 and str(a) in self._arm_rows][:25]
+        self._popular = lastfm.most_logged(25)
 
     def arm_name(self, arm: str) -> str:
         self.arm_row(arm)

@@ -185,10 +185,14 @@ class Recommender:
         meta = self.meta()
         version = int(meta["version"])
         model = self.unit_model(unit, version)
-        X = self.catalog.feature_matrix[rows]
         alpha = model.width if model.width is not None else float(meta["alpha"])
+        return self._answer(user, unit, model, alpha, self.item_term(version), pool, rows, k)
+
+    def _answer(self, user: str, unit: int, model: _UnitModel, alpha: float, term: tuple[float, np.ndarray] | None,
+                pool: Sequence[str], rows: Sequence[int] | np.ndarray, k: int) -> dict[str, Any]:
+        """The answer: the top ``k`` of ``pool`` (catalog ``rows``) by UCB score, ties in pool order."""
+        X = self.catalog.feature_matrix[rows]
         mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
-        term = self.item_term(version)
         if term is None:
             popular = np.zeros(len(rows))
         else:  # an item added after the release (or beyond the item capacity) has no released sum: 0
@@ -205,7 +209,6 @@ class Recommender:
                        **({} if term is None else {"popularity": _num(popular[i])})} for i in order],
         }
 
-
     def _rank_all(self, user: str, unit: int, k: int) -> dict[str, Any]:
         """Top-``k`` of every catalog item for ``user`` (see :meth:`_ranking`)."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
@@ -219,21 +222,8 @@ class Recommender:
         alpha = model.width if model.width is not None else float(meta["alpha"])
         term = self.item_term(version)
         ids = self.catalog.arm_ids  # type: ignore[attr-defined]  # (a catalog that ranks all items has them)
-        rows = self._ranking(unit, model, alpha, term)[:k]
-        X = self.catalog.feature_matrix[rows]
-        mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
-        popular = None if term is None else term[0] * _pad(term[1], rows)
-        score = mean + bonus + (0.0 if popular is None else popular)
-        return {
-            "user": user,
-            "unit": unit,
-            "rec_id": uuid.uuid4().hex,
-            "model_version": model.version,
-            "items": [{"item": ids[r], "name": self.catalog.arm_name(ids[r]), "score": _num(score[j]),
-                       "mean": _num(mean[j]), "bonus": _num(bonus[j]),
-                       **({} if popular is None else {"popularity": _num(popular[j])})}
-                      for j, r in enumerate(rows.tolist())],
-        }
+        rows = self._ranking(unit, model, alpha, term)[:k]  # in order (float64 scores, ties by row)
+        return self._answer(user, unit, model, alpha, term, [ids[r] for r in rows.tolist()], rows, k)
 
     def _ranking(self, unit: int, model: _UnitModel, alpha: float,
                  term: tuple[float, np.ndarray] | None) -> np.ndarray:
@@ -276,6 +266,9 @@ class Recommender:
 def _pad(pop: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``pop[rows]``, 0 for rows beyond ``pop`` (items added after the release, or beyond the item capacity)."""
     rows = np.asarray(rows)
+    if rows.size == 0 or rows.max() < len(pop):  # the common case: every row has a released sum
+        out: np.ndarray = pop[rows]
+        return out
     if len(pop) == 0:
         return np.zeros(len(rows))
     return np.where(rows < len(pop), pop[np.minimum(rows, len(pop) - 1)], 0.0)

@@ -106,7 +106,7 @@ def _lastfm(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from producers.lastfm import load_catalog
-    from producers.replay import ReplayEvent, replay, summary
+    from producers.replay import ReplayEvent, replay
 
     if args.events < 1:
         raise ValueError(f"`--events` must be positive, got {args.events}.")
@@ -132,27 +132,34 @@ def _lastfm(args: argparse.Namespace) -> int:
     bar.close()
     info = _api_info(base)
     baselines = {} if args.no_baselines else _baselines(_lastfm_events(args, n), n, info, every=max(1, n // 200))
-    doc = {**summary(result),
-           "settings": {"http": base, "events_requested": args.events, "start": args.start, "rate": rate,
-                        "rate_setting": args.rate,
-                        "concurrency": args.concurrency, "k": 1, "pool_size": 25,
-                        "positives": catalog.params.positives, "catalog_seed": catalog.params.seed,
-                        "protocol": "recommend the top item of each logged event's pool; reward 1 iff it is the "
-                                    "logged artist; random play's expected reward is 1/len(pool) per event"},
+    return _finish(args.out, result, info, baselines, {}, {
+        "http": base, "events_requested": args.events, "start": args.start, "rate": rate, "rate_setting": args.rate,
+        "concurrency": args.concurrency, "k": 1, "pool_size": 25,
+        "positives": catalog.params.positives, "catalog_seed": catalog.params.seed,
+        "protocol": "recommend the top item of each logged event's pool; reward 1 iff it is the "
+                    "logged artist; random play's expected reward is 1/len(pool) per event"})
+
+
+def _finish(out: Path, result: Any, info: dict[str, Any], baselines: dict[str, Any], extra: dict[str, Any],
+            settings: dict[str, Any]) -> int:
+    """Write ``replay.json`` and ``replay.png`` to ``out`` and print the summary (both replays)."""
+    from producers.replay import summary
+
+    doc = {**summary(result), **extra, "settings": settings,
            "model": info.get("model"), "privacy": info.get("privacy"),
            "curve": [{"events": e, "reward": r, "random_reward": rr} for e, r, rr in result.cumulative],
            **_baseline_fields(baselines, result.random_reward),
            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "replay.json").write_text(json.dumps(doc, indent=2) + "\n")
-    _plot(doc, args.out / "replay.png")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "replay.json").write_text(json.dumps(doc, indent=2) + "\n")
+    _plot(doc, out / "replay.png")
     print(f"events {result.events}  reward {result.reward:.0f}  random {result.random_reward:.1f}  "
           f"ratio {result.ratio:.2f}  ({result.seconds:.0f} s, model v{result.first_model_version}"
           f"→v{result.last_model_version}; versions per 1,000 events {result.versions_per_1000()})")
     if baselines:
         print("  on the same events, offline: " + ", ".join(
             f"{name} {b['reward'] / result.random_reward:.2f}" for name, b in baselines.items()))
-    print(f"wrote {args.out}/replay.json and replay.png", file=sys.stderr)
+    print(f"wrote {out}/replay.json and replay.png", file=sys.stderr)
     return 0
 
 
@@ -165,7 +172,7 @@ def _events(args: argparse.Namespace) -> int:
     from privrec.experiments.lastfm import LastFMEvents
     from producers.catalog import build_catalog, read_events
     from producers.catalog.replay_pools import replay_plan
-    from producers.replay import ReplayEvent, replay, summary
+    from producers.replay import ReplayEvent, replay
 
     if args.events is not None and args.events < 1:
         raise ValueError(f"`--events` must be positive, got {args.events}.")
@@ -212,30 +219,14 @@ def _events(args: argparse.Namespace) -> int:
                                np.array([e.slot for e in events], dtype=np.int64), built.features, built.W,
                                cat.n_units)
         baselines = _baselines(offline, n, info, every=max(1, n // 200))
-    doc = {**summary(result), "source": "events",
-           "settings": {"http": base, "file": str(args.file.resolve()), "catalog": str(Path(root).resolve()),
-                        "events_requested": args.events, "rate": rate, "rate_setting": args.rate,
-                        "concurrency": args.concurrency, "k": 1, "pool_size": args.pool, "pool_seed": args.seed,
-                        "skipped_unknown_item": plan.skipped_unknown_item,
-                        "skipped_not_positive": plan.skipped_not_positive,
-                        "protocol": "each logged positive in time order: a pool of the logged item and others drawn "
-                                    "by the public seed; recommend the top item; reward 1 iff it is the logged item; "
-                                    "random play's expected reward is 1/len(pool) per event"},
-           "model": info.get("model"), "privacy": info.get("privacy"),
-           "curve": [{"events": e, "reward": r, "random_reward": rr} for e, r, rr in result.cumulative],
-           **_baseline_fields(baselines, result.random_reward),
-           "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "replay.json").write_text(json.dumps(doc, indent=2) + "\n")
-    _plot(doc, args.out / "replay.png")
-    print(f"events {result.events}  reward {result.reward:.0f}  random {result.random_reward:.1f}  "
-          f"ratio {result.ratio:.2f}  ({result.seconds:.0f} s, model v{result.first_model_version}"
-          f"→v{result.last_model_version})")
-    if baselines:
-        print("  on the same events, offline: " + ", ".join(
-            f"{name} {b['reward'] / result.random_reward:.2f}" for name, b in baselines.items()))
-    print(f"wrote {args.out}/replay.json and replay.png", file=sys.stderr)
-    return 0
+    return _finish(args.out, result, info, baselines, {"source": "events"}, {
+        "http": base, "file": str(args.file.resolve()), "catalog": str(Path(root).resolve()),
+        "events_requested": args.events, "rate": rate, "rate_setting": args.rate,
+        "concurrency": args.concurrency, "k": 1, "pool_size": args.pool, "pool_seed": args.seed,
+        "skipped_unknown_item": plan.skipped_unknown_item, "skipped_not_positive": plan.skipped_not_positive,
+        "protocol": "each logged positive in time order: a pool of the logged item and others drawn by the public "
+                    "seed; recommend the top item; reward 1 iff it is the logged item; random play's expected "
+                    "reward is 1/len(pool) per event"})
 
 
 #: ``--rate auto``: events per release tick, so that each release covers about this many new events.
