@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 
@@ -234,3 +235,28 @@ def test_malformed_items_and_events_naming_unknown_items_are_dead_lettered(stack
     finally:
         consumer.close()
     assert sum(1 for d in seen if d["topic"] == "items") == 1  # once, whichever worker saw it first
+
+
+def test_the_item_sums_are_sized_at_start_and_take_items_added_later(redis_client: redis.Redis,
+                                                                      tmp_path: Path) -> None:
+    """Ingest on the real redis-server: the item term's sums have the capacity's coordinates from the start, an
+    item added while running fills the next one, an item beyond the capacity is learned from with no sum."""
+    from pipeline.catalog_open import OpenCatalog
+    from pipeline.ingest import IngestProcessor
+    from pipeline.trusted import TrustedStore
+    from producers.catalog import build_catalog
+
+    root = write_catalog(tmp_path / "small", n_items=10, n_users=4, seed=3, edges=False)
+    cat = OpenCatalog(build_catalog(root, d=8, units=2, use_cache=False))
+    capacity = cat.item_capacity
+    assert capacity == 10 + 1024
+    proc = IngestProcessor(redis_client, "cap", cat, item_sums=True)
+    assert proc.n_items == capacity
+    fresh = [f"new-{i}" for i in range(capacity - 10 + 1)]  # one more than the capacity holds
+    assert cat.add_items(fresh, np.ones((len(fresh), 8)) / np.sqrt(8)) == fresh
+    events = [{"event_id": f"c{i}", "user": f"someone-{i}", "arm": arm, "reward": 1.0}
+              for i, arm in enumerate(["sku-000003-δ", "new-0", "new-0", fresh[-1]])]
+    batch = proc.process(0, [(i, json.dumps(e).encode()) for i, e in enumerate(events)])
+    assert batch.counted == 4 and not batch.dead  # the item beyond the capacity is learned from (the bandit)
+    _, sums, _ = TrustedStore(redis_client, "cap").load_partition_items(0, cat.n_units, cat.d, capacity)
+    assert len(sums) == capacity and sums[3] == 1.0 and sums[10] == 2.0 and sums.sum() == 3.0
