@@ -260,3 +260,29 @@ def test_the_item_sums_are_sized_at_start_and_take_items_added_later(redis_clien
     assert batch.counted == 4 and not batch.dead  # the item beyond the capacity is learned from (the bandit)
     _, sums, _ = TrustedStore(redis_client, "cap").load_partition_items(0, cat.n_units, cat.d, capacity)
     assert len(sums) == capacity and sums[3] == 1.0 and sums[10] == 2.0 and sums.sum() == 3.0
+
+
+def test_privrec_up_serves_a_catalog_directory(tmp_path: Path, catalog_dir: Path) -> None:
+    """The CLI as a user runs it: ``privrec up --catalog DIR``, a new user's recommendations, ``privrec down``."""
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith("PRIVREC_") or k in ("KAFKA_BOOTSTRAP", "REDIS_URL"))}
+    env["PRIVREC_CACHE_DIR"] = str(tmp_path / "cache")
+
+    def privrec(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "privrec.cli", *args], capture_output=True, text=True,
+                              timeout=240, env=env)
+
+    state = tmp_path / "stack"
+    up = privrec("up", "--state-dir", str(state), "--catalog", str(catalog_dir), "--d", "8", "--catalog-units", "3",
+                 "--tick-seconds", "0.3", "--loglevel", "WARNING")
+    try:
+        assert up.returncode == 0, up.stderr + up.stdout
+        st = json.loads(privrec("status", "--state-dir", str(state), "--json").stdout)
+        assert st["settings"]["catalog"] == str(catalog_dir.resolve())
+        url = st["http"]
+        wait_for(lambda: _get(f"{url}/healthz")[0] == 200, 60, "a first model")
+        code, body = _get(f"{url}/recommend?user=brand-new&k=3")
+        assert code == 200 and body["unit"] == hash_unit("brand-new", 3) and len(body["items"]) == 3
+    finally:
+        down = privrec("down", "--state-dir", str(state))
+    assert down.returncode == 0, down.stderr
