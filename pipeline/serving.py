@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from .catalog import Catalog, UnknownArmError, UnknownUserError
 from .redisconn import connect
 from .keys import PublicKeys
 
-__all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "MAX_K"]
+__all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "rank_catalog", "MAX_K", "RANKED"]
 
 #: Largest list a request may ask for.
 MAX_K = 100
@@ -91,6 +92,8 @@ class Recommender:
         self._lock = threading.Lock()
         # unit -> ((unit model version, items, alpha), its best MAX_K rows): a catalog ranked whole (rank_all)
         self._ranked: dict[int, tuple[tuple[int, int, float], np.ndarray]] = {}
+        self._refreshing: set[int] = set()  # units whose list a background thread is scoring again
+        self._refresher: ThreadPoolExecutor | None = None
 
     def meta(self) -> dict[str, str]:
         """The served model's metadata (version, algorithm, alpha, privacy statement, ...).
@@ -210,7 +213,8 @@ class Recommender:
         }
 
     def _rank_all(self, user: str, unit: int, k: int) -> dict[str, Any]:
-        """Top-``k`` of every catalog item for ``user`` (see :meth:`_ranking`)."""
+        """Top-``k`` of every catalog item for ``user``: the unit's best rows (:meth:`_ranking`) scored by the
+        current model and sorted."""
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise BadRequest("k", f"must be an integer in [1, {MAX_K}], got {k!r}")
         override = getattr(self.catalog, "_default_pool_override", None)
@@ -222,45 +226,83 @@ class Recommender:
         alpha = model.width if model.width is not None else float(meta["alpha"])
         term = self.item_term(version)
         ids = self.catalog.arm_ids  # type: ignore[attr-defined]  # (a catalog that ranks all items has them)
-        rows = self._ranking(unit, model, alpha, term)[:k]  # in order (float64 scores, ties by row)
+        rows = self._ranking(unit, model, alpha, term)
         return self._answer(user, unit, model, alpha, term, [ids[r] for r in rows.tolist()], rows, k)
 
     def _ranking(self, unit: int, model: _UnitModel, alpha: float,
                  term: tuple[float, np.ndarray] | None) -> np.ndarray:
-        """The :data:`MAX_K` best catalog rows of ``unit`` in order, cached per unit model version.
+        """The unit's best :data:`RANKED` catalog rows (ties by row), kept per unit until its model changes.
 
-        Every item is scored in float32 (one matrix product over all items for the means and the widths' ``X M``,
-        then the row sums of ``X M * X``; half the memory traffic of float64), the best ``MAX_K + 32`` are
-        scored again in float64 and sorted (ties by row), so the order is float64's unless more than 32 items
-        lie within float32's rounding (~1e-6) of the ``MAX_K``-th score. All users of a unit share the list
-        until the next release.
+        The first request of a unit scores every item (:func:`rank_catalog`) in the request. After a new model
+        version (or new items), the unit's list is scored again in a background thread (BLAS releases the GIL,
+        so the server keeps answering) and, meanwhile, requests get the previous list's rows, which
+        :meth:`_rank_all` scores with the current model: one release tick of staleness in which rows
+        are candidates, never in the scores.
         """
         X32 = self.catalog.features32  # type: ignore[attr-defined]  # read once: items may be appended meanwhile
         key = (model.version, len(X32), alpha)
         hit = self._ranked.get(unit)
         if hit is not None and hit[0] == key:
             return hit[1]
-        T = np.empty((X32.shape[1], X32.shape[1] + 1), dtype=np.float32)
-        T[:, 0] = model.theta
-        T[:, 1:] = model.M
-        Z = X32.dot(T)
-        mean = Z[:, 0].copy()
-        XM = Z[:, 1:]
-        XM *= X32
-        q = XM.sum(axis=1)
-        score = np.sqrt(np.maximum(q, 0.0, out=q), out=q)
-        score *= np.float32(alpha)
-        score += mean
-        if term is not None:
-            score += (term[0] * _pad(term[1], np.arange(len(X32)))).astype(np.float32)
-        n = min(len(X32), MAX_K + 32)
-        top = np.argpartition(-score, n - 1)[:n] if n < len(X32) else np.arange(len(X32))
-        m64, b64 = ucb_scores(model.theta, model.M, self.catalog.feature_matrix[top], alpha)
-        s64 = m64 + b64 + (0.0 if term is None else term[0] * _pad(term[1], top))
-        order = top[np.lexsort((top, -s64))][:MAX_K]
+        if hit is None:
+            rows = rank_catalog(X32, self.catalog.feature_matrix, model.theta, model.M, alpha, term)
+            with self._lock:
+                self._ranked[unit] = (key, rows)
+            return rows
         with self._lock:
-            self._ranked[unit] = (key, order)
-        return order
+            start = unit not in self._refreshing
+            self._refreshing.add(unit)
+        if start:
+            if self._refresher is None:
+                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="privrec-rank")
+            self._refresher.submit(self._refresh, unit, key, X32, model, alpha, term)
+        return hit[1]
+
+    def _refresh(self, unit: int, key: tuple[int, int, float], X32: np.ndarray, model: _UnitModel, alpha: float,
+                 term: tuple[float, np.ndarray] | None) -> None:
+        try:
+            rows = rank_catalog(X32, self.catalog.feature_matrix, model.theta, model.M, alpha, term)
+            with self._lock:
+                old = self._ranked.get(unit)
+                if old is None or old[0][:2] <= key[:2]:  # never replace a newer list
+                    self._ranked[unit] = (key, rows)
+        finally:
+            with self._lock:
+                self._refreshing.discard(unit)
+
+
+#: Rows kept per unit when a catalog is ranked whole: the largest ``k`` plus a margin for the next model.
+RANKED = MAX_K + 32
+
+
+def rank_catalog(X32: np.ndarray, X: np.ndarray, theta: np.ndarray, M: np.ndarray, alpha: float,
+                 term: tuple[float, np.ndarray] | None, n: int = RANKED) -> np.ndarray:
+    """The ``n`` best rows of ``X`` by UCB score (``x θ + α sqrt(x M x)`` + the item term), in order.
+
+    Every item is scored in float32 (``X32``: one matrix product ``X [θ | M]`` for the means and the widths'
+    ``X M``, then the row sums of ``X M ∘ X``; half the bytes of float64); the best ``n`` are scored again in
+    float64 and sorted (ties by row), so the order is float64's unless items lie within float32's rounding
+    (~1e-6) of the ``n``-th score.
+    """
+    T = np.empty((X32.shape[1], X32.shape[1] + 1), dtype=np.float32)
+    T[:, 0] = theta
+    T[:, 1:] = M
+    Z = X32.dot(T)
+    mean = Z[:, 0].copy()
+    XM = Z[:, 1:]
+    XM *= X32
+    q = XM.sum(axis=1)
+    score = np.sqrt(np.maximum(q, 0.0, out=q), out=q)
+    score *= np.float32(alpha)
+    score += mean
+    if term is not None:
+        score += (term[0] * _pad(term[1], np.arange(len(X32)))).astype(np.float32)
+    n = min(len(X32), n)
+    top = np.argpartition(-score, n - 1)[:n] if n < len(X32) else np.arange(len(X32))
+    m64, b64 = ucb_scores(theta, M, X[top], alpha)
+    s64 = m64 + b64 + (0.0 if term is None else term[0] * _pad(term[1], top))
+    out: np.ndarray = top[np.lexsort((top, -s64))]
+    return out
 
 
 def _pad(pop: np.ndarray, rows: np.ndarray) -> np.ndarray:
