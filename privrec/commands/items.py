@@ -37,8 +37,8 @@ def _add(args: argparse.Namespace) -> int:
         raise ValueError("set PRIVREC_ADMIN_TOKEN to the operator token the stack was started with")
     if not args.file.is_file():
         raise ValueError(f"{args.file}: no such file")
-    rows = read_items(args.file)
     base = resolve_http(args.http, args.state_dir).rstrip("/")
+    rows = read_items(args.file, _served_d(base))  # checked before anything is sent
     added = existing = 0
     refused: list[str] = []
     for item, name, tags, x, line in zip(rows.ids, rows.names, rows.tags, rows.features, rows.lines):
@@ -60,6 +60,18 @@ def _add(args: argparse.Namespace) -> int:
     for r in refused:
         print("  " + r, file=sys.stderr)
     return 1 if refused else 0
+
+
+def _served_d(base: str) -> int | None:
+    """The feature dimension the stack serves (``None`` before its first model: the server checks it)."""
+    try:
+        with urllib.request.urlopen(f"{base}/budget", timeout=10) as resp:
+            d = (json.loads(resp.read()).get("model") or {}).get("d")
+    except urllib.error.HTTPError:
+        return None
+    except urllib.error.URLError as exc:
+        raise ValueError(f"cannot reach the API at {base}: {exc.reason}") from None
+    return int(d) if d else None
 
 
 def _post(url: str, body: dict[str, Any], token: str) -> tuple[int, Any]:

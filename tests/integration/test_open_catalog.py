@@ -292,3 +292,24 @@ def test_privrec_up_serves_a_catalog_directory(tmp_path: Path, catalog_dir: Path
     finally:
         down = privrec("down", "--state-dir", str(state))
     assert down.returncode == 0, down.stderr
+
+
+def test_privrec_items_add_posts_a_file_of_items(stack: tuple[str, dict[str, str]], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    url, _ = stack
+    monkeypatch.setenv("PRIVREC_ADMIN_TOKEN", "operator-secret")
+    f = tmp_path / "more.csv"
+    f.write_text("item,name,tags,features\n"
+                 "file-α,Aus der Datei,Jazz|Rock,\n"
+                 "file-β,Mit Merkmalen,," + " ".join(["0.5"] * 8) + "\n"
+                 "sku-000002-γ,schon da,Jazz,\n", encoding="utf-8")
+    assert main(["items", "add", str(f), "--http", url]) == 0
+    assert "added 2 items; 1 already in the catalog; 0 refused" in capsys.readouterr().out
+    code, body = _get(f"{url}/recommend?" + urllib.parse.urlencode(
+        {"user": "anyone", "k": "2", "candidates": "file-α,file-β"}))
+    assert code == 200 and {it["name"] for it in body["items"]} == {"Aus der Datei", "Mit Merkmalen"}
+    # a bad file is refused before anything is sent, naming file, line and column
+    f.write_text("item,features\nfile-γ,1 2 3\n", encoding="utf-8")
+    assert main(["items", "add", str(f), "--http", url]) == 2
+    assert "more.csv, line 2, column features: has 3 values, expected d = 8" in capsys.readouterr().err
