@@ -213,7 +213,7 @@ async def follow_items(settings: Settings, catalog: Catalog, *, dead_letters: An
     """Append every item of the ``items`` topic to ``catalog``, from the beginning, until cancelled.
 
     With ``dead_letters`` (an ``AIOKafkaProducer``) and ``redis_client``, a malformed message goes to
-    ``dead-letters`` with its reason, once across the followers (``SET NX`` on ``{ns}:items:dead:<offset>``).
+    ``dead-letters`` with its reason, once across the followers (``SET NX`` on :func:`_dead_key`).
     """
     kw = client_kwargs(settings)
     await asyncio.get_running_loop().run_in_executor(None, ensure_items_topic, kw)
@@ -238,7 +238,7 @@ async def follow_items(settings: Settings, catalog: Catalog, *, dead_letters: An
                         reason = f"malformed item: {exc}"
                         log.warning("items topic offset %d: %s", r.offset, reason)
                         if dead_letters is not None and redis_client is not None and redis_client.set(
-                                f"{settings.namespace}:items:dead:{r.offset}", 1, nx=True):
+                                _dead_key(settings.namespace, r.offset), 1, nx=True):
                             await dead_letters.send_and_wait(TOPICS["dead_letters"], value=dead_letter_value(
                                 r.value, reason, r.topic, r.partition, r.offset))
                         continue
@@ -252,6 +252,11 @@ async def follow_items(settings: Settings, catalog: Catalog, *, dead_letters: An
                                  len(catalog.feature_matrix))
     finally:
         await consumer.stop()
+
+
+def _dead_key(namespace: str, offset: int) -> str:
+    """The operational key that claims the dead letter of ``items`` offset ``offset`` (``ops`` kind, its slot)."""
+    return f"{namespace}:ops:{{{namespace}:ops}}:items-dead:{offset}"
 
 
 def add_routes(app: web.Application) -> None:
