@@ -178,3 +178,21 @@ def test_settings_take_a_catalog_directory(tmp_path: Path, monkeypatch: pytest.M
     assert list(cat.default_pool) == list(cat.arm_ids)  # no candidates: every item
     with pytest.raises(SettingsError, match="catalog"):
         Settings.from_mapping({"catalog": "no-such-dir"})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ranking_every_item_in_float32_gives_the_float64_order(seed: int) -> None:
+    from models.ground.linalg import ucb_scores
+    from pipeline.serving import RANKED, rank_catalog
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(20_000, 25))
+    X /= np.linalg.norm(X, axis=1)[:, None]
+    A = rng.normal(size=(25, 25))
+    theta, M = rng.normal(size=25) * 0.3, np.linalg.inv(np.eye(25) + A @ A.T)
+    pop = rng.random(15_000)  # an item term released before the last 5,000 items were added
+    term = (0.2, pop)
+    rows = rank_catalog(X.astype(np.float32), X, theta, M, 0.3, term)
+    mean, bonus = ucb_scores(theta, M, X, 0.3)
+    score = mean + bonus + 0.2 * np.concatenate([pop, np.zeros(5_000)])
+    assert rows.tolist() == np.argsort(-score, kind="stable")[:RANKED].tolist()
