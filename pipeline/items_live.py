@@ -5,12 +5,13 @@
 features win). Features from tags come from the catalog's fitted tag transform
 (:meth:`pipeline.catalog_open.OpenCatalog.features_from_tags`), so the new item lands in the space of the
 built ones. The server publishes ``{"item", "name", "tags", "features"}`` (features always filled in) to the
-``items`` topic, keyed by the item id (compacted: the log keeps the last message of every id), and adds the
-item to its own catalog at once.
+``items`` topic, keyed by the item id (compacted: the log keeps the last message of every id).
 
 Every worker and every web server process follows the topic from its beginning (:func:`follow_items`) and
-appends each new item to its catalog (:meth:`~pipeline.catalog_open.OpenCatalog.add_items`): from then on
-``/recommend`` ranks it and ingest accepts feedback on it. A malformed message on the topic is skipped;
+appends each new item to its catalog (:meth:`~pipeline.catalog_open.OpenCatalog.add_items`). Workers add an
+item as soon as they read it (ingest then accepts feedback whose shown list holds it); web servers add it one
+release tick after it was published, so that by the time ``/recommend`` shows it the workers (polling every
+0.2 s) know it: a new item is recommendable within two release ticks. A malformed message on the topic is skipped;
 the workers send it to ``dead-letters`` with the reason, once (a Redis ``SET NX`` per topic offset decides
 which worker). Items are immutable: a message for a known id is ignored.
 
@@ -28,6 +29,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,7 +44,7 @@ from .records import TOPICS, dead_letter_value
 from .settings import Settings
 
 __all__ = ["ITEMS_TOPIC", "ADMIN_TOKEN_ENV", "MalformedItem", "parse_item", "item_message", "add_routes",
-           "ensure_items_topic", "follow_items", "register", "live_context", "MAX_ITEM_ID"]
+           "ensure_items_topic", "follow_items", "register", "MAX_ITEM_ID"]
 
 log = logging.getLogger(__name__)
 
@@ -184,24 +186,9 @@ async def post_items(request: web.Request) -> web.Response:
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
     await producer.send_and_wait(ITEMS_TOPIC, key=item.encode("utf-8"), value=item_message(item, name, tags, x))
-    catalog.add_items([item], x[None, :], [name])  # type: ignore[attr-defined]
-    return web.json_response({"accepted": True, "item": item, "features": [float(v) for v in x]}, status=202)
-
-
-def live_context(catalog: Catalog, item: str) -> list[float] | None:
-    """The features of an item added while running (``None`` for the items of the build, or unknown ones).
-
-    ``/feedback`` puts them in the event, so a worker that has not yet read the item from the ``items`` topic
-    still learns from the feedback (the features are public, like the item); such an event adds to no item
-    reward sum until the worker knows the item.
-    """
-    built = getattr(catalog, "_n_built", None)
-    if built is None:
-        return None
-    row = getattr(catalog, "_arm_rows", {}).get(item)
-    if row is None or row < built:
-        return None
-    return [float(v) for v in catalog.feature_matrix[row]]
+    # served from the topic (every web process alike), one release tick from now: the workers know it by then
+    return web.json_response({"accepted": True, "item": item, "features": [float(v) for v in x],
+                              "recommendable_in_seconds": request.app[SETTINGS].tick_seconds}, status=202)
 
 
 def _error(status: int, parameter: str | None, message: str) -> web.Response:
@@ -209,8 +196,10 @@ def _error(status: int, parameter: str | None, message: str) -> web.Response:
 
 
 async def follow_items(settings: Settings, catalog: Catalog, *, dead_letters: Any = None, redis_client: Any = None,
-                       poll_ms: int = 200) -> None:
+                       poll_ms: int = 200, delay: float = 0.0) -> None:
     """Append every item of the ``items`` topic to ``catalog``, from the beginning, until cancelled.
+
+    ``delay``: add an item only ``delay`` seconds after it was published (the message's timestamp).
 
     With ``dead_letters`` (an ``AIOKafkaProducer``) and ``redis_client``, a malformed message goes to
     ``dead-letters`` with its reason, once across the followers (``SET NX`` on :func:`_dead_key`).
@@ -223,12 +212,19 @@ async def follow_items(settings: Settings, catalog: Catalog, *, dead_letters: An
     try:
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
+        waiting: list[tuple[float, str, str, np.ndarray]] = []  # (due, item, name, features), in log order
         while True:
             batches = await consumer.getmany(timeout_ms=poll_ms)
-            for records in batches.values():
+            for records in [*batches.values(), []]:  # (the empty batch: add the waiting items now due)
                 ids: list[str] = []
                 names: list[str] = []
                 rows: list[np.ndarray] = []
+                now = time.time()
+                while waiting and waiting[0][0] <= now:
+                    _, item, name, x = waiting.pop(0)
+                    ids.append(item)
+                    names.append(name)
+                    rows.append(x)
                 for r in records:
                     if r.value is None:  # a tombstone: items are never removed
                         continue
@@ -241,6 +237,10 @@ async def follow_items(settings: Settings, catalog: Catalog, *, dead_letters: An
                                 _dead_key(settings.namespace, r.offset), 1, nx=True):
                             await dead_letters.send_and_wait(TOPICS["dead_letters"], value=dead_letter_value(
                                 r.value, reason, r.topic, r.partition, r.offset))
+                        continue
+                    due = r.timestamp / 1000.0 + delay
+                    if waiting or due > now:
+                        waiting.append((due, item, name, x))
                         continue
                     ids.append(item)
                     names.append(name)
@@ -269,7 +269,7 @@ async def _follower(app: web.Application) -> Any:
     s: Settings = app[SETTINGS]
     task = None
     if s.kafka and hasattr(app[CATALOG], "add_items"):
-        task = asyncio.create_task(follow_items(s, app[CATALOG]))
+        task = asyncio.create_task(follow_items(s, app[CATALOG], delay=s.tick_seconds))
     yield
     if task is not None:
         task.cancel()

@@ -8,6 +8,8 @@ produced to ``ldp-reports``; the worker checks the version (:mod:`pipeline.local
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from typing import Any
 
@@ -108,16 +110,18 @@ async def report(request: web.Request) -> web.Response:
     shown = json.loads(shown_raw)
     if shown["user"] != rep.user:
         return _error(400, "user", f"list {rep.rec_id!r} was shown to another user")
-    if rep.item not in shown["items"]:
-        return _error(400, "item", f"item {rep.item!r} was not in the list {rep.rec_id!r} showed")
+    if rep.shown:
+        return _error(400, "shown", "is added by the server (the list it showed); a device does not send it")
     producer = request.app[PRODUCER]
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
     answered = keys.recommendation(rep.rec_id) + ":answered"
-    if not await r.set(answered, rep.item, nx=True, ex=24 * 3600):
+    if not await r.set(answered, "1", nx=True, ex=24 * 3600):
         return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
+    # the queued report carries the whole shown list (public): the Gram takes every shown item, never the choice
+    queued = dataclasses.replace(rep, shown=tuple(shown["items"])).to_json()
     try:
-        await producer.send_and_wait(TOPICS["ldp_reports"], key=rep.user.encode(), value=raw)
+        await producer.send_and_wait(TOPICS["ldp_reports"], key=rep.user.encode(), value=queued)
     except Exception:
         await r.delete(answered)
         raise
