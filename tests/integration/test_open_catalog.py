@@ -306,9 +306,10 @@ def test_privrec_items_add_posts_a_file_of_items(stack: tuple[str, dict[str, str
                  "sku-000002-γ,schon da,Jazz,\n", encoding="utf-8")
     assert main(["items", "add", str(f), "--http", url]) == 0
     assert "added 2 items; 1 already in the catalog; 0 refused" in capsys.readouterr().out
-    code, body = _get(f"{url}/recommend?" + urllib.parse.urlencode(
-        {"user": "anyone", "k": "2", "candidates": "file-α,file-β"}))
-    assert code == 200 and {it["name"] for it in body["items"]} == {"Aus der Datei", "Mit Merkmalen"}
+    q = urllib.parse.urlencode({"user": "anyone", "k": "2", "candidates": "file-α,file-β"})
+    body = wait_for(lambda: (lambda r: r[1] if r[0] == 200 else None)(_get(f"{url}/recommend?{q}")), 10,
+                    "the added items served (one release tick after they were published)")
+    assert {it["name"] for it in body["items"]} == {"Aus der Datei", "Mit Merkmalen"}
     # a bad file is refused before anything is sent, naming file, line and column
     f.write_text("item,features\nfile-γ,1 2 3\n", encoding="utf-8")
     assert main(["items", "add", str(f), "--http", url]) == 2
