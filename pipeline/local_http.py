@@ -24,6 +24,7 @@ from .catalog import Catalog, UnknownUserError
 from .keys import PublicKeys
 from .records import TOPICS
 from .settings import Settings
+from .shown import SHOWN
 
 __all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED"]
 
@@ -104,7 +105,7 @@ async def report(request: web.Request) -> web.Response:
         return _error(404, "user", str(exc))
     keys: PublicKeys = request.app[KEYS]
     r = request.app[REDIS]
-    shown_raw = await r.get(keys.recommendation(rep.rec_id))
+    shown_raw = await request.app[SHOWN].get(rep.rec_id)  # a list whose write is still pending counts
     if shown_raw is None:
         return _error(404, "rec_id", f"unknown rec_id {rep.rec_id!r} (never shown by /recommend, or expired)")
     shown = json.loads(shown_raw)

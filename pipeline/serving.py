@@ -21,9 +21,9 @@ Examples
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -194,22 +194,23 @@ class Recommender:
     def _answer(self, user: str, unit: int, model: _UnitModel, alpha: float, term: tuple[float, np.ndarray] | None,
                 pool: Sequence[str], rows: Sequence[int] | np.ndarray, k: int) -> dict[str, Any]:
         """The answer: the top ``k`` of ``pool`` (catalog ``rows``) by UCB score, ties in pool order."""
-        X = self.catalog.feature_matrix[rows]
+        X = self.catalog.feature_matrix.take(rows, axis=0)  # take: a third of fancy indexing's cost on a list
         mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
-        if term is None:
-            popular = np.zeros(len(rows))
-        else:  # an item added after the release (or beyond the item capacity) has no released sum: 0
-            popular = term[0] * _pad(term[1], np.asarray(rows))
-        score = mean + bonus + popular
-        order = np.argsort(-score, kind="stable")[: min(k, len(pool))]
+        # an item added after the release (or beyond the item capacity) has no released sum: 0 (_pad)
+        popular = None if term is None else term[0] * _pad(term[1], rows)
+        score = mean + bonus if popular is None else mean + bonus + popular
+        order = np.argsort(-score, kind="stable")[: min(k, len(pool))].tolist()
+        # Python floats once (indexing numpy arrays item by item costs more than converting them whole)
+        s_, m_, b_ = score.tolist(), mean.tolist(), bonus.tolist()
+        p_ = None if popular is None else popular.tolist()
         return {
             "user": user,
             "unit": unit,
-            "rec_id": uuid.uuid4().hex,
+            "rec_id": os.urandom(16).hex(),  # 32 random hex digits, as uuid4().hex, at a quarter of its cost
             "model_version": model.version,
-            "items": [{"item": pool[i], "name": self.catalog.arm_name(pool[i]), "score": _num(score[i]),
-                       "mean": _num(mean[i]), "bonus": _num(bonus[i]),
-                       **({} if term is None else {"popularity": _num(popular[i])})} for i in order],
+            "items": [{"item": pool[i], "name": self.catalog.arm_name(pool[i]), "score": _num(s_[i]),
+                       "mean": _num(m_[i]), "bonus": _num(b_[i]),
+                       **({} if p_ is None else {"popularity": _num(p_[i])})} for i in order],
         }
 
     def _rank_all(self, user: str, unit: int, k: int) -> dict[str, Any]:
@@ -307,10 +308,10 @@ def rank_catalog(X32: np.ndarray, X: np.ndarray, theta: np.ndarray, M: np.ndarra
 
 def _pad(pop: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``pop[rows]``, 0 for rows beyond ``pop`` (items added after the release, or beyond the item capacity)."""
-    rows = np.asarray(rows)
-    if rows.size == 0 or rows.max() < len(pop):  # the common case: every row has a released sum
-        out: np.ndarray = pop[rows]
+    if len(rows) == 0 or (int(rows.max()) if isinstance(rows, np.ndarray) else max(rows)) < len(pop):  # common
+        out: np.ndarray = pop.take(rows)
         return out
+    rows = np.asarray(rows)
     if len(pop) == 0:
         return np.zeros(len(rows))
     return np.where(rows < len(pop), pop[np.minimum(rows, len(pop) - 1)], 0.0)
