@@ -22,6 +22,7 @@ from models.local.aggregate import clip_context
 from .appkeys import CATALOG, KEYS, LOCAL_CONFIG, PRODUCER, REDIS, SETTINGS
 from .catalog import Catalog, UnknownUserError
 from .keys import PublicKeys
+from .outbox import OUTBOX, accept
 from .records import TOPICS
 from .settings import Settings
 from .shown import SHOWN
@@ -117,15 +118,11 @@ async def report(request: web.Request) -> web.Response:
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
     answered = keys.recommendation(rep.rec_id) + ":answered"
-    if not await r.set(answered, "1", nx=True, ex=24 * 3600):
-        return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
     # the queued report carries the whole shown list (public): the Gram takes every shown item, never the choice
     queued = dataclasses.replace(rep, shown=tuple(shown["items"])).to_json()
-    try:
-        await producer.send_and_wait(TOPICS["ldp_reports"], key=rep.user.encode(), value=queued)
-    except Exception:
-        await r.delete(answered)
-        raise
+    if not await accept(r, request.app.get(OUTBOX), producer, TOPICS["ldp_reports"], rep.user.encode(), queued,
+                        claim=(answered, "1", 24 * 3600)):
+        return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
     return web.json_response({"accepted": True, "user": rep.user, "version": rep.version}, status=202)
 
 

@@ -7,9 +7,10 @@ Routes (DESIGN §7):
   without candidates the catalog's default pool is ranked. The shown list is
   logged to the ``recommendations`` topic and kept (24 h) so feedback can name it, both written
   behind the answer in batches (:mod:`pipeline.shown`: what a crash may cost).
-* ``POST /feedback`` with ``{"rec_id", "item", "reward"}`` → produces the
-  interaction to ``interactions`` (acknowledged by the broker) → ``202``.
-  One feedback per shown list.
+* ``POST /feedback`` with ``{"rec_id", "item", "reward"}`` → records the interaction in the
+  durable outbox (a Redis stream; :mod:`pipeline.outbox` forwards it to ``interactions``, also after
+  a broker outage) → ``202``; federated stacks produce it directly (acknowledged by the broker).
+  One feedback per shown list. Redis not answering: ``503`` with ``Retry-After``.
 * ``GET /budget[?user=U]`` — the privacy guarantee of the released statistics,
   releases so far, and for a user the guarantee covering all their interactions.
 * ``GET /metrics`` (Prometheus), ``GET /healthz``, ``GET /users``, and the page at ``/``.
@@ -59,6 +60,7 @@ from .redisconn import connect, connect_async
 from .items_live import add_routes as add_items_routes
 from .local_http import add_routes as add_local_routes, local_budget, refuse_raw_reward, with_contexts
 from .openapi import add_routes as add_openapi_routes
+from .outbox import OUTBOX, BrokerUnavailable, accept, observe_outbox, outbox_metrics, start_forwarding, stop_forwarding
 from .records import TOPICS
 from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
 from .shown import SHOWN, ShownLists
@@ -108,6 +110,7 @@ class _Metrics:
                                   "users with at least one contribution", registry=self.registry)
         self.shown_lost = Gauge("privrec_shown_lists_lost", "Shown lists whose write-behind to Redis failed since "
                                 "this server process started (feedback on them answers 404)", registry=self.registry)
+        self.outbox = outbox_metrics(self.registry)
         self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:
@@ -163,7 +166,7 @@ async def _clients(app: web.Application) -> Any:
         # feedback waits for the broker's ack, so its producer does not linger; the log of
         # shown lists is fire-and-forget, and batching it (one produce request per ~20 ms
         # instead of per ~2 ms) saves about 15% of the server's CPU per /recommend (measured)
-        producer = AIOKafkaProducer(**client_kwargs(s), linger_ms=0)
+        producer = AIOKafkaProducer(**client_kwargs(s), linger_ms=0, request_timeout_ms=5000)  # a dead broker: 5 s
         log_producer = AIOKafkaProducer(**client_kwargs(s), linger_ms=20)
         await producer.start()
         await log_producer.start()
@@ -173,7 +176,10 @@ async def _clients(app: web.Application) -> Any:
     # with sibling processes a feedback's miss is read again after the write-behind window
     app[SHOWN] = ShownLists(app[REDIS], app[KEYS], REC_TTL_SECONDS, producer=log_producer,
                             topic=TOPICS["recommendations"], reread_seconds=0.05 if s.web_processes > 1 else 0.0)
+    # feedback goes through a durable outbox that the forwarder drains into Kafka (pipeline/outbox.py)
+    forwarding = None if producer is None else await start_forwarding(app, s, app[REDIS], producer)
     yield
+    await stop_forwarding(app, forwarding)
     await app[SHOWN].close()  # a clean stop writes every pending list
     for p in (producer, log_producer):
         if p is not None:
@@ -196,6 +202,9 @@ async def _observe(request: web.Request, handler: Any) -> web.StreamResponse:
         resp = _error(503, None, f"the model store (Redis) is unavailable ({type(exc).__name__}); try again in a "
                                  f"moment")
         resp.headers["Retry-After"] = "1"
+    except BrokerUnavailable as exc:  # a direct produce (no outbox): nothing recorded, the client may retry
+        resp = _error(503, None, f"{exc}; try again in a moment")
+        resp.headers["Retry-After"] = "2"
     except Exception as exc:  # a bug must not take the server down; report it as JSON
         log.exception("unhandled error on %s", request.path)
         resp = _error(500, None, f"internal error: {type(exc).__name__}")
@@ -284,22 +293,18 @@ async def feedback(request: web.Request) -> web.Response:
     producer: AIOKafkaProducer | None = request.app[PRODUCER]
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
-    # one feedback per shown list: the first claims it atomically; the shown list itself stays, so
-    # a repeat is told apart from an unknown rec_id (409, not 404)
+    # one feedback per shown list: the first claims it atomically with recording the event; the shown list
+    # itself stays, so a repeat is told apart from an unknown rec_id (409, not 404)
     answered = keys.recommendation(rec_id) + ":answered"
     # the marker says *that* the list was answered (public), never which item: the choice is protected
-    if not await r.set(answered, "1", nx=True, ex=REC_TTL_SECONDS):
-        return _error(409, "rec_id", f"feedback for {rec_id!r} was already recorded (one feedback per shown list)")
     # the whole shown list travels with the feedback: the Gram matrix takes every shown item (public), so it
     # never reveals which one the user chose (DESIGN §2)
     event = {"event_id": f"{rec_id}:fb", "user": shown["user"], "arm": item, "context": None,
              "reward": reward, "ts": time.time() * 1000, "rec_id": rec_id, "shown": shown["items"]}
-    try:
-        topic = interactions_topic(request.app[SETTINGS], request.app[CATALOG], shown["user"])
-        await producer.send_and_wait(topic, key=shown["user"].encode(), value=json.dumps(event).encode())
-    except Exception:
-        await r.delete(answered)  # not recorded: the list may be answered again
-        raise
+    topic = interactions_topic(request.app[SETTINGS], request.app[CATALOG], shown["user"])
+    if not await accept(r, request.app.get(OUTBOX), producer, topic, shown["user"].encode(),
+                        json.dumps(event).encode(), claim=(answered, "1", REC_TTL_SECONDS)):
+        return _error(409, "rec_id", f"feedback for {rec_id!r} was already recorded (one feedback per shown list)")
     request.app[_METRICS].feedback.labels("1" if reward >= 0.5 else "0").inc()
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
 
@@ -308,7 +313,8 @@ async def listen(request: web.Request) -> web.Response:
     """An organic listen: ``{"user", "item"[, "reward"]}`` — a positive the user chose, not a shown list's answer.
 
     It becomes an ``interactions`` event with ``"kind": "listen"``: it counts in the item's reward sum (the
-    item term) and, with weight ``listen_weight``, in the user's unit of the bandit statistic.
+    item term) and, with weight ``listen_weight``, in the user's unit's ``b`` — never in the Gram matrix (the item is
+    the user's own choice).
     """
     refused = refuse_raw_reward(request)
     if refused is not None:
@@ -353,7 +359,8 @@ async def listen(request: web.Request) -> web.Response:
     event = {"event_id": f"listen:{uuid.uuid4().hex}", "user": user, "arm": item, "context": None,
              "reward": reward, "ts": time.time() * 1000, "rec_id": None, "kind": "listen"}
     topic = interactions_topic(request.app[SETTINGS], catalog, user)
-    await producer.send_and_wait(topic, key=user.encode(), value=json.dumps(event).encode())
+    await accept(request.app[REDIS], request.app.get(OUTBOX), producer, topic, user.encode(),
+                 json.dumps(event).encode())
     request.app[_METRICS].listens.inc()
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
 
@@ -481,6 +488,7 @@ async def metrics(request: web.Request) -> web.Response:
         m.users_at_cap.set(overview["users_at_cap"])
         m.spent_max.set(overview["spent_max"])
         m.spent_median.set(overview["spent_median"])
+    await observe_outbox(request.app, m.outbox)
     return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -129,7 +129,8 @@ def open_stack(state_dir: Path, redis_url: str, namespace: str, *, partitions: i
     finally:
         for w in st.workers:
             services.stop(w, grace_seconds=5)
-        services.stop(broker)
+        for b in {broker.pid: broker, st.broker.pid: st.broker}.values():  # a test may have replaced the broker
+            services.stop(b)
 
 
 def synthetic_events(catalog: SyntheticCatalog, n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
