@@ -29,7 +29,7 @@ from pathlib import Path
 
 import faust
 
-from . import agents, localmode, sites, timers
+from . import agents, items_live, localmode, sites, timers
 from .catalog import load_catalog
 from .kafkaconn import faust_credentials
 from .metrics import WorkerMetrics, serve_metrics
@@ -85,6 +85,7 @@ def build_worker_app(settings: Settings | None = None) -> faust.App:
         localmode.register(app, settings, catalog, metrics=worker_metrics, metrics_url=url)
         return app
     agents.register(app, settings, catalog, metrics=worker_metrics, metrics_url=url)
+    items_live.register(app, settings, catalog)  # a catalog directory: follow the items topic
     timers.register(app, settings, catalog, worker_metrics)
     return app
 

@@ -8,145 +8,32 @@ serving scores candidates with these features.
 * :class:`SyntheticCatalog`: the collaborative paper's synthetic world (users
   ``"0".."N-1"``, one unit each; arms ``"0".."K-1"``), built from a public seed.
 * :class:`LastFMCatalogAdapter`: HetRec LastFM (users → 100 friend-graph
-  clusters; artists with TF-IDF/SVD features), from :mod:`producers.lastfm`.
+  clusters; artists with TF-IDF/SVD features), from :mod:`producers.lastfm`; :func:`load_catalog` uses it for
+  ``graph="users"`` only: with clusters LastFM goes through the generic path
+  (:func:`pipeline.catalog_open.lastfm_catalog`, the same features, units, ``W`` and fingerprint).
+* a catalog directory (:mod:`pipeline.catalog_open`, :mod:`producers.catalog`): anyone's items, users, graph.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
-from numpy.typing import NDArray
 
 from models.ground.environment import SyntheticEnvironment
 
+from .catalog_base import Catalog, FloatArray, UnknownArmError, UnknownUserError, _Base
 from .settings import SettingsError
 
 if TYPE_CHECKING:
     from producers.lastfm import LastFMCatalog
 
+    from .catalog_open import OpenCatalog
     from .settings import Settings
 
-__all__ = ["Catalog", "SyntheticCatalog", "LastFMCatalogAdapter", "load_catalog", "UnknownUserError",
+__all__ = ["Catalog", "SyntheticCatalog", "LastFMCatalogAdapter", "load_catalog", "item_capacity", "UnknownUserError",
            "UnknownArmError"]
-
-FloatArray = NDArray[np.float64]
-
-
-class UnknownUserError(KeyError):
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class UnknownArmError(KeyError):
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class Catalog(Protocol):
-    name: str
-    d: int
-    n_units: int
-    W: Any  # dense ``N x N``; scipy sparse for every-user graphs
-
-    def unit_of(self, user: str) -> int: ...
-
-    def arm_row(self, arm: str) -> int: ...
-
-    def arm_rows(self, arms: Sequence[str]) -> list[int]: ...
-
-    @property
-    def feature_matrix(self) -> FloatArray: ...
-
-    def arm_name(self, arm: str) -> str: ...
-
-    @property
-    def default_pool(self) -> Sequence[str]: ...
-
-    @property
-    def fingerprint(self) -> str: ...
-
-
-class _Base:
-    """Shared lookups over ``_user_unit``, ``_arm_rows``, ``_features``."""
-
-    name = "base"
-    _user_unit: dict[str, int]
-    _arm_rows: dict[str, int]
-    _arm_ids: Sequence[str]
-    _features: FloatArray
-    _default_pool_override: list[str] | None = None
-    W: Any
-
-    @property
-    def d(self) -> int:
-        return int(self._features.shape[1])
-
-    @property
-    def n_units(self) -> int:
-        return int(self.W.shape[0])
-
-    @property
-    def feature_matrix(self) -> FloatArray:
-        return self._features
-
-    @property
-    def users(self) -> Sequence[str]:
-        return list(self._user_unit)
-
-    @property
-    def arm_ids(self) -> Sequence[str]:
-        return self._arm_ids
-
-    def unit_of(self, user: str) -> int:
-        try:
-            return self._user_unit[user]
-        except KeyError:
-            raise UnknownUserError(f"unknown user {user!r} in catalog {self.name!r}") from None
-
-    def arm_row(self, arm: str) -> int:
-        try:
-            return self._arm_rows[arm]
-        except KeyError:
-            raise UnknownArmError(f"unknown arm {arm!r} in catalog {self.name!r}") from None
-
-    def arm_rows(self, arms: Sequence[str]) -> list[int]:
-        """``arm_row`` of each arm, in one pass (a 1,000-candidate request); the first unknown one is named."""
-        rows = self._arm_rows
-        try:
-            return [rows[a] for a in arms]
-        except KeyError:
-            for a in arms:
-                self.arm_row(a)
-            raise
-
-    def with_default_pool(self, arms: Sequence[str]) -> None:
-        """Rank ``arms`` (known arm ids) when a request names no candidates."""
-        for a in arms:
-            self.arm_row(a)
-        self._default_pool_override = list(arms)
-
-    def features_of(self, arms: Sequence[str]) -> FloatArray:
-        out: FloatArray = self._features[[self.arm_row(a) for a in arms]]
-        return out
-
-    @cached_property
-    def fingerprint(self) -> str:
-        h = hashlib.sha256()
-        h.update(self.name.encode())
-        h.update(np.ascontiguousarray(self._features).tobytes())
-        if sp.issparse(self.W):
-            W = sp.csr_matrix(self.W)
-            for part in (W.data, W.indices, W.indptr):
-                h.update(np.ascontiguousarray(part).tobytes())
-        else:
-            h.update(np.ascontiguousarray(self.W).tobytes())
-        h.update(repr(sorted(self._user_unit.items())).encode())
-        return h.hexdigest()[:16]
 
 
 class SyntheticCatalog(_Base):
@@ -209,9 +96,7 @@ class LastFMCatalogAdapter(_Base):
         self._features = np.asarray(catalog.feature_matrix, dtype=np.float64)
         self._arm_ids = list(catalog.artist_ids)
         self._arm_rows = dict(catalog.artist_index)
-        counts = np.bincount(catalog.event_arrays().arms.astype(np.int64))
-        popular = np.argsort(-counts)[:200]
-        self._popular = [str(a) for a in popular if counts[a] > 0 and str(a) in self._arm_rows][:25]
+        self._popular = catalog.most_logged(25)
 
     def arm_name(self, arm: str) -> str:
         self.arm_row(arm)
@@ -223,16 +108,32 @@ class LastFMCatalogAdapter(_Base):
         return self._default_pool_override or self._popular
 
 
-def load_catalog(settings: Settings) -> SyntheticCatalog | LastFMCatalogAdapter:
-    """The catalog the settings name (LastFM is built or read from its cache), with its default pool.
+def item_capacity(catalog: Catalog) -> int:
+    """Coordinates of the item term's reward sums: a catalog directory's pre-sized capacity (items may be added
+    while running, :mod:`pipeline.items_live`), else the number of items."""
+    return int(getattr(catalog, "item_capacity", len(catalog.feature_matrix)))
+
+
+def load_catalog(settings: Settings) -> SyntheticCatalog | LastFMCatalogAdapter | OpenCatalog:
+    """The catalog the settings name (LastFM or a catalog directory is built or read from its cache), with its
+    default pool.
 
     Raises :class:`~pipeline.settings.SettingsError` (``default_pool``) when the
     configured pool names an arm the catalog does not have.
     """
-    catalog: SyntheticCatalog | LastFMCatalogAdapter
-    if settings.catalog == "synthetic":
+    catalog: SyntheticCatalog | LastFMCatalogAdapter | OpenCatalog
+    if settings.catalog not in ("synthetic", "lastfm"):  # a catalog directory
+        from .catalog_open import open_catalog
+
+        catalog = open_catalog(settings.catalog, d=settings.d, units=settings.catalog_units,
+                               seed=settings.world_seed)
+    elif settings.catalog == "synthetic":
         catalog = SyntheticCatalog(n_users=settings.n_users, d=settings.d, n_arms=settings.n_arms,
                                    seed=settings.world_seed)
+    elif settings.graph == "clusters":  # LastFM through the generic path: its export, built as any directory
+        from .catalog_open import lastfm_catalog
+
+        catalog = lastfm_catalog(settings.data_dir, d=settings.d)
     else:
         from producers.lastfm import load_catalog as load_lastfm
 

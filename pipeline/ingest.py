@@ -25,7 +25,7 @@ import redis
 from models.mechanisms.participation import B_CLIP, ITEM_CLIP
 from models.streaming import UnitStats
 
-from .catalog import Catalog
+from .catalog import Catalog, item_capacity
 from .records import MalformedEvent, ParsedBatch, parse_batch, parse_interaction
 from .trusted import TrustedStore
 from .userlevel import PENDING_SCRIPT, Contribution, UserLevelKeys, decode_contribution, encode_contribution
@@ -113,7 +113,7 @@ class IngestProcessor:
                  partitions: int | None = None) -> None:
         self.store = TrustedStore(client, namespace)
         self.catalog = catalog
-        self.n_items = len(catalog.feature_matrix) if item_sums else 0
+        self.n_items = item_capacity(catalog) if item_sums else 0
         self.listen_weight = float(listen_weight)
         self.b_clip, self.item_clip, self.partitions = float(b_clip), float(item_clip), partitions
         self._shards: dict[int, tuple[UnitStats, np.ndarray, int | None]] = {}
@@ -166,7 +166,7 @@ class IngestProcessor:
                 new.add_parts(u_arr, X, r, u_arr[parsed.gram_events], parsed.gram_contexts)
         new_items, touched = items, {}
         if self.n_items and len(u_arr):
-            known = parsed.items >= 0
+            known = (parsed.items >= 0) & (parsed.items < self.n_items)  # an item beyond the capacity: no sum
             new_items = items.copy()
             # each event's item reward clipped to item_clip; unbuffered, in event order
             np.add.at(new_items, parsed.items[known], np.minimum(parsed.rewards[known], self.item_clip))
@@ -301,7 +301,7 @@ class UserIngestProcessor(IngestProcessor):
             c.b = c.b + rb[rows] @ Xu
             c.count += e - s
         if self.n_items:  # the item sums take the unscaled reward
-            for j in np.flatnonzero(parsed.items >= 0).tolist():
+            for j in np.flatnonzero((parsed.items >= 0) & (parsed.items < self.n_items)).tolist():
                 c = work[parsed.users[j]]
                 a = int(parsed.items[j])
                 c.items[a] = c.items.get(a, 0.0) + float(parsed.rewards[j])

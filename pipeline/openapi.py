@@ -86,6 +86,20 @@ COMPONENTS: dict[str, Any] = {"schemas": {
         "properties": {"user": {"type": "string", "minLength": 1}, "item": {"type": "string", "minLength": 1},
                        "reward": {"type": "number", "minimum": 0, "maximum": 1, "default": 1.0}},
     },
+    "NewItem": {
+        "type": "object", "required": ["item"],
+        "description": "an item added while running (a catalog directory; pipeline.items_live): `tags` (known to "
+                       "the catalog's tag transform) or `features` (d finite numbers); features win",
+        "properties": {"item": {"type": "string", "minLength": 1, "maxLength": 512}, "name": _STR,
+                       "tags": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                       "features": {"type": "array", "items": {"type": "number"}}},
+    },
+    "ItemAccepted": {
+        "type": "object", "required": ["accepted", "item", "features", "recommendable_in_seconds"],
+        "properties": {"accepted": {"type": "boolean", "enum": [True]}, "item": _STR,
+                       "features": {"type": "array", "items": {"type": "number"}},
+                       "recommendable_in_seconds": {"type": "number"}},
+    },
     "Report": {
         "type": "object", "required": ["schema", "user", "rec_id", "version", "algorithm"],
         "additionalProperties": False,
@@ -174,6 +188,17 @@ PATHS: dict[str, dict[str, Any]] = {
                       "400": _err("a bad field (named); local mode: raw rewards are refused"),
                       "403": _err("the user is at the contribution cap (cap_policy = reject)"),
                       "404": _err("unknown user"), "503": _UNAVAILABLE},
+    }},
+    "/items": {"post": {
+        "operationId": "addItem", "summary": "Operator: add an item to a catalog directory while running",
+        "description": "Requires `Authorization: Bearer <PRIVREC_ADMIN_TOKEN>`. Published to the compacted `items` "
+                       "topic; workers add it at once, web servers one release tick later.",
+        "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("NewItem")}}},
+        "responses": {"202": _json(_ref("ItemAccepted"), "published to `items`, acknowledged by the broker"),
+                      "400": _err("a bad field (named), or a catalog that takes no new items"),
+                      "401": _err("no or a wrong operator token"),
+                      "403": _err("the server has no operator token (PRIVREC_ADMIN_TOKEN): adding items is off"),
+                      "409": _err("the item is already in the catalog"), "503": _UNAVAILABLE},
     }},
     "/report": {"post": {
         "operationId": "report", "summary": "Local mode: a device's noisy report on a shown list",

@@ -25,6 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from .catalog import Catalog, UnknownArmError, UnknownUserError
 from .redisconn import connect
 from .keys import PublicKeys
 
-__all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "MAX_K"]
+__all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "rank_catalog", "MAX_K", "RANKED"]
 
 #: Largest list a request may ask for.
 MAX_K = 100
@@ -89,6 +90,10 @@ class Recommender:
         self._meta: dict[str, str] = {}
         self._meta_at = -math.inf
         self._lock = threading.Lock()
+        # unit -> ((unit model version, items, alpha), its best MAX_K rows): a catalog ranked whole (rank_all)
+        self._ranked: dict[int, tuple[tuple[int, int, float], np.ndarray]] = {}
+        self._refreshing: set[int] = set()  # units whose list a background thread is scoring again
+        self._refresher: ThreadPoolExecutor | None = None
 
     def meta(self) -> dict[str, str]:
         """The served model's metadata (version, algorithm, alpha, privacy statement, ...).
@@ -167,6 +172,8 @@ class Recommender:
             unit = self.catalog.unit_of(user)
         except UnknownUserError as exc:
             raise BadRequest("user", str(exc)) from None
+        if candidates is None and getattr(self.catalog, "rank_all", False):
+            return self._rank_all(user, unit, k)
         pool = list(self.catalog.default_pool if candidates is None else candidates)
         if not pool:
             raise BadRequest("candidates", "must name at least one item")
@@ -181,11 +188,16 @@ class Recommender:
         meta = self.meta()
         version = int(meta["version"])
         model = self.unit_model(unit, version)
-        X = self.catalog.feature_matrix.take(rows, axis=0)  # take: a third of fancy indexing's cost on a list
         alpha = model.width if model.width is not None else float(meta["alpha"])
+        return self._answer(user, unit, model, alpha, self.item_term(version), pool, rows, k)
+
+    def _answer(self, user: str, unit: int, model: _UnitModel, alpha: float, term: tuple[float, np.ndarray] | None,
+                pool: Sequence[str], rows: Sequence[int] | np.ndarray, k: int) -> dict[str, Any]:
+        """The answer: the top ``k`` of ``pool`` (catalog ``rows``) by UCB score, ties in pool order."""
+        X = self.catalog.feature_matrix.take(rows, axis=0)  # take: a third of fancy indexing's cost on a list
         mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
-        term = self.item_term(version)
-        popular = None if term is None else term[0] * term[1].take(rows)
+        # an item added after the release (or beyond the item capacity) has no released sum: 0 (_pad)
+        popular = None if term is None else term[0] * _pad(term[1], rows)
         score = mean + bonus if popular is None else mean + bonus + popular
         order = np.argsort(-score, kind="stable")[: min(k, len(pool))].tolist()
         # Python floats once (indexing numpy arrays item by item costs more than converting them whole)
@@ -200,6 +212,109 @@ class Recommender:
                        "mean": _num(m_[i]), "bonus": _num(b_[i]),
                        **({} if p_ is None else {"popularity": _num(p_[i])})} for i in order],
         }
+
+    def _rank_all(self, user: str, unit: int, k: int) -> dict[str, Any]:
+        """Top-``k`` of every catalog item for ``user``: the unit's best rows (:meth:`_ranking`) scored by the
+        current model and sorted."""
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise BadRequest("k", f"must be an integer in [1, {MAX_K}], got {k!r}")
+        override = getattr(self.catalog, "_default_pool_override", None)
+        if override:
+            return self.recommend(user, override, k)
+        meta = self.meta()
+        version = int(meta["version"])
+        model = self.unit_model(unit, version)
+        alpha = model.width if model.width is not None else float(meta["alpha"])
+        term = self.item_term(version)
+        ids = self.catalog.arm_ids  # type: ignore[attr-defined]  # (a catalog that ranks all items has them)
+        rows = self._ranking(unit, model, alpha, term)
+        return self._answer(user, unit, model, alpha, term, [ids[r] for r in rows.tolist()], rows, k)
+
+    def _ranking(self, unit: int, model: _UnitModel, alpha: float,
+                 term: tuple[float, np.ndarray] | None) -> np.ndarray:
+        """The unit's best :data:`RANKED` catalog rows (ties by row), kept per unit until its model changes.
+
+        The first request of a unit scores every item (:func:`rank_catalog`) in the request. After a new model
+        version (or new items), the unit's list is scored again in a background thread (BLAS releases the GIL,
+        so the server keeps answering) and, meanwhile, requests get the previous list's rows, which
+        :meth:`_rank_all` scores with the current model: one release tick of staleness in which rows
+        are candidates, never in the scores.
+        """
+        X32 = self.catalog.features32  # type: ignore[attr-defined]  # read once: items may be appended meanwhile
+        key = (model.version, len(X32), alpha)
+        hit = self._ranked.get(unit)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        if hit is None:
+            rows = rank_catalog(X32, self.catalog.feature_matrix, model.theta, model.M, alpha, term)
+            with self._lock:
+                self._ranked[unit] = (key, rows)
+            return rows
+        with self._lock:
+            start = unit not in self._refreshing
+            self._refreshing.add(unit)
+        if start:
+            if self._refresher is None:
+                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="privrec-rank")
+            self._refresher.submit(self._refresh, unit, key, X32, model, alpha, term)
+        return hit[1]
+
+    def _refresh(self, unit: int, key: tuple[int, int, float], X32: np.ndarray, model: _UnitModel, alpha: float,
+                 term: tuple[float, np.ndarray] | None) -> None:
+        try:
+            rows = rank_catalog(X32, self.catalog.feature_matrix, model.theta, model.M, alpha, term)
+            with self._lock:
+                old = self._ranked.get(unit)
+                if old is None or old[0][:2] <= key[:2]:  # never replace a newer list
+                    self._ranked[unit] = (key, rows)
+        finally:
+            with self._lock:
+                self._refreshing.discard(unit)
+
+
+#: Rows kept per unit when a catalog is ranked whole: the largest ``k`` plus a margin for the next model.
+RANKED = MAX_K + 32
+
+
+def rank_catalog(X32: np.ndarray, X: np.ndarray, theta: np.ndarray, M: np.ndarray, alpha: float,
+                 term: tuple[float, np.ndarray] | None, n: int = RANKED) -> np.ndarray:
+    """The ``n`` best rows of ``X`` by UCB score (``x θ + α sqrt(x M x)`` + the item term), in order.
+
+    Every item is scored in float32 (``X32``: one matrix product ``X [θ | M]`` for the means and the widths'
+    ``X M``, then the row sums of ``X M ∘ X``; half the bytes of float64); the best ``n`` are scored again in
+    float64 and sorted (ties by row), so the order is float64's unless items lie within float32's rounding
+    (~1e-6) of the ``n``-th score.
+    """
+    T = np.empty((X32.shape[1], X32.shape[1] + 1), dtype=np.float32)
+    T[:, 0] = theta
+    T[:, 1:] = M
+    Z = X32.dot(T)
+    mean = Z[:, 0].copy()
+    XM = Z[:, 1:]
+    XM *= X32
+    q = XM.sum(axis=1)
+    score = np.sqrt(np.maximum(q, 0.0, out=q), out=q)
+    score *= np.float32(alpha)
+    score += mean
+    if term is not None:
+        score += (term[0] * _pad(term[1], np.arange(len(X32)))).astype(np.float32)
+    n = min(len(X32), n)
+    top = np.argpartition(-score, n - 1)[:n] if n < len(X32) else np.arange(len(X32))
+    m64, b64 = ucb_scores(theta, M, X[top], alpha)
+    s64 = m64 + b64 + (0.0 if term is None else term[0] * _pad(term[1], top))
+    out: np.ndarray = top[np.lexsort((top, -s64))]
+    return out
+
+
+def _pad(pop: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``pop[rows]``, 0 for rows beyond ``pop`` (items added after the release, or beyond the item capacity)."""
+    if len(rows) == 0 or (int(rows.max()) if isinstance(rows, np.ndarray) else max(rows)) < len(pop):  # common
+        out: np.ndarray = pop.take(rows)
+        return out
+    rows = np.asarray(rows)
+    if len(pop) == 0:
+        return np.zeros(len(rows))
+    return np.where(rows < len(pop), pop[np.minimum(rows, len(pop) - 1)], 0.0)
 
 
 def _num(x: float) -> float:

@@ -153,7 +153,11 @@ class Settings:
         for ``2**tree_levels - 1`` of that unit's own releases, with the
         paper's level count for that many leaves.
     catalog
-        ``"synthetic"`` (the paper's synthetic users and arms) or ``"lastfm"``.
+        ``"synthetic"`` (the paper's synthetic users and arms), ``"lastfm"``, or the path of a catalog
+        directory (:mod:`producers.catalog`; stored absolute, so every process reads the same one).
+    catalog_units
+        Catalog directory: the number of clusters of its ``edges.csv``, or of units of the public rule
+        ``SHA-256(user) mod catalog_units`` (which also places every user the catalog does not list).
     data_dir
         LastFM data directory (``None``: the default next to the repo).
     graph
@@ -250,6 +254,7 @@ class Settings:
     catalog: str = "synthetic"
     graph: str = "clusters"
     data_dir: str | None = None
+    catalog_units: int = 100
     d: int = 25
     n_users: int = 10
     n_arms: int = 1000
@@ -311,7 +316,12 @@ class Settings:
         if not 1 <= self.tree_levels <= 40:
             raise SettingsError("tree_levels", f"must be in [1, 40], got {self.tree_levels}.")
         if self.catalog not in CATALOGS:
-            raise SettingsError("catalog", f"must be one of {CATALOGS}, got {self.catalog!r}.")
+            if not os.path.isdir(self.catalog):
+                raise SettingsError("catalog", f"must be one of {CATALOGS} or a catalog directory (holding "
+                                               f"items.csv), got {self.catalog!r} (no such directory).")
+            object.__setattr__(self, "catalog", os.path.abspath(self.catalog))  # the same for every process
+        if not 1 <= self.catalog_units <= 1_000_000:
+            raise SettingsError("catalog_units", f"must be an integer in [1, 1000000], got {self.catalog_units}.")
         if self.graph not in GRAPHS:
             raise SettingsError("graph", f"must be one of {GRAPHS}, got {self.graph!r}.")
         if self.graph == "users":
@@ -568,6 +578,10 @@ _HELP = {
     "shuffle_batch": "local mode with --local-algorithm round: n > 0 shuffles batches of n distinct users' reports; "
                      "--epsilon is then the central guarantee of a batch",
     "fed_schedule": "federated mode: share every release tick ('tick') or at ticks 1, 2, 4, ... ('doubling')",
+    "catalog": "'synthetic', 'lastfm', or a catalog directory (items.csv, optional users.csv, edges.csv, "
+               "events.csv; see the README section 'Your own catalog')",
+    "catalog_units": "catalog directory: clusters of edges.csv, or units of the public rule SHA-256(user) mod "
+                     "units that also places every user the catalog does not list",
     "graph": "LastFM: 'clusters' (the 100 friend-graph clusters share models) or 'users' (a model per user, the "
              "friend graph as a sparse relation, solved matrix-free; global mode)",
     "mechanism": "continual-release mechanism of linucb/colin/goblin, one of: " + ", ".join(sorted(MECHANISMS))

@@ -45,7 +45,7 @@ from models.streaming.sparse import laplacian_regulariser
 
 from . import faults
 from .baseline_release import BaselineStateStore, build_baseline, widths_summary
-from .catalog import Catalog
+from .catalog import Catalog, item_capacity
 from .keys import PublicKeys
 from .settings import Settings
 from .trusted import TrustedStore
@@ -367,7 +367,7 @@ class ReleaseStage:
         self.releaser = Releaser(structure=self.structure, V=self.V, d=self.catalog.d, mechanism=self.mechanism,
                                  Q=regulariser(s.algorithm, self.catalog.W))
         # the item term: each item's reward sum, released beside the bandit statistic (its own mechanism and key)
-        self.n_items = len(self.catalog.feature_matrix) if s.item_term else 0
+        self.n_items = item_capacity(self.catalog) if s.item_term else 0
         self.item_mechanism: Mechanism | None = None
         if s.item_term and s.private:
             def items(scale: float) -> Mechanism:

@@ -57,6 +57,7 @@ from .budget_view import history, ledger_overview, user_budget
 from .keys import PublicKeys
 from .kafkaconn import client_kwargs
 from .redisconn import connect, connect_async
+from .items_live import add_routes as add_items_routes
 from .local_http import add_routes as add_local_routes, local_budget, refuse_raw_reward, with_contexts
 from .openapi import add_routes as add_openapi_routes
 from .outbox import OUTBOX, BrokerUnavailable, accept, observe_outbox, outbox_metrics, start_forwarding, stop_forwarding
@@ -146,6 +147,7 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app.router.add_get("/users", users)
     app.router.add_get("/", index)
     add_local_routes(app)  # GET /local/config, POST /report (local mode; a clear 400 elsewhere)
+    add_items_routes(app)  # POST /items (operator), and the follower of the items topic (pipeline.items_live)
     add_openapi_routes(app)  # GET /openapi.json: the contract of every route (pipeline/openapi.py)
     if STATIC.is_dir():
         app.router.add_static("/static/", STATIC)

@@ -43,6 +43,32 @@ def register(sub: Any) -> None:
                     help="local mode: keep each simulated device's state in DIR (one file per user; default: memory)")
     lf.add_argument("--no-progress", action="store_true", help="no progress bar")
     lf.set_defaults(func=_lastfm)
+    ev = rsub.add_parser(
+        "events", help="replay any events.csv (user,item,timestamp[,reward]): LastFM's protocol on your log",
+        description="For each logged positive of FILE in time order: a pool of --pool items (the logged one plus "
+                    "others of the catalog drawn by the public --seed), GET /recommend over it (k=1), reward 1 iff "
+                    "the top item is the logged one, POST /feedback. Writes replay.json and replay.png to --out, "
+                    "with the random and popularity baselines on the same events. The stack must serve the "
+                    "catalog directory the events name items of (privrec up --catalog DIR).")
+    ev.add_argument("file", type=Path, metavar="FILE", help="an events.csv (columns user, item, timestamp, "
+                                                            "optional reward)")
+    ev.add_argument("--catalog", type=Path, default=None,
+                    help="the catalog directory (default: the one the stack serves, else FILE's directory)")
+    ev.add_argument("--pool", type=int, default=25, help="items per pool (default 25)")
+    ev.add_argument("--seed", type=int, default=0, help="public seed of the pools (default 0)")
+    ev.add_argument("--events", type=int, default=None, help="replay at most this many positives (default: all)")
+    ev.add_argument("--rate", default="auto", help="events/s: a number, 'max' or 'auto' (default: 100 events per "
+                                                   "release tick)")
+    ev.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    ev.add_argument("--out", type=Path, required=True, help="output directory")
+    ev.add_argument("--http", default=None, help="API base URL (default: $PRIVREC_HTTP_URL, or the running "
+                                                 "stack of --state-dir)")
+    ev.add_argument("--state-dir", type=Path, default=None, help="state directory of `privrec up`")
+    ev.add_argument("--no-listens", action="store_true",
+                    help="do not send a missed logged item as an organic listen (POST /listen)")
+    ev.add_argument("--no-baselines", action="store_true", help="skip the offline baselines on the same events")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ev.set_defaults(func=_events)
 
 
 def resolve_http(explicit: str | None, state_dir: Path | None) -> str:
@@ -80,7 +106,7 @@ def _lastfm(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from producers.lastfm import load_catalog
-    from producers.replay import ReplayEvent, replay, summary
+    from producers.replay import ReplayEvent, replay
 
     if args.events < 1:
         raise ValueError(f"`--events` must be positive, got {args.events}.")
@@ -105,29 +131,102 @@ def _lastfm(args: argparse.Namespace) -> int:
                     listens=not args.no_listens, devices=devices)
     bar.close()
     info = _api_info(base)
-    baselines = {} if args.no_baselines else _baselines(args, n, info, every=max(1, n // 200))
-    doc = {**summary(result),
-           "settings": {"http": base, "events_requested": args.events, "start": args.start, "rate": rate,
-                        "rate_setting": args.rate,
-                        "concurrency": args.concurrency, "k": 1, "pool_size": 25,
-                        "positives": catalog.params.positives, "catalog_seed": catalog.params.seed,
-                        "protocol": "recommend the top item of each logged event's pool; reward 1 iff it is the "
-                                    "logged artist; random play's expected reward is 1/len(pool) per event"},
+    baselines = {} if args.no_baselines else _baselines(_lastfm_events(args, n), n, info, every=max(1, n // 200))
+    return _finish(args.out, result, info, baselines, {}, {
+        "http": base, "events_requested": args.events, "start": args.start, "rate": rate, "rate_setting": args.rate,
+        "concurrency": args.concurrency, "k": 1, "pool_size": 25,
+        "positives": catalog.params.positives, "catalog_seed": catalog.params.seed,
+        "protocol": "recommend the top item of each logged event's pool; reward 1 iff it is the "
+                    "logged artist; random play's expected reward is 1/len(pool) per event"})
+
+
+def _finish(out: Path, result: Any, info: dict[str, Any], baselines: dict[str, Any], extra: dict[str, Any],
+            settings: dict[str, Any]) -> int:
+    """Write ``replay.json`` and ``replay.png`` to ``out`` and print the summary (both replays)."""
+    from producers.replay import summary
+
+    doc = {**summary(result), **extra, "settings": settings,
            "model": info.get("model"), "privacy": info.get("privacy"),
            "curve": [{"events": e, "reward": r, "random_reward": rr} for e, r, rr in result.cumulative],
            **_baseline_fields(baselines, result.random_reward),
            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "replay.json").write_text(json.dumps(doc, indent=2) + "\n")
-    _plot(doc, args.out / "replay.png")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "replay.json").write_text(json.dumps(doc, indent=2) + "\n")
+    _plot(doc, out / "replay.png")
     print(f"events {result.events}  reward {result.reward:.0f}  random {result.random_reward:.1f}  "
           f"ratio {result.ratio:.2f}  ({result.seconds:.0f} s, model v{result.first_model_version}"
           f"→v{result.last_model_version}; versions per 1,000 events {result.versions_per_1000()})")
     if baselines:
         print("  on the same events, offline: " + ", ".join(
             f"{name} {b['reward'] / result.random_reward:.2f}" for name, b in baselines.items()))
-    print(f"wrote {args.out}/replay.json and replay.png", file=sys.stderr)
+    print(f"wrote {out}/replay.json and replay.png", file=sys.stderr)
     return 0
+
+
+def _events(args: argparse.Namespace) -> int:
+    """``privrec replay events FILE``: LastFM's protocol on any events.csv (see producers.catalog.replay_pools)."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from pipeline.catalog_open import OpenCatalog
+    from privrec.experiments.lastfm import LastFMEvents
+    from producers.catalog import build_catalog, read_events
+    from producers.catalog.replay_pools import replay_plan
+    from producers.replay import ReplayEvent, replay
+
+    if args.events is not None and args.events < 1:
+        raise ValueError(f"`--events` must be positive, got {args.events}.")
+    base = resolve_http(args.http, args.state_dir)
+    info = _api_info(base)
+    deadline = time.monotonic() + 120
+    while not info.get("model") and time.monotonic() < deadline:  # no release yet: /budget answers 503
+        time.sleep(0.5)
+        info = _api_info(base)
+    model = info.get("model") or {}
+    served = str(model.get("catalog") or "")
+    if args.catalog is None and served in ("synthetic", "lastfm"):
+        raise ValueError(f"the stack at {base} serves the {served!r} catalog; replaying an events file needs a "
+                         f"stack started with `privrec up --catalog DIR` (or pass --catalog)")
+    root = args.catalog or (Path(served) if served and Path(served).is_dir() else args.file.parent)
+    built = build_catalog(root, d=int(model.get("d") or 25), units=int(model.get("units") or 100))
+    plan = replay_plan(read_events(args.file), built.item_ids, pool=args.pool, seed=args.seed)
+    events = plan.events[:args.events] if args.events is not None else plan.events
+    if plan.first_unknown is not None:
+        line, item = plan.first_unknown
+        print(f"skipped {plan.skipped_unknown_item} events naming an item outside the catalog (first: "
+              f"{args.file.name} line {line}, item {item!r})", file=sys.stderr)
+    n = len(events)
+    if n == 0:
+        raise ValueError(f"{args.file}: no logged positive names an item of the catalog {root}")
+    bar = tqdm(total=n, desc="replay events", unit="ev", disable=args.no_progress, dynamic_ncols=True)
+
+    def progress(done: int, res: Any) -> None:
+        bar.update(1)
+        if done % 100 == 0:
+            bar.set_postfix(ratio=f"{res.ratio:.2f}", model=res.last_model_version)
+
+    rate = _rate(args.rate, info)
+    result = replay(base, (ReplayEvent(e.user, e.item, e.pool) for e in events), total=n, rate=rate,
+                    concurrency=args.concurrency, progress=progress, listens=not args.no_listens)
+    bar.close()
+    info = _api_info(base)
+    baselines: dict[str, Any] = {}
+    if not args.no_baselines:
+        cat = OpenCatalog(built)
+        rows = {a: i for i, a in enumerate(built.item_ids)}
+        offline = LastFMEvents(np.array([cat.unit_of(e.user) for e in events], dtype=np.int64),
+                               np.array([[rows[a] for a in e.pool] for e in events], dtype=np.int64),
+                               np.array([e.slot for e in events], dtype=np.int64), built.features, built.W,
+                               cat.n_units)
+        baselines = _baselines(offline, n, info, every=max(1, n // 200))
+    return _finish(args.out, result, info, baselines, {"source": "events"}, {
+        "http": base, "file": str(args.file.resolve()), "catalog": str(Path(root).resolve()),
+        "events_requested": args.events, "rate": rate, "rate_setting": args.rate,
+        "concurrency": args.concurrency, "k": 1, "pool_size": args.pool, "pool_seed": args.seed,
+        "skipped_unknown_item": plan.skipped_unknown_item, "skipped_not_positive": plan.skipped_not_positive,
+        "protocol": "each logged positive in time order: a pool of the logged item and others drawn by the public "
+                    "seed; recommend the top item; reward 1 iff it is the logged item; random play's expected "
+                    "reward is 1/len(pool) per event"})
 
 
 #: ``--rate auto``: events per release tick, so that each release covers about this many new events.
@@ -166,16 +265,24 @@ def _devices(base: str, mode: str, state_dir: Path | None) -> Any:
     return Devices(config_from_public(public), state_dir) if mode == "local" else None
 
 
-def _baselines(args: argparse.Namespace, n: int, info: dict[str, Any], every: int) -> dict[str, Any]:
-    """Random play, online popularity (global, per cluster) and private popularity on the same events, offline."""
+def _lastfm_events(args: argparse.Namespace, n: int) -> Any:
+    from privrec.experiments.lastfm import load_events
+
+    return load_events(n, args.data_dir, args.start)
+
+
+def _baselines(ev: Any, n: int, info: dict[str, Any], every: int) -> dict[str, Any]:
+    """Random play, online popularity (global, per unit) and private popularity on the same events, offline.
+
+    ``ev`` is a :class:`privrec.experiments.lastfm.LastFMEvents` (units, pools, logged slots, features, ``W``).
+    """
     import math
 
     import numpy as np
 
     from models.policies import OnlinePopularity, make_popularity_policy
-    from privrec.experiments.lastfm import load_events, replay_offline
+    from privrec.experiments.lastfm import replay_offline
 
-    ev = load_events(n, args.data_dir, args.start)
     priv = info.get("privacy") or {}
     eps = float(priv["epsilon"]) if priv.get("private") and priv.get("epsilon") is not None else math.inf
     delta = float(priv.get("delta") or 1e-5)
@@ -246,7 +353,7 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
         ax.plot([c["events"] for c in curve], [c["reward"] for c in curve], color=color, ls=ls, label=text)
     ax.set_xlabel("replayed events")
     ax.set_ylabel("cumulative reward")
-    ax.set_title(f"LastFM replay: reward ratio to random = {doc['ratio']:.2f}")
+    ax.set_title(f"{'LastFM' if doc.get('source') != 'events' else 'Event log'} replay: reward ratio to random = {doc['ratio']:.2f}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

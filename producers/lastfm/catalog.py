@@ -261,6 +261,12 @@ class LastFMCatalog:
         out: FloatArray = self.feature_matrix[rows]
         return out
 
+    def most_logged(self, n: int = 25) -> list[str]:
+        """The ``n`` artists most often logged in the event stream (the default pool of serving)."""
+        counts = np.bincount(self._ev_arms.astype(np.int64))
+        popular = np.argsort(-counts)[:8 * n]
+        return [str(a) for a in popular if counts[a] > 0 and str(a) in self.artist_index][:n]
+
     def cluster_of(self, user: str) -> int:
         """The cluster (model unit of CoLin / GOB.Lin) of a user.
 
