@@ -248,7 +248,10 @@ def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
         for j in near:
             x = X[j]
             norm = float(np.sqrt(x @ x))
-            if norm > 1.0:
+            if norm == math.inf:  # huge finite values: x @ x overflows (x / inf would be 0); scale first
+                x = x / np.max(np.abs(x))
+                X[j] = x / float(np.sqrt(x @ x))
+            elif norm > 1.0:
                 X[j] = x / norm
         if bad.any():
             for j in np.flatnonzero(bad):

@@ -199,6 +199,11 @@ class Settings:
     cap_policy
         User level, a user at the cap: ``"ignore"`` (still served and logged, no longer learned from) or
         ``"reject"`` (``/feedback`` and ``/listen`` answer 403).
+    user_budget
+        Lifetime budget of one user: epsilon at the stack's ``delta`` over the user's whole history, every
+        epoch (``inf``: none). User level, the fold stops learning from a user whose spent budget would exceed
+        it (their events are counted as "not learned (budget)"); local mode, the server stops aggregating a
+        device's reports past it. Default 10 (README, "A lifetime budget per user").
     default_pool
         Comma-separated arm ids that ``/recommend`` ranks when the request
         names no candidates (``None``: the catalog's default, the 25 most
@@ -254,6 +259,7 @@ class Settings:
     privacy_unit: str | None = None
     user_cap: int = 8
     cap_policy: str = "ignore"
+    user_budget: float = 10.0
     default_pool: str | None = None
     namespace: str = "privrec"
     kafka: str | None = None
@@ -339,6 +345,8 @@ class Settings:
                                             f"{self.user_cap}.")
         if self.cap_policy not in CAP_POLICIES:
             raise SettingsError("cap_policy", f"must be one of {CAP_POLICIES}, got {self.cap_policy!r}.")
+        if not self.user_budget > 0:  # NaN fails too
+            raise SettingsError("user_budget", f"must be a positive epsilon or inf, got {self.user_budget}.")
         if self.privacy_unit == "user" and self.private and not self._user_level_mechanism:
             raise SettingsError("mechanism", f"user-level privacy needs a mechanism with a multi-participation "
                                              f"bound ({', '.join(USER_LEVEL_MECHANISMS)} and their user-* forms), got "

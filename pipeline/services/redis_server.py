@@ -13,11 +13,17 @@ from .process import LOOPBACK, ServiceError, ServiceHandle, free_port, start_on_
 __all__ = ["redis_ready", "start_redis", "start_redis_cluster"]
 
 
-def redis_ready(url: str, timeout: float = 2.0) -> bool:
-    """Whether redis at ``url`` answers PING (and has finished loading its data)."""
+def redis_ready(url: str, timeout: float = 2.0, *, locked: bool = False) -> bool:
+    """Whether redis at ``url`` answers PING (and has finished loading its data).
+
+    ``locked``: a server whose ``default`` user has a password (ACL file) counts as up when it refuses
+    the password-less PING (NOAUTH).
+    """
     client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
         return bool(client.ping())
+    except redis.exceptions.AuthenticationError:
+        return locked
     except redis.exceptions.RedisError:  # includes BusyLoadingError while the AOF loads
         return False
     finally:
@@ -37,7 +43,8 @@ def start_redis(
     """Start ``redis-server`` with append-only persistence and wait until it answers PING.
 
     Data lives in ``state_dir/<name>/``; starting again on the same ``state_dir`` loads it
-    back. RDB snapshots are off (``--save ""``): the AOF (``appendfsync everysec``) is the
+    back, and so are the ACL users of ``state_dir/<name>/users.acl`` when that file exists
+    (:func:`pipeline.acl.write_aclfile`). RDB snapshots are off (``--save ""``): the AOF (``appendfsync everysec``) is the
     persistence, so at most about one second of writes is lost on a crash, none on a clean
     stop.
 
@@ -77,6 +84,8 @@ def start_redis(
     data_dir = Path(state_dir) / name
     data_dir.mkdir(parents=True, exist_ok=True)
 
+    locked = (data_dir / "users.acl").exists()
+
     def start(p: int) -> ServiceHandle:
         argv = [
             server,
@@ -87,6 +96,7 @@ def start_redis(
             "--save", "",
             "--daemonize", "no",
             "--logfile", "",  # log to stdout, which start_process sends to <name>.log
+            *(["--aclfile", str((data_dir / "users.acl").resolve())] if locked else []),
             *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000",
                "--cluster-port", str(free_port(host))]  # the bus port: explicit (default port + 10000 may be taken)
               if cluster else []),
@@ -98,7 +108,7 @@ def start_redis(
             state_dir,
             address=f"{host}:{p}",
             url=url,
-            ready=lambda: redis_ready(url),
+            ready=lambda: redis_ready(url, locked=locked),
             timeout=timeout,
         )
 
