@@ -4,11 +4,17 @@ Serving code: it imports only public things (the catalog, the public key layout,
 calibration of :mod:`models.local`), never the trusted store. A report is checked here as far as
 the web process can (the schema, the user, the shown list it answers, one report per list) and
 produced to ``ldp-reports``; the worker checks the version (:mod:`pipeline.localmode`).
+
+The lifetime budget (``user_budget``) in local mode: a device's reports compose, so a user may send at most
+:func:`report_limit` of them; the server counts each user's reports (atomically, :func:`budget_counter`, a key
+of the web's own ``recs`` kind, no expiry) and refuses the ones past the limit with 403 — refused, never
+silently lost: the count minus the limit is the user's reports "not learned (budget)".
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -23,7 +29,8 @@ from .keys import PublicKeys
 from .records import TOPICS
 from .settings import Settings
 
-__all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED"]
+__all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED",
+           "report_limit", "budget_counter"]
 
 #: Why ``/feedback`` and ``/listen`` answer 400 in local mode.
 RAW_REFUSED = ("this stack runs in local mode: the server never receives a raw reward. Build a noisy report on the "
@@ -76,6 +83,30 @@ def _config(request: web.Request) -> LocalConfig:
     return cfg
 
 
+def report_limit(config: LocalConfig, user_budget: float) -> int | None:
+    """How many reports of one user stay within ``user_budget`` (epsilon at the device's delta); ``None``: no limit.
+
+    Shuffled (pure ``epsilon0``-LDP reports): basic composition, ``k * epsilon0``. ``round``: independent
+    Gaussian reports compose to ``mu * sqrt(k)``. ``tree``: a user's k interactions are covered at group level
+    k: ``k * mu`` in Gaussian DP (``k * epsilon`` for a Laplace device mechanism).
+    """
+    from models.accounting.conversions import gdp_mu
+
+    if not math.isfinite(user_budget):
+        return None
+    if config.shuffled:
+        return math.floor(user_budget / config.epsilon0)
+    if config.algorithm == "tree" and "laplace" in config.mechanism:
+        return math.floor(user_budget / config.epsilon)
+    ratio = gdp_mu(user_budget, config.delta) / gdp_mu(config.epsilon, config.delta)
+    return math.floor(ratio if config.algorithm == "tree" else ratio**2)
+
+
+def budget_counter(keys: PublicKeys, user: str) -> str:
+    """The key counting one user's reports (accepted and refused), for the lifetime budget."""
+    return keys.recommendation(f"reports:{user}")
+
+
 async def config_view(request: web.Request) -> web.Response:
     """The devices' public calibration; ``{"mode": <mode>}`` alone outside local mode."""
     s: Settings = request.app[SETTINGS]
@@ -116,22 +147,35 @@ async def report(request: web.Request) -> web.Response:
     answered = keys.recommendation(rep.rec_id) + ":answered"
     if not await r.set(answered, rep.item, nx=True, ex=24 * 3600):
         return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
+    limit = report_limit(cfg, s.user_budget)
+    counter = budget_counter(keys, rep.user)
+    if limit is not None and await r.incr(counter) > limit:  # counted: reports "not learned (budget)"
+        return _error(403, "user", f"user {rep.user!r} has sent the {limit} reports their lifetime budget allows "
+                                   f"(user_budget epsilon {s.user_budget:g}): no further report is accepted")
     try:
         await producer.send_and_wait(TOPICS["ldp_reports"], key=rep.user.encode(), value=raw)
     except Exception:
         await r.delete(answered)
+        if limit is not None:
+            await r.decr(counter)
         raise
     return web.json_response({"accepted": True, "user": rep.user, "version": rep.version}, status=202)
 
 
-def local_budget(settings: Settings, config: LocalConfig, user: str | None, reports: int) -> dict[str, Any]:
-    """``/budget``'s local section: the devices' guarantee, and for a user what their reports cover."""
+def local_budget(settings: Settings, config: LocalConfig, user: str | None, reports: int,
+                 sent: int | None = None) -> dict[str, Any]:
+    """``/budget``'s local section: the devices' guarantee and the lifetime budget, and for a user what their
+    reports cover (``sent``: the reports they sent, accepted or refused — :func:`budget_counter`)."""
     from models.accounting.conversions import gdp_epsilon, gdp_mu
 
-    out: dict[str, Any] = {"guarantee": config.guarantee()}
+    limit = report_limit(config, settings.user_budget)
+    out: dict[str, Any] = {"guarantee": config.guarantee(),
+                           "user_budget": {"epsilon": settings.user_budget, "reports_allowed": limit}}
     if user is None:
         return out
     entry: dict[str, Any] = {"user": user, "reports": reports, "unit": "event"}
+    if limit is not None and sent is not None:
+        entry.update({"at_budget": sent >= limit, "not_learned_budget": max(0, sent - limit)})
     if config.algorithm == "tree":
         entry["per_interaction"] = {"epsilon": config.epsilon, "delta": config.delta}
         entry["bound"] = (f"each of this user's {reports} interactions is ({config.epsilon:g}, {config.delta:g})-DP "

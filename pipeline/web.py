@@ -53,7 +53,7 @@ from .budget_view import history, ledger_overview, serving_isolation, user_budge
 from .keys import PublicKeys
 from .kafkaconn import client_kwargs
 from .redisconn import connect, connect_async
-from .local_http import add_routes as add_local_routes, local_budget, refuse_raw_reward, with_contexts
+from .local_http import add_routes as add_local_routes, budget_counter, local_budget, refuse_raw_reward, with_contexts
 from .records import TOPICS
 from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
 from .settings import Settings
@@ -436,7 +436,9 @@ async def budget(request: web.Request) -> web.Response:
         counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(s.partitions)))
         k = sum(int(c) for c in counts if c is not None)
         if s.mode == "local":  # the devices' guarantee: what this user's reports cover
-            out["local"] = local_budget(s, s.local_config(request.app[CATALOG].d), user, k)
+            sent = await r.get(budget_counter(keys, user))
+            out["local"] = local_budget(s, s.local_config(request.app[CATALOG].d), user, k,
+                                        sent=int(sent or 0))
             out["user"] = {"user": user, "interactions": k, **out["local"]["user"]}
         elif statement.get("unit") == "user":
             out["user"] = {**await user_budget(r, keys, s.partitions, user, statement, out["tree"]["epoch"]),
