@@ -377,6 +377,8 @@ class ReleaseStage:
         stats, item_sums, offsets = self.store.snapshot_items(self.settings.partitions, c.n_units, c.d, self.n_items)
         last = self.client.hget(self.store.keys.pending, "count")
         if not force and last is not None and int(last) == int(stats.count.sum()):
+            if fold.get("over_budget") or fold.get("dropped"):  # no release, but the ledger's counters moved
+                self._ledger_entry(max(1, self.store.pending_version()), fold)  # (the metrics' figures)
             return None
         version = self.store.pending_version() + 1
         if self.baseline is not None:
