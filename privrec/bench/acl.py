@@ -3,16 +3,20 @@
 One real redis-server (AOF on, the users of :func:`pipeline.acl.global_rules` loaded from its ACL file, as
 ``privrec up`` starts it) holds two namespaces of the same catalog: ``aclon``, used through the ``worker`` and
 ``web`` users (key patterns checked by Redis on every command), and ``acloff``, used through the administrator
-(``~* +@all``: what every process used before least privilege, and with ``--no-acl``). The two sides run
-interleaved, ``repeats`` times each, so the machine's drift hits both alike:
+(``~* +@all``: what every process used before least privilege, and with ``--no-acl``). The two sides alternate
+in short rounds (which side goes first alternates too), so the shared machine's drift hits both alike; each
+round measures, per side:
 
-* **ingest**: the user-level ingest (``UserIngestProcessor``: the pending contributions and the offset in one
-  Lua script) of ``events`` events in batches of ``batch``, µs per event;
-* **release**: one release tick (fold, release, durable persist, publish) after each ingest round, ms per tick;
+* **ingest**: one batch of ``batch`` events through the user-level ingest (``UserIngestProcessor``: the pending
+  contributions and the offset in one Lua script), µs per event;
+* **release**: one release tick (fold, release, durable persist, publish), ms;
 * **/recommend**: a real ``pipeline.web`` server per side (connected as ``web`` / as the administrator),
-  ``requests`` sequential keep-alive ``GET /recommend`` from one client, µs per request (client included).
+  ``block`` sequential keep-alive ``GET /recommend`` from one client, µs per request (client included);
+* **Redis alone**: 2,000 pipelined ``HGET`` of the model's metadata as the web's user / as the administrator,
+  µs per command — the permission check with the least around it.
 
-Writes ``acl.json`` (medians, every repeat, the ratios ACL / no ACL, the machine yardstick) to ``--out``.
+The figures are the medians over ``rounds`` and the median of the per-round ratios ACL / no ACL (paired: the
+two sides of a round ran seconds apart). Writes ``acl.json`` (every round, the machine yardstick) to ``--out``.
 """
 
 from __future__ import annotations
@@ -81,8 +85,8 @@ def _requests(address: str, n: int, n_users: int, seed: int) -> float:
     return took / n * 1e6
 
 
-def bench_acl(*, events: int = 20_000, batch: int = 500, requests: int = 2000, repeats: int = 5, d: int = 25,
-              n_users: int = 10, n_arms: int = 1000) -> dict[str, Any]:
+def bench_acl(*, rounds: int = 40, batch: int = 500, block: int = 100, d: int = 25, n_users: int = 10,
+              n_arms: int = 1000) -> dict[str, Any]:
     """Measure both sides, interleaved; return the document written to ``acl.json``."""
     import redis
 
@@ -119,29 +123,37 @@ def bench_acl(*, events: int = 20_000, batch: int = 500, requests: int = 2000, r
                        "PRIVREC_N_ARMS": str(n_arms), "PRIVREC_PARTITIONS": "1", "PRIVREC_LOGLEVEL": "WARNING"}
                 webs[side] = _web(state, f"web-{side}", urls[side][1], env)
             runs: dict[str, dict[str, list[float]]] = {s: {"ingest_us_per_event": [], "release_ms": [],
-                                                          "recommend_us": []} for s in SIDES}
+                                                          "recommend_us": [], "redis_hget_us": []} for s in SIDES}
+            web_clients = {side: redis.Redis.from_url(urls[side][1]) for side in SIDES}
             offset = {s: 0 for s in SIDES}
-            for r in range(repeats):
+            for r in range(rounds):
                 for side in (SIDES if r % 2 == 0 else SIDES[::-1]):  # alternate which side goes first
-                    msgs = _events(events, n_users, n_arms, offset[side], seed=r)
-                    offset[side] += events
+                    msgs = _events(batch, n_users, n_arms, offset[side], seed=r)
+                    offset[side] += batch
                     t0 = time.perf_counter()
-                    for i in range(0, events, batch):
-                        procs[side].process(0, msgs[i:i + batch])
-                    runs[side]["ingest_us_per_event"].append((time.perf_counter() - t0) / events * 1e6)
+                    procs[side].process(0, msgs)
+                    runs[side]["ingest_us_per_event"].append((time.perf_counter() - t0) / batch * 1e6)
                     t0 = time.perf_counter()
                     stages[side].tick()
                     runs[side]["release_ms"].append((time.perf_counter() - t0) * 1e3)
-                    runs[side]["recommend_us"].append(_requests(webs[side].address, requests, n_users, seed=r))
-            for c in clients.values():
+                    runs[side]["recommend_us"].append(_requests(webs[side].address, block, n_users, seed=r))
+                    meta = f"{namespaces[side]}:model:{{{namespaces[side]}:model}}:meta"
+                    with web_clients[side].pipeline(transaction=False) as pipe:
+                        for _ in range(2000):
+                            pipe.hget(meta, "version")
+                        t0 = time.perf_counter()
+                        pipe.execute()
+                    runs[side]["redis_hget_us"].append((time.perf_counter() - t0) / 2000 * 1e6)
+            for c in [*clients.values(), *web_clients.values()]:
                 c.close()
         finally:
             for h in webs.values():
                 services.stop(h)
             services.stop(rds)
     medians = {s: {k: round(statistics.median(v), 2) for k, v in runs[s].items()} for s in SIDES}
-    ratios = {k: round(medians["acl"][k] / medians["no_acl"][k], 3) for k in medians["acl"]}
-    return {"events": events, "batch": batch, "requests": requests, "repeats": repeats, "d": d, "n_users": n_users,
+    ratios = {k: round(statistics.median(a / b for a, b in zip(runs["acl"][k], runs["no_acl"][k])), 3)
+              for k in medians["acl"]}
+    return {"rounds": rounds, "batch": batch, "block": block, "d": d, "n_users": n_users,
             "n_arms": n_arms, "median": medians, "acl_over_no_acl": ratios,
             "runs": {s: {k: [round(x, 2) for x in v] for k, v in runs[s].items()} for s in SIDES},
             "machine": machine, "machine_after": machine_info()}
@@ -153,23 +165,24 @@ def register(bsub: Any) -> None:
                         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="output directory (acl.json)")
-    p.add_argument("--events", type=int, default=20_000, help="events ingested per side and repeat (default 20000)")
-    p.add_argument("--requests", type=int, default=2000, help="GET /recommend per side and repeat (default 2000)")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats per side (default 5)")
+    p.add_argument("--rounds", type=int, default=40, help="interleaved rounds (default 40)")
+    p.add_argument("--batch", type=int, default=500, help="events ingested per side and round (default 500)")
+    p.add_argument("--block", type=int, default=100, help="GET /recommend per side and round (default 100)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    for name in ("events", "requests", "repeats"):
+    for name in ("rounds", "batch", "block"):
         if getattr(args, name) < 1:
             raise ValueError(f"`--{name}` must be at least 1, got {getattr(args, name)}.")
-    doc = bench_acl(events=args.events, requests=args.requests, repeats=args.repeats)
+    doc = bench_acl(rounds=args.rounds, batch=args.batch, block=args.block)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "acl.json").write_text(json.dumps(doc, indent=2) + "\n")
     m, q = doc["median"], doc["acl_over_no_acl"]
-    print(f"{'median of ' + str(doc['repeats']) + ' interleaved repeats':<40}{'ACL users':>12}{'no ACL':>12}{'ratio':>8}")
+    print(f"{'median of ' + str(doc['rounds']) + ' interleaved rounds':<40}{'ACL users':>12}{'no ACL':>12}{'ratio':>8}")
     for key, label in (("ingest_us_per_event", "ingest (µs per event)"), ("release_ms", "release tick (ms)"),
-                       ("recommend_us", "GET /recommend (µs, sequential)")):
+                       ("recommend_us", "GET /recommend (µs, sequential)"),
+                       ("redis_hget_us", "Redis HGET, pipelined (µs)")):
         print(f"{label:<40}{m['acl'][key]:>12.2f}{m['no_acl'][key]:>12.2f}{q[key]:>8.3f}")
     print(f"machine yardstick: sum(range(1000)) takes {doc['machine']['python_speed_us']:.1f} µs before, "
           f"{doc['machine_after']['python_speed_us']:.1f} µs after")
