@@ -10,7 +10,8 @@
   ``/budget`` says serving can read trusted state;
 * a user driven past ``user_budget`` in a live stack is no longer learned from: the ledger shows the most ticks
   the budget allows (the next would exceed it), spent epsilon at most the budget, and every event after that
-  is counted "not learned (budget)".
+  is counted "not learned (budget)"; in local mode the server accepts the reports the budget allows and
+  refuses (403, counted) the rest.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 from kafka import KafkaProducer
@@ -269,6 +271,56 @@ def test_a_user_past_the_lifetime_budget_is_no_longer_learned_from(tmp_path: Pat
             time.sleep(0.3)
         assert "privrec_users_at_budget 1.0" in text_metrics
         assert f"privrec_budget_events {float(sent - allowed)}" in text_metrics
+        admin.close()
+    finally:
+        ops.down(state)
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_local_mode_refuses_a_users_reports_past_the_lifetime_budget(tmp_path: Path) -> None:
+    """Without a device that enforces it, the server accepts the reports the budget allows and refuses the rest
+    (403, counted); the worker aggregates exactly the accepted ones."""
+    from models.local import LocalClient
+    from producers.devices import config_from_public
+
+    mu = gdp_mu(2.0, 1e-5)
+    budget_eps = gdp_epsilon(2.5 * mu, 1e-5)  # a tree device's k reports cost k * mu: 2 fit, the 3rd does not
+    state = tmp_path / "stack"
+    ops.up(Settings(mode="local", namespace="lr", user_budget=budget_eps, **WORLD), state, timeout=90,
+           supervise=False, loglevel="WARNING")
+    try:
+        stack = ops.read_stack(state)
+        base = stack["http"]
+        cfg = config_from_public(_get(f"{base}/local/config")[1])
+        device = LocalClient("3", cfg)
+        answers = []
+        for _ in range(5):
+            status, rec = wait_for(lambda: (r := _get(f"{base}/recommend?user=3&k=3"))[0] == 200 and r, 30,
+                                   "/recommend")
+            item = rec["items"][0]
+            rep = device.report(rec_id=rec["rec_id"], item=item["item"], x=np.asarray(item["x"]), reward=1.0)
+            status, body = _post(f"{base}/report", rep.to_dict())
+            answers.append(status)
+            if status == 202:
+                device.acknowledge(rep.version)
+        assert answers == [202, 202, 403, 403, 403]
+        assert "lifetime budget" in body["error"]["message"] and body["error"]["parameter"] == "user"
+        admin = redis.Redis.from_url(role_redis_url(stack, "admin"))
+        wait_for(lambda: int(admin.hget("lr:released:{lr:rel}:stats", "count") or 0) == 2, 30,
+                 "the two accepted reports released")
+        time.sleep(1.0)  # a refused report would have been released by now: it was never sent
+        assert int(admin.hget("lr:released:{lr:rel}:stats", "count") or 0) == 2
+        local = _get(f"{base}/budget?user=3")[1]["local"]
+        assert local["user_budget"]["reports_allowed"] == 2
+        assert local["user"]["at_budget"] is True and local["user"]["not_learned_budget"] == 3
         admin.close()
     finally:
         ops.down(state)
