@@ -139,8 +139,10 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
     client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
     if processor is None:
         make = UserIngestProcessor if settings.user_level else IngestProcessor
+        b_clip, item_clip = settings.clips
         processor = make(client, settings.namespace, catalog, item_sums=settings.item_term,
-                         listen_weight=settings.listen_weight_in_force)
+                         listen_weight=settings.listen_weight_in_force, b_clip=b_clip, item_clip=item_clip,
+                         partitions=settings.partitions)
     TrustedStore(client, settings.namespace).ensure_config(
         settings.model_config() | {"catalog_fingerprint": catalog.fingerprint})
     consumer = AIOKafkaConsumer(

@@ -17,7 +17,7 @@ from typing import Any
 
 from models.accounting import gdp_epsilon
 
-from .keys import PublicKeys
+from .keys import PublicKeys, partition_of
 from .ledger import LedgerRecord, LifetimeBudget, spent_mu
 
 __all__ = ["ratio_of", "user_budget", "ledger_overview", "history", "serving_isolation"]
@@ -43,9 +43,9 @@ def _epsilon(mu: float, delta: float) -> float | None:
 
 async def user_budget(r: Any, keys: PublicKeys, partitions: int, user: str, statement: dict[str, Any],
                       epoch: int) -> dict[str, Any]:
-    """One user's participations, cap and spent budget (user level)."""
-    raws = await asyncio.gather(*(r.hget(keys.ledger_participation(p), user) for p in range(partitions)))
-    raw = next((x for x in raws if x is not None), None)
+    """One user's participations, cap and spent budget (user level): their one ledger record, in their partition
+    (ingest counts a user's events in that partition only, :func:`pipeline.keys.partition_of`)."""
+    raw = await r.hget(keys.ledger_participation(partition_of(user, partitions)), user)
     cap = int(statement.get("cap", 0))
     ratio = ratio_of(statement)
     rec = LedgerRecord.loads(raw).at(epoch, ratio or (lambda k: 1.0))

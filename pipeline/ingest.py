@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
+from models.mechanisms.participation import B_CLIP, ITEM_CLIP
 from models.streaming import UnitStats
 
 from .catalog import Catalog
@@ -83,7 +84,7 @@ def _reason_class(reason: str) -> str:
     """A short, bounded label for counting (the full reason goes to the dead letter)."""
     for key in ("not JSON", "not a JSON object", "missing field", "must be a non-empty string", "reward must be",
                 "not finite", "outside [0, 1]", "unknown user", "unknown arm", "context has", "context must",
-                "ts must"):
+                "ts must", "partition mismatch", "shown"):
         if key in reason:
             return key
     return "other"
@@ -94,16 +95,39 @@ class IngestProcessor:
 
     With ``item_sums`` the partition also keeps each catalog item's exact reward sum (feedback and
     listens alike: the item term's statistic). An organic listen (``"kind": "listen"``) enters the
-    bandit statistic with weight ``listen_weight`` (context and reward scaled by its square root).
+    reward statistic ``b`` with weight ``listen_weight`` and never the Gram matrix (its item is the
+    user's choice); a feedback's Gram rows are the items its list showed (:func:`parse_batch`).
+
+    Event level, each event's contribution is clipped here: its ``r x`` to norm ``b_clip``, its item
+    reward to ``item_clip``, so that two events that *replace* each other (another reward, another
+    choice) move ``b`` by at most ``2 b_clip`` and the item sums by ``sqrt(2) item_clip``, the
+    sensitivities the release is calibrated to (:func:`models.mechanisms.participation.replace_sensitivity`).
+    At user level (:class:`UserIngestProcessor`) the fold clips each user's tick instead.
+
+    ``partitions``: the partition count of the topic; an event whose user belongs to another partition
+    than the one it arrived on is dead-lettered (:func:`pipeline.records.partition_of`).
     """
 
     def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, item_sums: bool = False,
-                 listen_weight: float = 1.0) -> None:
+                 listen_weight: float = 1.0, b_clip: float = B_CLIP, item_clip: float = ITEM_CLIP,
+                 partitions: int | None = None) -> None:
         self.store = TrustedStore(client, namespace)
         self.catalog = catalog
         self.n_items = len(catalog.feature_matrix) if item_sums else 0
-        self.listen_scale = float(np.sqrt(listen_weight))
+        self.listen_weight = float(listen_weight)
+        self.b_clip, self.item_clip, self.partitions = float(b_clip), float(item_clip), partitions
         self._shards: dict[int, tuple[UnitStats, np.ndarray, int | None]] = {}
+
+    def parse(self, partition: int, raws: list[bytes]) -> ParsedBatch:
+        """:func:`parse_batch` with this processor's partition check."""
+        return parse_batch(raws, self.catalog, partition=partition if self.partitions else None,
+                           partitions=self.partitions)
+
+    def reward_weights(self, parsed: ParsedBatch) -> np.ndarray:
+        """Each event's weight in ``b``: ``r``, and ``listen_weight * r`` for a listen."""
+        if not parsed.listens.any() or self.listen_weight == 1.0:
+            return parsed.rewards
+        return np.where(parsed.listens, self.listen_weight * parsed.rewards, parsed.rewards)
 
     def forget(self, partition: int) -> None:
         """Drop the cached state of a partition (e.g. when it is revoked)."""
@@ -121,22 +145,27 @@ class IngestProcessor:
         stats, items, stored = self._shard(partition)
         msgs = sorted(messages, key=lambda m: m[0])
         fresh = fresh_messages(partition, msgs, stored)
-        parsed = parse_batch([v for _, v in fresh], self.catalog)
+        parsed = self.parse(partition, [v for _, v in fresh])
         dead = [DeadLetterItem(fresh[i][0], fresh[i][1], reason) for i, reason in parsed.dead]
         users = Counter(parsed.users)
         new = stats.copy()
         u_arr = parsed.units
-        X, r = parsed.contexts, parsed.rewards
-        if parsed.listens.any() and self.listen_scale != 1.0:  # a listen is a weighted sample of the bandit
-            scale = np.where(parsed.listens, self.listen_scale, 1.0)
-            X, r = X * scale[:, None], r * scale
+        X = parsed.contexts
+        r = self.reward_weights(parsed)
+        # event level: each event's r x clipped to norm b_clip (contexts have norm <= 1, so r x only when longer)
+        norms = r * np.sqrt(np.einsum("ij,ij->i", X, X))
+        r = np.where(norms > self.b_clip, r * (self.b_clip / np.maximum(norms, 1e-300)), r)
         if len(u_arr):
-            new.add(u_arr, X, r)
+            if parsed.gram_contexts is X:  # every event's own context is its Gram row (no list, no listen)
+                new.add(u_arr, X, r)
+            else:
+                new.add_parts(u_arr, X, r, u_arr[parsed.gram_events], parsed.gram_contexts)
         new_items, touched = items, {}
         if self.n_items and len(u_arr):
             known = parsed.items >= 0
             new_items = items.copy()
-            np.add.at(new_items, parsed.items[known], parsed.rewards[known])  # unbuffered, in event order
+            # each event's item reward clipped to item_clip; unbuffered, in event order
+            np.add.at(new_items, parsed.items[known], np.minimum(parsed.rewards[known], self.item_clip))
             touched = {int(a): float(new_items[a]) for a in np.unique(parsed.items[known])}
         next_offset = (fresh[-1][0] + 1) if fresh else (stored if stored is not None else 0)
         return PreparedBatch(partition, stored, next_offset, new, u_arr, len(u_arr), len(msgs) - len(fresh), dead,
@@ -175,8 +204,10 @@ class UserIngestProcessor(IngestProcessor):
     """
 
     def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, item_sums: bool = False,
-                 listen_weight: float = 1.0) -> None:
-        super().__init__(client, namespace, catalog, item_sums=item_sums, listen_weight=listen_weight)
+                 listen_weight: float = 1.0, b_clip: float = B_CLIP, item_clip: float = ITEM_CLIP,
+                 partitions: int | None = None) -> None:
+        super().__init__(client, namespace, catalog, item_sums=item_sums, listen_weight=listen_weight,
+                         b_clip=b_clip, item_clip=item_clip, partitions=partitions)
         self.client = client
         self.namespace = namespace
         self._pending_script = client.register_script(PENDING_SCRIPT)
@@ -205,7 +236,7 @@ class UserIngestProcessor(IngestProcessor):
         pending, gen, stored = self._pending(partition)
         msgs = sorted(messages, key=lambda m: m[0])
         fresh = fresh_messages(partition, msgs, stored)
-        parsed = parse_batch([v for _, v in fresh], self.catalog)
+        parsed = self.parse(partition, [v for _, v in fresh])
         dead = [DeadLetterItem(fresh[i][0], fresh[i][1], reason) for i, reason in parsed.dead]
         d = self.catalog.d
         touched = set(parsed.users)
@@ -226,17 +257,17 @@ class UserIngestProcessor(IngestProcessor):
 
     def _fold_users(self, work: dict[str, Contribution], parsed: ParsedBatch, d: int) -> None:
         """Add each event to its user's open contribution: per user of the batch, one product
-        ``gram += X_u^T X_u``, ``b += X_u^T r_u`` (equal to adding the events one at a time up to rounding; the
-        user-level sums are clipped and noised per tick, and nothing compares them bit for bit).
+        ``gram += G_u^T G_u`` over the user's Gram rows (the shown items, :func:`parse_batch`),
+        ``b += X_u^T r_u`` (listens weighted by ``listen_weight``; equal to adding the events one at a time up to
+        rounding; the user-level sums are clipped and noised per tick, and nothing compares them bit for bit).
 
         A contribution's ``gram`` and ``b`` are replaced by new arrays, never written in place (``prepare``
         shares them with the committed state)."""
         n = len(parsed.users)
         if not n:
             return
-        scale = np.where(parsed.listens, self.listen_scale, 1.0)  # x * 1.0 == x exactly
-        X = parsed.contexts * scale[:, None]
-        rb = parsed.rewards * scale
+        X = parsed.contexts
+        rb = self.reward_weights(parsed)
         local: dict[str, int] = {}
         ids = np.fromiter((local.setdefault(u, len(local)) for u in parsed.users), dtype=np.int64, count=n)
         order = np.argsort(ids, kind="stable")
@@ -244,14 +275,25 @@ class UserIngestProcessor(IngestProcessor):
         starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
         ends = np.r_[starts[1:], n]
         names = list(local)
+        own = parsed.gram_contexts is X
+        if not own:  # the Gram rows of each user: rows of the user's events
+            row_user = ids[parsed.gram_events]
+            row_order = np.argsort(row_user, kind="stable")
+            row_ids = row_user[row_order]
         for s, e in zip(starts.tolist(), ends.tolist()):
             rows = order[s:e]
-            user = names[int(sorted_ids[s])]
+            uid = int(sorted_ids[s])
+            user = names[uid]
             c = work.get(user)
             if c is None:
                 c = work[user] = Contribution.empty(int(parsed.units[rows[0]]), d)
             Xu = X[rows]
-            c.gram = c.gram + Xu.T @ Xu
+            if own:
+                Gu = Xu
+            else:
+                lo, hi = np.searchsorted(row_ids, [uid, uid + 1])
+                Gu = parsed.gram_contexts[row_order[lo:hi]]
+            c.gram = c.gram + Gu.T @ Gu
             c.b = c.b + rb[rows] @ Xu
             c.count += e - s
         if self.n_items:  # the item sums take the unscaled reward

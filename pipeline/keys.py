@@ -19,7 +19,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PublicKeys", "PUBLIC_KINDS"]
+from kafka.partitioner.default import murmur2
+
+__all__ = ["PublicKeys", "PUBLIC_KINDS", "partition_of"]
+
+
+def partition_of(user: str, partitions: int) -> int:
+    """The partition of ``interactions`` that holds ``user``'s events: Kafka's default partitioner on the key ``user``.
+
+    Every producer of the project keys an event by its user; ingest refuses an event that arrived on another
+    partition, so one user's contributions are bounded (and their ledger kept) in exactly one place.
+
+    >>> partition_of("42", 4) == partition_of("42", 4) and 0 <= partition_of("42", 4) < 4
+    True
+    """
+    return (murmur2(user.encode("utf-8")) & 0x7FFFFFFF) % int(partitions)
+
 
 #: Key kinds serving may read.
 PUBLIC_KINDS = ("released", "model")

@@ -13,6 +13,8 @@ silently lost: the count minus the limit is the user's reports "not learned (bud
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 from typing import Any
@@ -139,21 +141,23 @@ async def report(request: web.Request) -> web.Response:
     shown = json.loads(shown_raw)
     if shown["user"] != rep.user:
         return _error(400, "user", f"list {rep.rec_id!r} was shown to another user")
-    if rep.item not in shown["items"]:
-        return _error(400, "item", f"item {rep.item!r} was not in the list {rep.rec_id!r} showed")
+    if rep.shown:
+        return _error(400, "shown", "is added by the server (the list it showed); a device does not send it")
     producer = request.app[PRODUCER]
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
     answered = keys.recommendation(rep.rec_id) + ":answered"
-    if not await r.set(answered, rep.item, nx=True, ex=24 * 3600):
+    if not await r.set(answered, "1", nx=True, ex=24 * 3600):
         return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
     limit = report_limit(cfg, s.user_budget)
     counter = budget_counter(keys, rep.user)
     if limit is not None and await r.incr(counter) > limit:  # counted: reports "not learned (budget)"
         return _error(403, "user", f"user {rep.user!r} has sent the {limit} reports their lifetime budget allows "
                                    f"(user_budget epsilon {s.user_budget:g}): no further report is accepted")
+    # the queued report carries the whole shown list (public): the Gram takes every shown item, never the choice
+    queued = dataclasses.replace(rep, shown=tuple(shown["items"])).to_json()
     try:
-        await producer.send_and_wait(TOPICS["ldp_reports"], key=rep.user.encode(), value=raw)
+        await producer.send_and_wait(TOPICS["ldp_reports"], key=rep.user.encode(), value=queued)
     except Exception:
         await r.delete(answered)
         if limit is not None:

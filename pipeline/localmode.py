@@ -37,7 +37,7 @@ import numpy as np
 import redis
 
 from models.accounting import NoNoiseEvent, event_to_dict
-from models.local import LocalConfig, ReportError, StaleReport, parse_report
+from models.local import LocalConfig, LocalReport, ReportError, StaleReport, parse_report
 from models.local.aggregate import add_report, check_version, clip_context, unit_noise_std
 from models.local.shuffle import ShuffledBatch, Shuffler
 from models.streaming import ReleasedStats, UnitStats
@@ -134,6 +134,13 @@ class _LocalIngestBase(IngestProcessor):
     def context(self, item: str) -> np.ndarray:
         return clip_context(self.catalog.features_of([item])[0])
 
+    def shown_contexts(self, rep: LocalReport) -> np.ndarray:
+        """The clipped contexts of every item of the list ``rep`` answers (the server added them: public)."""
+        if not rep.shown:
+            raise ReportError("shown", "missing: the server adds the answered list's items before the report is "
+                                       "queued (a report written to ldp-reports by anyone else is refused)")
+        return np.stack([clip_context(x) for x in self.catalog.features_of(list(rep.shown))])
+
     def _batch(self, partition: int, msgs: list[tuple[int, bytes]], shard: _Shard) -> tuple[
             list[tuple[int, bytes]], int]:
         fresh = fresh_messages(partition, msgs, shard.offset)
@@ -189,12 +196,12 @@ class ReportIngestProcessor(_LocalIngestBase):
             try:
                 rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
                 unit = self.catalog.unit_of(rep.user)
-                x = self.context(rep.item)
+                X = self.shown_contexts(rep)
                 check_version(new.latest, rep)
             except (ReportError, StaleReport, UnknownUserError, UnknownArmError) as e:
                 dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
                 continue
-            add_report(cfg, new.stats.gram, new.stats.b, new.stats.count, new.var, new.latest, rep, unit, x)
+            add_report(cfg, new.stats.gram, new.stats.b, new.stats.count, new.var, new.latest, rep, unit, X)
             units.add(unit)
             users[rep.user] += 1
         batch = PreparedBatch(partition, shard.offset, next_offset, new.stats, np.array(sorted(units), dtype=np.int64),
@@ -341,7 +348,10 @@ class ShufflerTask:
             try:
                 rep = parse_report(raw, d=self.config.d, algorithm=self.config.algorithm)
                 unit = self.catalog.unit_of(rep.user)
-                self.catalog.arm_row(rep.item)
+                if not rep.shown:
+                    raise ReportError("shown", "missing: the server adds the answered list's items")
+                for a in rep.shown:
+                    self.catalog.arm_row(a)
                 if rep.version <= self.versions.get(rep.user, 0):
                     raise StaleReport(f"stale or repeated version {rep.version} of user {rep.user!r} "
                                       f"(latest {self.versions[rep.user]})")

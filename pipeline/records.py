@@ -39,9 +39,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .catalog import Catalog, UnknownArmError, UnknownUserError
+from .keys import partition_of
 
 __all__ = ["Interaction", "Recommendation", "DeadLetter", "MalformedEvent", "Parsed", "ParsedBatch",
-           "parse_interaction", "parse_batch",
+           "parse_interaction", "parse_batch", "partition_of", "MAX_SHOWN",
            "dead_letter_value", "TOPICS"]
 
 #: Topic names (DESIGN §7).
@@ -153,14 +154,47 @@ class ParsedBatch(NamedTuple):
     items: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
     #: whether each event is an organic listen (``"kind": "listen"``) rather than feedback on a recommendation
     listens: NDArray[np.bool_] = np.zeros(0, dtype=bool)
+    #: the contexts that enter the public Gram matrix (one row per *shown* item: every item of the list the
+    #: feedback answers, or the event's own arm when no list is named; none for a listen) ...
+    gram_contexts: NDArray[np.float64] = np.zeros((0, 0))
+    #: ... and the index (into the accepted events) of the event each row belongs to, ascending
+    gram_events: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
 
 
 #: Values of the optional ``kind`` field: feedback on a shown item (default) or an organic listen.
 KINDS = ("feedback", "listen")
 
 
-def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
-    """``parse_interaction`` over a batch: same accepted events, bytes and reasons; one numpy pass."""
+def _shown_rows(obj: dict[str, Any], arm: str, catalog: Catalog) -> list[int] | None:
+    """Catalog rows of the list a feedback answers (``"shown"``), or ``None`` when the event names no list."""
+    shown = obj.get("shown")
+    if shown is None:
+        return None
+    if type(shown) is not list or not shown or not all(type(a) is str and a for a in shown):
+        raise MalformedEvent("shown must be a non-empty list of item id strings (the list the feedback answers) "
+                             "or absent")
+    if len(shown) > MAX_SHOWN:
+        raise MalformedEvent(f"shown has {len(shown)} items, at most {MAX_SHOWN}")
+    if arm not in shown:
+        raise MalformedEvent(f"arm {arm!r} is not in the shown list")
+    try:
+        return [catalog.arm_row(a) for a in shown]
+    except UnknownArmError as exc:
+        raise MalformedEvent(f"shown: {exc}") from None
+
+
+#: The longest shown list an event may name (``/recommend``'s largest ``k``).
+MAX_SHOWN = 1000
+
+
+def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = None,
+                partitions: int | None = None) -> ParsedBatch:
+    """``parse_interaction`` over a batch: same accepted events, bytes and reasons; one numpy pass.
+
+    With ``partition`` and ``partitions``, an event whose user belongs to another partition
+    (:func:`partition_of`) is refused: a producer that keys events by something other than the user would
+    otherwise spread one user's contributions, and their cap, over several partitions.
+    """
     d = catalog.d
     units: list[int] = []
     rows: list[Any] = []
@@ -169,6 +203,7 @@ def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
     items: list[int] = []
     listens: list[bool] = []
     explicit: list[bool] = []
+    shown_rows: list[list[int] | None] = []
     keep: list[int] = []
     dead: list[tuple[int, str]] = []
     fm = catalog.feature_matrix
@@ -201,9 +236,17 @@ def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
                 unit = catalog.unit_of(obj["user"])
             except UnknownUserError as exc:
                 raise MalformedEvent(str(exc)) from None
+            if partition is not None and partitions is not None:
+                home = partition_of(obj["user"], partitions)
+                if home != partition:
+                    raise MalformedEvent(f"partition mismatch: user {obj['user']!r} belongs to partition {home} "
+                                         f"(the message key must be the user id), the event arrived on {partition}")
             kind = obj.get("kind", "feedback")
             if kind not in KINDS:
                 raise MalformedEvent(f"kind must be one of {KINDS} (or absent), got {kind!r}")
+            if kind == "listen" and obj.get("shown") is not None:
+                raise MalformedEvent("a listen answers no shown list: shown must be absent")
+            shown = _shown_rows(obj, obj["arm"], catalog)
             try:
                 item = catalog.arm_row(obj["arm"])
             except UnknownArmError:
@@ -238,6 +281,7 @@ def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
         items.append(item)
         listens.append(kind == "listen")
         explicit.append(ctx is not None)
+        shown_rows.append(shown)
         keep.append(i)
     X = np.array(rows, dtype=np.float64).reshape(len(rows), d)
     if rows:
@@ -265,9 +309,33 @@ def parse_batch(raws: list[bytes], catalog: Catalog) -> ParsedBatch:
             users = [u for u, o in zip(users, ok) if o]
             items = [a for a, o in zip(items, ok) if o]
             listens = [a for a, o in zip(listens, ok) if o]
+            shown_rows = [a for a, o in zip(shown_rows, ok) if o]
             dead.sort()
+    gram_X, gram_events = _gram_rows(X, listens, shown_rows, fm, d)
     return ParsedBatch(np.asarray(units, dtype=np.int64), X, np.asarray(rewards, dtype=np.float64), users, dead,
-                       np.asarray(items, dtype=np.int64), np.asarray(listens, dtype=bool))
+                       np.asarray(items, dtype=np.int64), np.asarray(listens, dtype=bool), gram_X, gram_events)
+
+
+def _gram_rows(X: NDArray[np.float64], listens: list[bool], shown: list[list[int] | None], fm: Any,
+               d: int) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """The public Gram's rows of a batch: every shown item of an answered list; the arm itself when the event names
+    no list (a producer's one-item list); nothing for a listen (the user's own choice, DESIGN §2)."""
+    if not any(listens) and not any(s is not None for s in shown):
+        return X, np.arange(X.shape[0], dtype=np.int64)  # the common case: each event's own context
+    rows: list[NDArray[np.float64]] = []
+    owners: list[int] = []
+    for j, (listen, rows_j) in enumerate(zip(listens, shown)):
+        if listen:
+            continue
+        if rows_j is None:
+            rows.append(X[j:j + 1])
+            owners.append(j)
+        else:
+            rows.append(np.asarray(fm[rows_j], dtype=np.float64).reshape(len(rows_j), d))
+            owners += [j] * len(rows_j)
+    if not rows:
+        return np.zeros((0, d)), np.zeros(0, dtype=np.int64)
+    return np.concatenate(rows), np.asarray(owners, dtype=np.int64)
 
 
 def dead_letter_value(raw: bytes, reason: str, topic: str, partition: int, offset: int) -> bytes:

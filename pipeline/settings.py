@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from models.mechanisms import MECHANISMS
+from models.mechanisms.participation import B_CLIP, ITEM_CLIP
 
 __all__ = ["Settings", "SettingsError", "add_arguments", "MODEL_FIELDS", "DEFAULT_MECHANISM", "DEFAULT_NOISE_RIDGE", "ALGORITHMS",
            "BASELINE_ALGORITHMS"]
@@ -196,6 +197,14 @@ class Settings:
         per-unit baselines (ss-*, dgs-*) are event level only.
     user_cap
         User level: release ticks per epoch one user may contribute to.
+    b_clip, item_clip
+        The clip of one privacy unit's contribution per release tick (a user's tick at user level, one
+        interaction at event level): its reward statistic ``sum r x`` to norm ``b_clip`` and its item rewards
+        to norm ``item_clip``. Neighbours *replace* a unit's rewards and choices, so the release is calibrated
+        to the difference ``2 b_clip`` and ``sqrt(2) item_clip`` (the item rewards are nonnegative). The
+        defaults (1 and 1: sensitivities 2 and sqrt(2)) earned slightly more than clipping to half (the noise of
+        sensitivity 1) on held-out LastFM events at every user-level epsilon (README, "Privacy guarantees"). The per-unit baselines (ss-*, dgs-*) calibrate
+        their own noise to whole interactions and clip at 1.
     cap_policy
         User level, a user at the cap: ``"ignore"`` (still served and logged, no longer learned from) or
         ``"reject"`` (``/feedback`` and ``/listen`` answer 403).
@@ -258,6 +267,8 @@ class Settings:
     item_share: float = 0.5
     privacy_unit: str | None = None
     user_cap: int = 8
+    b_clip: float = B_CLIP
+    item_clip: float = ITEM_CLIP
     cap_policy: str = "ignore"
     user_budget: float = 10.0
     default_pool: str | None = None
@@ -332,6 +343,10 @@ class Settings:
             raise SettingsError("listen_weight", f"must be in [0, 1], got {self.listen_weight}.")
         if not 0 < self.item_share < 1:
             raise SettingsError("item_share", f"must be in (0, 1), got {self.item_share}.")
+        for name in ("b_clip", "item_clip"):
+            v = getattr(self, name)
+            if not (0 < v <= 1 and math.isfinite(v)):
+                raise SettingsError(name, f"must be in (0, 1] (a clip of contributions of norm <= 1), got {v}.")
         if self.privacy_unit is not None and self.privacy_unit not in PRIVACY_UNITS:
             raise SettingsError("privacy_unit", f"must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}.")
         if self.privacy_unit == "user" and self.baseline is not None:
@@ -464,6 +479,13 @@ class Settings:
             return self.listen_weight
         return 1.0 if self.private else 0.2
 
+    @property
+    def clips(self) -> tuple[float, float]:
+        """``(b_clip, item_clip)`` in force: the settings, or ``(1, 1)`` for the per-unit baselines."""
+        if self.baseline is not None:
+            return 1.0, 1.0
+        return self.b_clip, self.item_clip
+
     def epsilons(self) -> tuple[float, float]:
         """``(bandit epsilon, item epsilon)``: the split of ``epsilon`` when the item term is on."""
         from models.accounting import split_epsilon
@@ -521,7 +543,7 @@ class Settings:
 MAX_DEFAULT_POOL = 1000
 
 MODEL_FIELDS = ("mode", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
-                "item_share", "privacy_unit", "user_cap", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "graph", "d", "n_users",
+                "item_share", "privacy_unit", "user_cap", "b_clip", "item_clip", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "graph", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "partitions")
 
 

@@ -37,7 +37,7 @@ from models.policies.dgs import DGSLinUCB, DGSTreeMechanism, first_positive_lamb
 from models.ground.graphs import adjacency_from_w, goblin_projection, sensitivities
 from models.policies.jdp_linucb import SSLinUCB
 from models.mechanisms import MECHANISMS, Mechanism, TreeState, make_mechanism, noise_std
-from models.mechanisms.participation import participation_bound, participation_factor
+from models.mechanisms.participation import participation_bound, participation_factor, replace_sensitivity
 from models.streaming import ReleasedStats, Releaser, solve
 from models.streaming.release import SPARSE_STRUCTURES
 from models.streaming.solve import solve_sparse
@@ -94,6 +94,7 @@ def privacy_statement(settings: Settings, mechanism: Mechanism | None,
         return _baseline_statement(settings, baseline)
     if mechanism is None:
         return {"private": False, "guarantee": "none: epsilon = inf, statistics are released without noise",
+                "statistics": released_statistics(settings, None, None), **PUBLIC_AND_PROTECTED,
                 **({"item_term": {"weight": settings.item_term_weight, "released": "item reward sums, without noise"}}
                    if settings.item_term else {})}
     if items is not None:
@@ -107,11 +108,71 @@ def privacy_statement(settings: Settings, mechanism: Mechanism | None,
         "delta": g.delta,
         "valid": g.valid,
         "note": g.note,
-        "neighbours": "event level, replace-one: two streams differing in the reward of one interaction "
-                      "(rewards in [0, 1], contexts clipped to norm 1)",
+        "neighbours": EVENT_NEIGHBOURS,
         "scope": "every release ever published from this namespace, per interaction; a user with k "
                  "interactions is covered at group level k",
+        "statistics": released_statistics(settings, mechanism, None),
+        **PUBLIC_AND_PROTECTED,
     }
+
+
+#: The event-level relation the calibration covers (one interaction replaced: its reward and the user's choice).
+EVENT_NEIGHBOURS = ("event level, replace-one: two streams differing in one interaction's reward and in the user's "
+                    "choice (which shown item they acted on, which item they listened to); who arrived when and "
+                    "which items were shown are the same (public)")
+#: The user-level relation.
+USER_NEIGHBOURS = ("user level, replace: two streams differing in everything one user contributed — their rewards "
+                   "and their choices (which shown item they acted on, which items they listened to); who arrived "
+                   "when and which items were shown to them are the same (public); at most `user_cap` release "
+                   "ticks per epoch per user, each user's interactions of one tick summed and clipped")
+#: What is public and what is protected, in plain words (/budget, the page, the README say the same).
+PUBLIC_AND_PROTECTED = {
+    "protected": ["the reward of every interaction (click or skip, listen)",
+                  "which of the shown items a user acted on",
+                  "which items a user listened to of their own accord (organic listens)"],
+    "public": ["which user arrived and when (the ledger of participations, the event counts)",
+               "which items were shown to whom (the shown lists: a function of released models and the request)",
+               "the item catalog and its features, and each user's model unit (a public rule)",
+               "the Gram matrices: sums of x x^T over the items of every answered shown list — never the item the "
+               "user chose; an organic listen adds nothing to them"],
+}
+
+
+def released_statistics(settings: Settings, mechanism: Mechanism | None, items: Mechanism | None,
+                        ratio: Any = None) -> list[dict[str, Any]]:
+    """What each released statistic is, its clip and its per-tick sensitivity under the stated relation.
+
+    ``ratio`` (user level): the participation bound ``k -> B(k)/B(cap)``; each noisy statistic then also says
+    what a capped user spends on it per epoch (``mu_at_cap``).
+    """
+    from models.accounting import gdp_mu
+
+    b_clip, item_clip = settings.clips
+    unit = "a user's tick" if settings.user_level else "an interaction"
+    out: list[dict[str, Any]] = []
+    for name, mech, clip, signed, about in (
+            ("b", mechanism, b_clip, True, "per model unit, sum of r x (the reward-weighted contexts of the items "
+                                           "the user acted on or listened to), mixed by the public V"),
+            ("items", items, item_clip, False, "per catalog item, the sum of its rewards (the item term)")):
+        if name == "items" and not settings.item_term:
+            continue
+        entry: dict[str, Any] = {
+            "name": name, "what": about, "released": "through noise" if mech is not None else "without noise",
+            "clip": clip, "clip_of": f"the L2 norm of {unit}'s contribution",
+            "sensitivity_per_tick": replace_sensitivity(clip, signed=signed),
+            "sensitivity_rule": ("2 x clip: two replacing contributions of any sign" if signed else
+                                 "sqrt(2) x clip: two replacing nonnegative contributions")}
+        if mech is not None:
+            g = describe(mech.event, settings.delta)
+            entry["epsilon"] = g.epsilon
+            entry["mu"] = gdp_mu(g.epsilon, settings.delta) if math.isfinite(g.epsilon) else math.inf
+            if ratio is not None:
+                entry["mu_at_cap"] = entry["mu"]
+        out.append(entry)
+    out.append({"name": "gram", "what": "per model unit, sum of x x^T over every item of every answered shown list",
+                "released": "exactly (public: it depends only on which items were shown, never on the choice)"})
+    out.append({"name": "count", "what": "interactions per model unit", "released": "exactly (public: arrivals)"})
+    return out
 
 
 #: The item sums' mechanism (sensitivity 1 per interaction; exact Gaussian-DP accounting) and its noise stream.
@@ -146,11 +207,11 @@ def _composed_statement(settings: Settings, mechanism: Mechanism, items: Mechani
         "valid": total.valid and bandit.valid and item.valid,
         "note": f"{total.note}: the bandit statistic ({bandit.note}) and the item reward sums ({item.note}) compose "
                 f"exactly in Gaussian DP",
-        "neighbours": "event level, replace-one: two streams differing in the reward of one interaction "
-                      "(rewards in [0, 1], contexts clipped to norm 1); one interaction changes one item's sum by "
-                      "at most 1",
+        "neighbours": EVENT_NEIGHBOURS,
         "scope": "every release ever published from this namespace (both statistics), per interaction; a user with "
                  "k interactions is covered at group level k",
+        "statistics": released_statistics(settings, mechanism, items),
+        **PUBLIC_AND_PROTECTED,
         "composition": {"bandit": {"epsilon": bandit.epsilon, "mechanism": settings.mechanism},
                         "items": {"epsilon": item.epsilon, "mechanism": ITEM_MECHANISM},
                         "share": settings.item_share,
@@ -159,8 +220,8 @@ def _composed_statement(settings: Settings, mechanism: Mechanism, items: Mechani
     }
 
 
-def user_level_statement(settings: Settings, statement: dict[str, Any],
-                         ratio: Any) -> dict[str, Any]:
+def user_level_statement(settings: Settings, statement: dict[str, Any], ratio: Any,
+                         mechanism: Mechanism | None = None, items: Mechanism | None = None) -> dict[str, Any]:
     """The statement at user level: a capped user's whole epoch is (epsilon, delta)-DP; the ledger's rule."""
     from models.accounting import gdp_mu
 
@@ -174,9 +235,9 @@ def user_level_statement(settings: Settings, statement: dict[str, Any],
         "cap": settings.user_cap,
         "cap_policy": settings.cap_policy,
         "mu_at_cap": mu,
-        "neighbours": "user level: two streams differing in everything one user contributed (their rewards; contexts "
-                      "and arrivals are public), with at most `user_cap` release ticks per epoch per user; each "
-                      "user's interactions of one tick are summed and clipped (b to norm 1, item rewards to norm 1)",
+        "neighbours": USER_NEIGHBOURS + f" (b to norm {settings.clips[0]:g}, item rewards to norm "
+                                        f"{settings.clips[1]:.4g})",
+        "statistics": released_statistics(settings, mechanism, items, ratio),
         "scope": f"per epoch of {settings.tree_ticks} release ticks, all of one user's contributions (up to "
                  f"{settings.user_cap} ticks) are ({statement['epsilon']:.4g}, {statement['delta']:g})-DP; epochs compose "
                  f"(Gaussian DP: mu adds in quadrature); a user with k < cap ticks spends mu sqrt(B(k)/B(cap))",
@@ -311,6 +372,7 @@ class ReleaseStage:
         self.item_mechanism: Mechanism | None = None
         if s.item_term and s.private:
             def items(scale: float) -> Mechanism:
+                scale *= replace_sensitivity(s.clips[1], signed=False)  # item rewards are nonnegative
                 return make_mechanism(ITEM_MECHANISM, dim=self.n_items, sensitivity=scale, epsilon=s.epsilons()[1],
                                       delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
                                       stream=ITEM_STREAM)
@@ -320,10 +382,11 @@ class ReleaseStage:
         if s.user_level and self.baseline is None:
             self.folder = Folder(self.client, s.namespace, d=self.catalog.d, n_units=self.catalog.n_units,
                                  n_items=self.n_items, cap=s.user_cap, capacity=s.tree_ticks,
-                                 ratio=self.participation_ratio)
+                                 ratio=self.participation_ratio, b_clip=s.clips[0], item_clip=s.clips[1])
         self.statement = privacy_statement(s, self.mechanism, self.baseline, self.item_mechanism)
         if self.folder is not None:
-            self.statement = user_level_statement(s, self.statement, self.participation_ratio)
+            self.statement = user_level_statement(s, self.statement, self.participation_ratio, self.mechanism,
+                                                  self.item_mechanism)
             self.statement = with_budget(self.statement, s.user_budget, s.delta)  # the lifetime budget (ledger.py)
             self.folder.budget = LifetimeBudget.of(self.statement, self.participation_ratio)
 
@@ -348,6 +411,7 @@ class ReleaseStage:
         l1 = float(np.asarray(abs(V).sum(axis=0)).max())  # the masked columns are zero
 
         def build(scale: float) -> Mechanism:
+            scale *= replace_sensitivity(s.clips[0], signed=True)  # neighbours replace a clipped contribution
             return make_mechanism(
                 s.mechanism, dim=self.catalog.n_units * self.catalog.d,
                 sensitivity=scale * float(sensitivities(self.V)[units].max()), epsilon=s.epsilons()[0], delta=s.delta,

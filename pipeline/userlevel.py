@@ -12,10 +12,13 @@ partition (``WATCH`` on the pending hash and the fold generation):
    ignore``: the events are dropped from the statistics, counted in ``dropped``); nor is a user whose
    one more tick would take their spent budget past ``user_budget`` (:class:`~pipeline.ledger.LifetimeBudget`;
    counted in ``over_budget``);
-3. otherwise the user's ``b`` is clipped to norm ``Lx = 1`` and their item rewards to norm 1
+3. otherwise the user's ``b`` is clipped to norm ``b_clip`` and their item rewards to norm ``item_clip``
    (the sums of every event of the tick, so a user who clicks 50 times counts like one
-   participation), added to the unit statistics (the Gram as it is: public), and the user's
-   ledger record counts one more participation.
+   participation), added to the unit statistics (the Gram as it is: public — the items the user's
+   answered lists showed, never the item they chose), and the user's ledger record counts one more
+   participation. Two neighbouring streams (the same user, other rewards and choices) then differ by at
+   most ``2 b_clip`` in ``b`` and ``sqrt(2) item_clip`` in the nonnegative item sums per tick: the
+   sensitivities the release is calibrated to (defaults: clips 1 and 1, sensitivities 2 and sqrt(2)).
 
 The fold bumps the partition's *fold generation*; ingest's script checks it beside the offset, so an
 ingest batch prepared against pending contributions that were folded meanwhile is redone from Redis
@@ -38,6 +41,8 @@ from typing import Any
 
 import numpy as np
 import redis
+
+from models.mechanisms.participation import B_CLIP, ITEM_CLIP, clip_scale
 
 from .keys import PublicKeys
 from .ledger import LedgerRecord, LifetimeBudget
@@ -151,9 +156,11 @@ class Folder:
     """The release tick's first step at user level: fold each partition's pending contributions."""
 
     def __init__(self, client: redis.Redis, namespace: str, *, d: int, n_units: int, n_items: int, cap: int,
-                 capacity: int, ratio: Callable[[int], float], context_bound: float = 1.0) -> None:
+                 capacity: int, ratio: Callable[[int], float], b_clip: float = B_CLIP,
+                 item_clip: float = ITEM_CLIP) -> None:
         self.r, self.ns, self.d, self.n_units, self.n_items = client, namespace, d, n_units, n_items
-        self.cap, self.capacity, self.ratio, self.lx = int(cap), int(capacity), ratio, float(context_bound)
+        self.cap, self.capacity, self.ratio = int(cap), int(capacity), ratio
+        self.b_clip, self.item_clip = float(b_clip), float(item_clip)
         self.trusted = TrustedKeys(namespace)
         #: The users' lifetime budget (``user_budget``), set by the release stage; ``None``: none enforced.
         self.budget: LifetimeBudget | None = None
@@ -228,17 +235,13 @@ class Folder:
                 summary["over_budget"] += c.count  # past the lifetime budget: served and logged, not learned from
                 records[user] = rec.dumps()
                 continue
-            scale = 1.0
-            norm = float(np.linalg.norm(c.b))
-            if norm > self.lx:
-                scale = self.lx / norm
+            scale = clip_scale(float(np.linalg.norm(c.b)), self.b_clip)
             stats.gram[c.unit] += c.gram
             stats.b[c.unit] += scale * c.b
             stats.count[c.unit] += c.count
             touched_units.add(c.unit)
             if self.n_items and c.items:
-                inorm = math.sqrt(sum(v * v for v in c.items.values()))
-                iscale = 1.0 if inorm <= 1.0 else 1.0 / inorm
+                iscale = clip_scale(math.sqrt(sum(v * v for v in c.items.values())), self.item_clip)
                 for item, value in c.items.items():
                     items[item] += iscale * value
                     touched_items.add(item)

@@ -321,10 +321,13 @@ async def feedback(request: web.Request) -> web.Response:
     # one feedback per shown list: the first claims it atomically; the shown list itself stays, so
     # a repeat is told apart from an unknown rec_id (409, not 404)
     answered = keys.recommendation(rec_id) + ":answered"
-    if not await r.set(answered, item, nx=True, ex=REC_TTL_SECONDS):
+    # the marker says *that* the list was answered (public), never which item: the choice is protected
+    if not await r.set(answered, "1", nx=True, ex=REC_TTL_SECONDS):
         return _error(409, "rec_id", f"feedback for {rec_id!r} was already recorded (one feedback per shown list)")
-    event = {"event_id": f"{rec_id}:{item}", "user": shown["user"], "arm": item, "context": None,
-             "reward": reward, "ts": time.time() * 1000, "rec_id": rec_id}
+    # the whole shown list travels with the feedback: the Gram matrix takes every shown item (public), so it
+    # never reveals which one the user chose (DESIGN §2)
+    event = {"event_id": f"{rec_id}:fb", "user": shown["user"], "arm": item, "context": None,
+             "reward": reward, "ts": time.time() * 1000, "rec_id": rec_id, "shown": shown["items"]}
     try:
         topic = interactions_topic(request.app[SETTINGS], request.app[CATALOG], shown["user"])
         await producer.send_and_wait(topic, key=shown["user"].encode(), value=json.dumps(event).encode())

@@ -48,8 +48,8 @@ class Devices:
             c = self._clients[user] = LocalClient(user, self.config, storage)
         return c
 
-    def report(self, user: str, *, rec_id: str, item: str, x: list[float], reward: float) -> LocalReport:
-        return self.client(user).report(rec_id=rec_id, item=item, x=np.asarray(x, dtype=np.float64), reward=reward)
+    def report(self, user: str, *, rec_id: str, x: list[float], reward: float) -> LocalReport:
+        return self.client(user).report(rec_id=rec_id, x=np.asarray(x, dtype=np.float64), reward=reward)
 
     def acknowledge(self, report: LocalReport) -> None:
         self.client(report.user).acknowledge(report.version)

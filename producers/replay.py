@@ -87,7 +87,7 @@ async def _one(session: aiohttp.ClientSession, base: str, ev: ReplayEvent, liste
 async def _send_report(session: aiohttp.ClientSession, base: str, devices: Devices, user: str, rec_id: str,
                        item: dict[str, Any], reward: float) -> None:
     """Send the device's pending reports (an earlier one first, as it was), then forget them."""
-    devices.report(user, rec_id=rec_id, item=item["item"], x=item["x"], reward=reward)
+    devices.report(user, rec_id=rec_id, x=item["x"], reward=reward)
     for rep in devices.client(user).pending():
         async with session.post(f"{base}/report", data=rep.to_json(),
                                 headers={"Content-Type": "application/json"}) as resp:

@@ -1,7 +1,7 @@
 """The server side of local mode, pure: sums of reports per model unit.
 
 The server never holds an exact per-user value. Per model unit it keeps the public Gram
-``sum x x^T`` of answered items, the count, and the sum of the noisy report vectors: for ``tree``
+``sum x x^T`` of every item of the answered lists (never the item a user chose), the count, and the sum of the noisy report vectors: for ``tree``
 each user's *latest* noisy running sum (a new report replaces the user's previous one, so the unit
 sum moves by the difference), for ``round`` every report. It also keeps the public noise variance
 of each unit's sum, a function of the calibration and the report versions only.
@@ -15,11 +15,11 @@ Examples
 >>> from models.local import LocalConfig, LocalReport
 >>> agg = LocalAggregate(LocalConfig(algorithm="tree", d=2, epsilon=2.0), n_units=1)
 >>> x = np.array([1.0, 0.0])
->>> agg.apply(LocalReport("u", 1, "tree", "r1", "a", [1.1, 0.2]), unit=0, x=x)
->>> agg.apply(LocalReport("u", 2, "tree", "r2", "a", [1.9, -0.1]), unit=0, x=x)  # replaces version 1
+>>> agg.apply(LocalReport("u", 1, "tree", "r1", [1.1, 0.2], ("a",)), unit=0, X=x)
+>>> agg.apply(LocalReport("u", 2, "tree", "r2", [1.9, -0.1], ("a",)), unit=0, X=x)  # replaces version 1
 >>> agg.b[0].tolist(), int(agg.count[0])
 ([1.9, -0.1], 2)
->>> agg.apply(LocalReport("u", 2, "tree", "r3", "a", [5.0, 5.0]), unit=0, x=x)
+>>> agg.apply(LocalReport("u", 2, "tree", "r3", [5.0, 5.0], ("a",)), unit=0, X=x)
 Traceback (most recent call last):
 ...
 models.local.aggregate.StaleReport: stale or repeated version 2 of user 'u' (latest 2)
@@ -71,14 +71,17 @@ def check_version(latest: dict[str, tuple[int, FloatArray | None]], report: Loca
 
 def add_report(config: LocalConfig, gram: FloatArray, b: FloatArray, count: NDArray[np.int64], var: FloatArray,
                latest: dict[str, tuple[int, FloatArray | None]], report: LocalReport, unit: int,
-               x: FloatArray) -> None:
-    """Add one (already checked) report to per-unit sums in place; ``x`` is the clipped public context.
+               X: FloatArray) -> None:
+    """Add one (already checked) report to per-unit sums in place; ``X`` holds the clipped public contexts of
+    every item of the shown list the report answers (one row each): the Gram takes them all, never the
+    user's choice.
 
     ``tree``: the user's new noisy running sum replaces their previous one (the unit's sum moves by the
     difference); ``round``: every report adds. ``var`` tracks the public noise variance of each unit's sum.
     """
     prev = latest.get(report.user)
-    gram[unit] += np.outer(x, x)
+    X = np.asarray(X, dtype=np.float64).reshape(-1, gram.shape[-1])
+    gram[unit] += X.T @ X
     count[unit] += 1
     if config.algorithm == "tree":
         old_v, old_b = (0, None) if prev is None else prev
@@ -115,13 +118,16 @@ class LocalAggregate:
         """Raise :class:`StaleReport` unless ``report`` is newer than the user's latest."""
         check_version(self.latest, report)
 
-    def apply(self, report: LocalReport, *, unit: int, x: FloatArray) -> None:
-        """Count one report of a user of ``unit`` on an item with context ``x`` (public)."""
+    def apply(self, report: LocalReport, *, unit: int, X: FloatArray) -> None:
+        """Count one report of a user of ``unit`` on a shown list whose items have contexts ``X`` (public, one row
+        each)."""
         self.check(report)
-        add_report(self.config, self.gram, self.b, self.count, self.var, self.latest, report, unit, clip_context(x))
+        X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+        add_report(self.config, self.gram, self.b, self.count, self.var, self.latest, report, unit,
+                   np.stack([clip_context(x) for x in X]))
 
     def apply_batch(self, batch: ShuffledBatch, contexts: FloatArray) -> None:
-        """Count one shuffled batch (``contexts``: the batch's items' contexts, in any order)."""
+        """Count one shuffled batch (``contexts``: every shown item of the batch's lists, in any order)."""
         last = self.batches.get(batch.unit, 0)
         if batch.seq <= last:
             raise StaleReport(f"repeated batch {batch.seq} of unit {batch.unit} (latest {last})")

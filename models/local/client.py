@@ -13,7 +13,7 @@ Examples
 >>> cfg = LocalConfig(algorithm="tree", d=2, epsilon=2.0, capacity=15)
 >>> store = MemoryStorage()
 >>> dev = LocalClient("7", cfg, store, seed=1)
->>> rep = dev.report(rec_id="r1", item="a1", x=np.array([0.6, 0.8]), reward=1.0)
+>>> rep = dev.report(rec_id="r1", x=np.array([0.6, 0.8]), reward=1.0)
 >>> rep.version, dev.exact_b.tolist()
 (1, [0.6, 0.8])
 >>> again = LocalClient("7", cfg, store)          # a restarted device
@@ -155,7 +155,7 @@ class LocalClient:
             step=int(st["step"]), epoch=int(st["epoch"]), prefix=np.asarray(st["prefix"], dtype=np.float64),
             carry=np.asarray(st["carry"], dtype=np.float64), nodes=np.asarray(st["nodes"], dtype=np.float64))
         self._pending = [LocalReport(user=self.user, version=int(p["version"]), algorithm=self.config.algorithm,
-                                     rec_id=p["rec_id"], item=p["item"], vector=np.asarray(p["vector"]))
+                                     rec_id=p["rec_id"], vector=np.asarray(p["vector"]))
                          for p in data["pending"]]
 
     def _save(self) -> None:
@@ -164,7 +164,7 @@ class LocalClient:
                                               "carry": _floats(self.state.carry), "nodes": _floats(self.state.nodes)}
         data = {"schema": STATE_SCHEMA, "user": self.user, "config": self.config.to_dict(), "seed": self.seed,
                 "version": self.version, "exact": _floats(self._exact), "state": st,
-                "pending": [{"version": p.version, "rec_id": p.rec_id, "item": p.item, "vector": _floats(p.vector)}
+                "pending": [{"version": p.version, "rec_id": p.rec_id, "vector": _floats(p.vector)}
                             for p in self._pending]}
         self.storage.save(json.dumps(data, separators=(",", ":")).encode())
 
@@ -175,8 +175,10 @@ class LocalClient:
 
     # ------------------------------------------------------------------ reports
 
-    def report(self, *, rec_id: str, item: str, x: NDArray[np.float64], reward: float) -> LocalReport:
-        """The report of one interaction: the reward ``reward`` on ``item`` (context ``x``) of list ``rec_id``.
+    def report(self, *, rec_id: str, x: NDArray[np.float64], reward: float) -> LocalReport:
+        """The report of one interaction: the reward ``reward`` on the item of list ``rec_id`` whose context is ``x``.
+
+        Which item it was stays on the device (inside the noisy vector): the report names only the list.
 
         The new state and the report are saved before the report is returned; send it, then
         :meth:`acknowledge` it. ``x`` is scaled to norm 1 if longer (the sensitivity assumes it).
@@ -203,7 +205,7 @@ class LocalClient:
                 noise = source.normal(self.config.sigma, (self.config.d,), epoch=0, level=0, index=version)
             vector, state = r * x + noise, None
         rep = LocalReport(user=self.user, version=version, algorithm=self.config.algorithm, rec_id=str(rec_id),
-                          item=str(item), vector=vector)
+                          vector=vector)
         self.version, self._exact, self.state = version, exact, state
         self._pending.append(rep)
         self._save()

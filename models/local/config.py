@@ -7,8 +7,8 @@ which the server uses (as post-processing) to scale the serving ridge.
 Examples
 --------
 >>> cfg = LocalConfig(algorithm="round", d=25, epsilon=2.0, delta=1e-5)
->>> round(cfg.sigma, 3)                      # N(0, sigma^2) per coordinate, L2 sensitivity 1
-1.994
+>>> round(cfg.sigma, 3)                      # N(0, sigma^2) per coordinate, L2 sensitivity 2
+3.988
 >>> cfg.report_variance(7) == cfg.sigma ** 2  # one report per interaction: the same every time
 True
 """
@@ -25,7 +25,11 @@ from models.accounting.conversions import check_delta, check_epsilon, gdp_epsilo
 from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from models.mechanisms.base import TreeState, noise_std
 
-__all__ = ["ALGORITHMS", "LocalConfig", "DEVICE_MECHANISMS"]
+__all__ = ["ALGORITHMS", "LocalConfig", "DEVICE_MECHANISMS", "REPORT_SENSITIVITY"]
+
+#: L2 sensitivity of one interaction's ``r x`` under *replace* neighbours (another reward, and another item of the
+#: list — the user's choice is protected): ``||r x - r' x'|| <= 2`` for ``||x|| <= 1``, ``r in [0, 1]``.
+REPORT_SENSITIVITY = 2.0
 
 #: ``tree``: per-user continual release of ``b_u`` (LDP-CoLin / LDP-GOBLin); ``round``: one noisy
 #: ``r x`` per interaction (the LDP bandits paper's reduction, public contexts).
@@ -106,8 +110,8 @@ class LocalConfig:
 
     @property
     def sigma(self) -> float:
-        """``round`` without shuffling: std of the Gaussian noise per coordinate (L2 sensitivity 1)."""
-        return 1.0 / gdp_mu(self.epsilon, self.delta)
+        """``round`` without shuffling: std of the Gaussian noise per coordinate (L2 sensitivity 2)."""
+        return REPORT_SENSITIVITY / gdp_mu(self.epsilon, self.delta)
 
     @property
     def laplace_scale(self) -> float:
@@ -120,11 +124,12 @@ class LocalConfig:
         return 2.0 * math.sqrt(self.d) / self.epsilon0
 
     def device_mechanism(self, seed: int) -> Mechanism:
-        """``tree``: the device's mechanism over its own ``d``-vector ``b_u`` (L2 sensitivity 1)."""
+        """``tree``: the device's mechanism over its own ``d``-vector ``b_u`` (L2 sensitivity 2: replace)."""
         if self.algorithm != "tree":
             raise ValueError("a device mechanism exists for `algorithm` = 'tree' only.")
-        return make_mechanism(self.mechanism, dim=self.d, sensitivity=1.0, epsilon=self.epsilon, delta=self.delta,
-                              horizon=self.capacity, seed=seed, sensitivity_l1=math.sqrt(self.d))
+        return make_mechanism(self.mechanism, dim=self.d, sensitivity=REPORT_SENSITIVITY, epsilon=self.epsilon,
+                              delta=self.delta, horizon=self.capacity, seed=seed,
+                              sensitivity_l1=REPORT_SENSITIVITY * math.sqrt(self.d))
 
     def report_variance(self, version: int) -> float:
         """Largest per-coordinate noise variance of a device's report number ``version`` (public).
@@ -154,8 +159,11 @@ class LocalConfig:
         """The local guarantee in plain words (``/budget`` and the page state it)."""
         common = {"mode": "local", "algorithm": self.algorithm, "delta": self.delta,
                   "trusted": "only the user's own device: it keeps the exact statistic and adds the noise",
-                  "protects": "the rewards a user gives (which items were shown and answered is public, as in "
-                              "every mode)"}
+                  "protects": "the rewards a user gives and which item of a shown list they acted on (which "
+                              "lists were shown and answered is public, as in every mode)",
+                  "neighbours": "one interaction replaced: another reward, and another item of the same shown "
+                                "list (L2 sensitivity 2 of r x)",
+                  "statistics": [self._report_statistic()]}
         if self.algorithm == "tree":
             return {**common, "epsilon": self.epsilon, "valid": True, "mechanism": self.mechanism,
                     "statement": f"each device releases its own running sum b_u = sum r x through "
@@ -167,7 +175,7 @@ class LocalConfig:
             mu = gdp_mu(self.epsilon, self.delta)
             return {**common, "epsilon": self.epsilon, "valid": True, "noise": "gaussian", "sigma": self.sigma,
                     "statement": f"each report m = r x + N(0, {self.sigma:.3g}^2 I) is ({self.epsilon:g}, "
-                                 f"{self.delta:g})-LDP (Gaussian DP mu = {mu:.3g}, L2 sensitivity 1); each "
+                                 f"{self.delta:g})-LDP (Gaussian DP mu = {mu:.3g}, L2 sensitivity 2); each "
                                  f"interaction is in one report; a user's k reports compose to mu sqrt(k) "
                                  f"(k = 4: epsilon {gdp_epsilon(2 * mu, self.delta):.3g})"}
         e0 = self.epsilon0
@@ -179,16 +187,36 @@ class LocalConfig:
                 "central_epsilon": self.epsilon, "central_delta": self.delta,
                 "central_bound": {"epsilon": g.epsilon, "delta": g.delta, "bound": g.bound, "amplified": g.amplified,
                                   "note": g.note},
+                "against_operator": {"epsilon": e0, "delta": 0.0,
+                                     "why": "the shuffler runs inside the operator's worker and POST /report hands it "
+                                            "each report with its user id: against the operator each report is only "
+                                            "its local guarantee"},
                 "statement": f"each report m = r x + Laplace({self.laplace_scale:.3g})^d is pure {e0:.4g}-LDP "
-                             f"(L1 sensitivity 2 sqrt(d) over every context and reward); batches of "
-                             f"{self.shuffle_batch} distinct users are shuffled and stripped of identity, so "
-                             f"each batch is ({self.epsilon:g}, {self.delta:g})-DP centrally (Feldman, McMillan "
-                             f"& Talwar 2021); a user's reports in k batches compose"}
+                             f"(L1 sensitivity 2 sqrt(d) over every context and reward): that is the guarantee "
+                             f"against the operator of this server, which receives each report with its user id and "
+                             f"runs the shuffler itself; against anyone who sees only the shuffled batches (the "
+                             f"released statistics, the analysts), batches of {self.shuffle_batch} distinct users "
+                             f"stripped of identity make each batch ({self.epsilon:g}, {self.delta:g})-DP centrally "
+                             f"(Feldman, McMillan & Talwar 2021); a user's reports in k batches compose"}
+
+    def _report_statistic(self) -> dict[str, Any]:
+        """What one report releases, its bound and its sensitivity under the stated relation (``/budget``)."""
+        what = {"tree": "b_u = sum r x, the device's running sum (one tick per interaction)",
+                "round": "m = r x, one interaction"}[self.algorithm]
+        out: dict[str, Any] = {"name": "report", "what": what, "released": "through the device's noise",
+                               "clip": 1.0, "clip_of": "r x per interaction (r in [0, 1], ||x|| <= 1)"}
+        if self.shuffled:
+            out.update({"sensitivity_per_tick": 2.0 * math.sqrt(self.d), "norm": "L1",
+                        "sensitivity_rule": "L1: r x and r' x' anywhere in the domain, 2 sqrt(d)"})
+        else:
+            out.update({"sensitivity_per_tick": REPORT_SENSITIVITY, "norm": "L2",
+                        "sensitivity_rule": "2 x clip: another reward and another item of the list"})
+        return out
 
     def to_public(self) -> dict[str, Any]:
         """``GET /local/config``: everything a device needs (all public)."""
         out: dict[str, Any] = {"mode": "local", "algorithm": self.algorithm, "d": self.d, "epsilon": self.epsilon,
-                               "delta": self.delta, "schema": "privrec.LocalReport/1", "mechanism": None,
+                               "delta": self.delta, "schema": "privrec.LocalReport/2", "mechanism": None,
                                "noise": None, "shuffle_batch": self.shuffle_batch}
         if self.algorithm == "tree":
             mech = self._variance_mechanism()

@@ -19,6 +19,8 @@ only once their batch is complete.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -78,10 +80,11 @@ class LocalUCB:
         x = clip_context(x)
         item = str(len(self._contexts))
         self._contexts.append(x)
-        rep = dev.report(rec_id=item, item=item, x=x, reward=float(min(1.0, max(0.0, reward))))
+        rep = dev.report(rec_id=item, x=x, reward=float(min(1.0, max(0.0, reward))))
         dev.acknowledge(rep.version)
+        rep = dataclasses.replace(rep, shown=(item,))  # the server adds the list it showed (one item here)
         if self.shuffler is None:
-            self.aggregate.apply(rep, unit=unit, x=x)
+            self.aggregate.apply(rep, unit=unit, X=x)
         else:
             for batch in self.shuffler.add(rep, unit=unit):
                 self.aggregate.apply_batch(batch, np.stack([self._contexts[int(i)] for i in batch.items]))

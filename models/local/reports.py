@@ -1,14 +1,23 @@
 """The one record a device sends in local mode, and its strict parser.
 
 A report carries a *noisy* vector only: ``b`` (``tree``: the device's noisy running sum) or ``m``
-(``round``: one noisy ``r x``). Anything else — a ``reward`` field above all — is refused, so a
-client that tries to send a raw reward learns it at once.
+(``round``: one noisy ``r x``), and the shown list it answers (``rec_id``) — never which item of the
+list the user acted on: that choice is protected like the reward (DESIGN §2), so it lives only inside
+the noisy vector. Anything else — a ``reward`` or an ``item`` field above all — is refused, so a
+client that tries to send a raw reward or its choice learns it at once.
+
+The server adds the list's items (``shown``, public: it showed them) before the report goes on the
+``ldp-reports`` topic; the Gram matrix takes every one of them.
 
 Examples
 --------
->>> rep = LocalReport(user="7", version=1, algorithm="round", rec_id="r1", item="a3", vector=[0.5, -1.25])
+>>> rep = LocalReport(user="7", version=1, algorithm="round", rec_id="r1", vector=[0.5, -1.25])
 >>> parse_report(rep.to_json(), d=2) == rep
 True
+>>> parse_report(b'{"schema": "privrec.LocalReport/2", "user": "7", "item": "a3"}', d=2)
+Traceback (most recent call last):
+...
+models.local.reports.ReportError: item: local reports do not say which item the user acted on (that choice is protected); the noisy vector carries it
 >>> parse_report(b'{"schema": "privrec.LocalReport/1", "user": "7", "reward": 1}', d=2)
 Traceback (most recent call last):
 ...
@@ -26,11 +35,13 @@ from numpy.typing import NDArray
 
 __all__ = ["SCHEMA", "LocalReport", "ReportError", "parse_report", "MAX_ABS"]
 
-SCHEMA = "privrec.LocalReport/1"
+SCHEMA = "privrec.LocalReport/2"
 #: Largest accepted magnitude of a report coordinate (noise at epsilon >= 0.01 stays far below it).
 MAX_ABS = 1e6
 _VECTOR = {"tree": "b", "round": "m"}
-_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "item", "b", "m"}
+_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "shown", "b", "m"}
+#: The longest shown list a report may carry (``/recommend``'s largest ``k``).
+MAX_SHOWN = 1000
 
 
 class ReportError(ValueError):
@@ -44,14 +55,17 @@ class ReportError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class LocalReport:
-    """One report: who, which of their reports, on which shown list and item, and the noisy vector."""
+    """One report: who, which of their reports, on which shown list, and the noisy vector.
+
+    ``shown``: the list's items, added by the server (empty as the device sends it).
+    """
 
     user: str
     version: int
     algorithm: str
     rec_id: str
-    item: str
     vector: NDArray[np.float64] = field(repr=False)
+    shown: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "vector", np.asarray(self.vector, dtype=np.float64))
@@ -59,13 +73,16 @@ class LocalReport:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LocalReport):
             return NotImplemented
-        return (self.user, self.version, self.algorithm, self.rec_id, self.item) == (
-            other.user, other.version, other.algorithm, other.rec_id, other.item) and bool(
+        return (self.user, self.version, self.algorithm, self.rec_id, self.shown) == (
+            other.user, other.version, other.algorithm, other.rec_id, other.shown) and bool(
             np.array_equal(self.vector, other.vector))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "user": self.user, "version": self.version, "algorithm": self.algorithm,
-                "rec_id": self.rec_id, "item": self.item, _VECTOR[self.algorithm]: [float(v) for v in self.vector]}
+        out = {"schema": SCHEMA, "user": self.user, "version": self.version, "algorithm": self.algorithm,
+               "rec_id": self.rec_id, _VECTOR[self.algorithm]: [float(v) for v in self.vector]}
+        if self.shown:
+            out["shown"] = list(self.shown)
+        return out
 
     def to_json(self) -> bytes:
         """The bytes a device sends (floats as ``repr``: exact round trip)."""
@@ -100,12 +117,19 @@ def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | 
     if "reward" in body:
         raise ReportError("reward", "local reports carry no raw reward; send the noisy vector ('b' or 'm') built "
                                     "on the device")
+    if "item" in body:
+        raise ReportError("item", "local reports do not say which item the user acted on (that choice is "
+                                  "protected); the noisy vector carries it")
     unknown = sorted(set(body) - _FIELDS)
     if unknown:
         raise ReportError(unknown[0] or "(a field with an empty name)", f"unknown field (a report has {sorted(_FIELDS)})")
     if not isinstance(body.get("schema"), str) or body.get("schema") != SCHEMA:
         raise ReportError("schema", f"must be {SCHEMA!r}, got {body.get('schema')!r:.60}")
-    user, rec_id, item = _string(body, "user"), _string(body, "rec_id"), _string(body, "item")
+    user, rec_id = _string(body, "user"), _string(body, "rec_id")
+    shown = body.get("shown", [])
+    if not isinstance(shown, list) or len(shown) > MAX_SHOWN or not all(
+            isinstance(a, str) and a and len(a) <= 200 for a in shown):
+        raise ReportError("shown", f"must be a list of at most {MAX_SHOWN} item id strings (added by the server)")
     version = body.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**53:
         raise ReportError("version", f"must be an integer >= 1 (the device's report counter), got {version!r:.60}")
@@ -131,4 +155,6 @@ def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | 
         raise ReportError(key, "holds a value that is not finite (NaN or infinity)")
     if np.abs(arr).max(initial=0.0) > MAX_ABS:
         raise ReportError(key, f"holds a value beyond +-{MAX_ABS:g}")
-    return LocalReport(user=user, version=version, algorithm=alg, rec_id=rec_id, item=item, vector=arr)
+    for a in shown:
+        _string({"shown": a}, "shown")
+    return LocalReport(user=user, version=version, algorithm=alg, rec_id=rec_id, vector=arr, shown=tuple(shown))

@@ -4,7 +4,7 @@ A batch belongs to one model unit (the server must know which unit's statistic a
 the unit is public, and within the batch every report shares it). It closes when ``n`` distinct
 users of that unit have reported; a user's next report waits for the unit's next batch (one report
 per user per batch: the condition of the amplification theorem). What leaves the shuffler is the
-unit, a sequence number, the multiset of answered items (public, for the Gram) and the report
+unit, a sequence number, the multiset of the answered lists' shown items (public, for the Gram) and the report
 vectors in a random order — no user, version or request id. The order comes from the operating
 system's randomness (:class:`random.SystemRandom`), never from a seeded generator.
 
@@ -13,11 +13,11 @@ Examples
 >>> from models.local import LocalConfig, LocalReport
 >>> cfg = LocalConfig(algorithm="round", d=1, epsilon=2.0, shuffle_batch=2)
 >>> sh = Shuffler(cfg)
->>> sh.add(LocalReport("a", 1, "round", "r1", "i1", [0.5]), unit=0)
+>>> sh.add(LocalReport("a", 1, "round", "r1", [0.5], ("i1",)), unit=0)
 []
->>> sh.add(LocalReport("a", 2, "round", "r2", "i1", [0.7]), unit=0)  # "a" is in the open batch: waits
+>>> sh.add(LocalReport("a", 2, "round", "r2", [0.7], ("i1",)), unit=0)  # "a" is in the open batch: waits
 []
->>> [b.n for b in sh.add(LocalReport("b", 1, "round", "r3", "i2", [0.1]), unit=0)]
+>>> [b.n for b in sh.add(LocalReport("b", 1, "round", "r3", [0.1], ("i2",)), unit=0)]
 [2]
 >>> sh.open_users(0)                                                     # a's second report opened the next
 ['a']
@@ -77,8 +77,9 @@ class ShuffledBatch:
             raise ValueError("batch: unit and seq must be integers (unit >= 0, seq >= 1)")
         if isinstance(unit, bool) or isinstance(seq, bool):
             raise ValueError("batch: unit and seq must be integers, not booleans")
-        if not isinstance(items, list) or not isinstance(m, list) or len(items) != len(m) or not m:
-            raise ValueError("batch: items and m must be non-empty lists of the same length")
+        if not isinstance(items, list) or not isinstance(m, list) or len(items) < len(m) or not m:
+            raise ValueError("batch: items and m must be non-empty lists, items at least as long as m (every item "
+                             "of every answered list)")
         if not all(isinstance(i, str) and i for i in items):
             raise ValueError("batch: items must be non-empty strings")
         if not all(isinstance(row, list) and len(row) == d and all(isinstance(v, (int, float)) and
@@ -155,7 +156,7 @@ class Shuffler:
         reports = list(o.reports.values())
         o.reports = OrderedDict()
         vectors = [r.vector.tolist() for r in reports]
-        items = [r.item for r in reports]
+        items = [a for r in reports for a in r.shown]  # every shown item (public): the batch's Gram rows
         _RNG.shuffle(vectors)
         _RNG.shuffle(items)
         self.seq[unit] = self.seq.get(unit, 0) + 1

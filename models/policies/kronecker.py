@@ -293,15 +293,20 @@ class KroneckerUCB:
 
     # ------------------------------------------------------------------ learning
 
-    def update(self, user: int, context: FloatArray, reward: float) -> None:
-        """Record that ``user`` was shown ``context`` and gave ``reward``."""
+    def update(self, user: int, context: FloatArray, reward: float, *, gram: bool = True) -> None:
+        """Record that ``user`` was shown ``context`` and gave ``reward``.
+
+        ``gram=False`` adds ``r x`` to the reward statistic only (an organic listen: the item was the user's
+        choice, so its context must not enter the public Gram matrix).
+        """
         self._check_user(user)
         x, r = check_interaction(context, reward, self.d)
         d = self.d
         if self.block:
-            sherman_morrison(self.ainv[user], x)
-            if self.gram is not None:
-                dger(1.0, x, x, a=self.gram[user].T, overwrite_a=1)
+            if gram:
+                sherman_morrison(self.ainv[user], x)
+                if self.gram is not None:
+                    dger(1.0, x, x, a=self.gram[user].T, overwrite_a=1)
             sl = slice(user * d, (user + 1) * d)
             self.pending[sl] += r * x
             if self.user_mechanisms:
@@ -309,9 +314,10 @@ class KroneckerUCB:
                 self.user_tick_counts[user] += 1
         else:
             xt = (self.V[:, user, None] * x).ravel()  # = kron(V[:, user], x)
-            sherman_morrison(self.ainv, xt)
-            if self.gram is not None:
-                dger(1.0, xt, xt, a=self.gram.T, overwrite_a=1)
+            if gram:
+                sherman_morrison(self.ainv, xt)
+                if self.gram is not None:
+                    dger(1.0, xt, xt, a=self.gram.T, overwrite_a=1)
             z = r * xt
             self.pending += z
             if self.user_mechanisms:

@@ -46,6 +46,7 @@ from numpy.typing import NDArray
 from models.accounting import split_epsilon
 from models.ground.items import popularity_feature
 from models.mechanisms import Mechanism, TreeState, make_mechanism, noise_std
+from models.mechanisms.participation import B_CLIP, ITEM_CLIP, replace_sensitivity
 
 from .kronecker import KroneckerUCB
 
@@ -195,10 +196,9 @@ class PopularityUCB:
         It adds to the item sums, and to the bandit with weight ``listen_weight``.
         """
         self.sums[int(item)] += float(reward)
-        if self.listen_weight > 0:
+        if self.listen_weight > 0:  # the user's own choice: b only, never the public Gram matrix (DESIGN §2)
             assert self.base is not None and self.features is not None
-            w = math.sqrt(self.listen_weight)
-            self.base.update(user, w * self.features[int(item)], w * float(reward))
+            self.base.update(user, self.features[int(item)], self.listen_weight * float(reward), gram=False)
 
     def release_items(self) -> None:
         """One release of the item sums (noisy prefix sums; the noise is never redrawn)."""
@@ -219,8 +219,8 @@ def make_popularity_policy(base: str | None, *, d: int, W: FloatArray, n_items: 
                            item_mechanism: str = "blt-exact", weight: float = 1.0, item_tick: int = 100,
                            threshold_stds: float = 2.0, horizon: int = 10_000, item_horizon: int | None = None,
                            listen_weight: float | None = None, noise_scale: float = 2.0,
-                           features: FloatArray | None = None, item_sensitivity_scale: float = 1.0, seed: int = 0,
-                           **base_kw: Any) -> PopularityUCB:
+                           features: FloatArray | None = None, item_sensitivity_scale: float | None = None,
+                           seed: int = 0, **base_kw: Any) -> PopularityUCB:
     """A :class:`PopularityUCB` whose two releases together are ``(epsilon, delta)``-DP.
 
     ``base`` is a name of :data:`models.policies.ALGORITHMS` (its private twin is used when
@@ -235,6 +235,13 @@ def make_popularity_policy(base: str | None, *, d: int, W: FloatArray, n_items: 
     """
     from .registry import make_policy
 
+    # event level, neighbours replace one interaction (its reward and the user's choice): sensitivities 2 (b) and
+    # sqrt(2) (the nonnegative item sums), as the pipeline calibrates them; a caller (the user-level twin) may
+    # pass its own scales
+    if item_sensitivity_scale is None:
+        item_sensitivity_scale = replace_sensitivity(ITEM_CLIP, signed=False)
+    if base is not None and base_kw.get("sensitivity_scale") is None:
+        base_kw["sensitivity_scale"] = replace_sensitivity(B_CLIP, signed=True)
     private = not math.isinf(epsilon)
     if private and (mechanism not in EXACT_MECHANISMS or item_mechanism not in EXACT_MECHANISMS):
         raise ValueError(f"`mechanism` and `item_mechanism` must be among {EXACT_MECHANISMS} (exact Gaussian-DP "

@@ -1,7 +1,7 @@
 """The offline twin of ``privacy_unit = user``: per-user per-tick clipping, a contribution cap, calibrated noise.
 
 The pipeline's release tick folds each user's events of the tick into the statistics: their ``b``
-summed and clipped to norm 1, their item rewards summed and clipped to norm 1, at most ``cap`` ticks
+summed and clipped to norm ``b_clip``, their item rewards summed and clipped to norm ``item_clip``, at most ``cap`` ticks
 per user and epoch (``pipeline.userlevel``). :class:`UserLevelUCB` does the same around a
 :class:`~models.policies.PopularityUCB` (a bandit with or without the item term), releasing both
 statistics once per tick of ``tick`` interactions, with noise calibrated by the mechanisms'
@@ -17,7 +17,7 @@ Examples
 >>> import numpy as np
 >>> pol = make_user_level_policy("LinUCB", d=2, W=np.eye(1), n_items=2, epsilon=float("inf"), cap=1, tick=2,
 ...                              weight=0.0)
->>> for r in (1.0, 1.0):  # one user, two events in one tick: b = 2 x, clipped to norm 1
+>>> for r in (1.0, 1.0):  # one user, two events in one tick: b = 2 x, clipped to norm b_clip = 1
 ...     pol.begin_event(7)
 ...     pol.update(0, np.array([1.0, 0.0]), r, 0)
 >>> pol.inner.base.b_released.tolist()
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from models.mechanisms.participation import participation_factor
+from models.mechanisms.participation import B_CLIP, ITEM_CLIP, clip_scale, participation_factor, replace_sensitivity
 
 from .popularity import LISTEN_WEIGHT, PopularityUCB, make_popularity_policy
 
@@ -50,10 +50,14 @@ _NEVER = 1 << 62  # the inner policy's own ticks never come: this wrapper releas
 class UserLevelUCB:
     """Per-user per-tick clipping and a cap around a :class:`PopularityUCB` (see the module docstring)."""
 
-    def __init__(self, inner: PopularityUCB, *, tick: int, cap: int, capacity: int, listen_weight: float) -> None:
+    def __init__(self, inner: PopularityUCB, *, tick: int, cap: int, capacity: int, listen_weight: float,
+                 b_clip: float = B_CLIP, item_clip: float = ITEM_CLIP) -> None:
         if int(tick) < 1 or int(cap) < 1 or int(capacity) < 1:
             raise ValueError(f"`tick`, `cap` and `capacity` must be positive, got {tick}, {cap}, {capacity}.")
+        if not (0 < b_clip <= 1 and 0 < item_clip <= 1):
+            raise ValueError(f"`b_clip` and `item_clip` must be in (0, 1], got {b_clip} and {item_clip}.")
         self.inner, self.tick, self.cap, self.capacity = inner, int(tick), int(cap), int(capacity)
+        self.b_clip, self.item_clip = float(b_clip), float(item_clip)
         self.listen_scale = math.sqrt(listen_weight)
         self.user: int = 0
         self.buffer: list[tuple[int, int, FloatArray, float, int, bool]] = []
@@ -102,15 +106,13 @@ class UserLevelUCB:
                     b = b + r * x
                 if item >= 0:
                     item_sums[item] += r
-            norm = float(np.linalg.norm(b))
-            scale = 1.0 if norm <= 1.0 else 1.0 / norm
-            inorm = math.sqrt(sum(v * v for v in item_sums.values()))
-            iscale = 1.0 if inorm <= 1.0 else 1.0 / inorm
+            scale = clip_scale(float(np.linalg.norm(b)), self.b_clip)
+            iscale = clip_scale(math.sqrt(sum(v * v for v in item_sums.values())), self.item_clip)
             for _, unit, x, r, item, listen in events:
                 if base is not None and len(x):
-                    if listen:
+                    if listen:  # the user's own choice: its context stays out of the public Gram matrix
                         if self.listen_scale > 0:
-                            base.update(unit, self.listen_scale * x, scale * self.listen_scale * r)
+                            base.update(unit, self.listen_scale * x, scale * self.listen_scale * r, gram=False)
                     else:
                         base.update(unit, x, scale * r)
             for item, total in item_sums.items():
@@ -126,8 +128,13 @@ def make_user_level_policy(base: str | None, *, d: int, W: FloatArray, n_items: 
                            delta: float = 1e-5, cap: int = 8, tick: int = 100, capacity: int = (1 << 14) - 1,
                            weight: float = 1.0, share: float = 0.5, mechanism: str = "user-blt-exact",
                            item_mechanism: str = "blt-exact", features: FloatArray | None = None,
-                           listen_weight: float | None = None, seed: int = 0, **base_kw: Any) -> UserLevelUCB:
-    """A :class:`UserLevelUCB` whose releases give a user capped at ``cap`` ticks ``(epsilon, delta)`` per epoch."""
+                           listen_weight: float | None = None, seed: int = 0, b_clip: float = B_CLIP,
+                           item_clip: float = ITEM_CLIP, **base_kw: Any) -> UserLevelUCB:
+    """A :class:`UserLevelUCB` whose releases give a user capped at ``cap`` ticks ``(epsilon, delta)`` per epoch.
+
+    Neighbours replace one user's rewards and choices: the per-tick sensitivities are ``2 b_clip`` (``b``)
+    and ``sqrt(2) item_clip`` (the nonnegative item sums), :func:`models.mechanisms.participation.replace_sensitivity`.
+    """
     private = not math.isinf(epsilon)
     if listen_weight is None:
         listen_weight = 0.0 if features is None or base is None else LISTEN_WEIGHT["private" if private else "none"]
@@ -146,5 +153,7 @@ def make_user_level_policy(base: str | None, *, d: int, W: FloatArray, n_items: 
         scale_b = 1.0 if inner.base is None or inner.base.mechanism is None else \
             participation_factor(inner.base.mechanism, cap)
         scale_s = 1.0 if inner.item_mechanism is None else participation_factor(inner.item_mechanism, cap)
-        inner = build(scale_b, scale_s)
-    return UserLevelUCB(inner, tick=tick, cap=cap, capacity=capacity, listen_weight=listen_weight)
+        inner = build(scale_b * replace_sensitivity(b_clip, signed=True),
+                      scale_s * replace_sensitivity(item_clip, signed=False))
+    return UserLevelUCB(inner, tick=tick, cap=cap, capacity=capacity, listen_weight=listen_weight, b_clip=b_clip,
+                        item_clip=item_clip)

@@ -77,24 +77,72 @@ class UnitStats:
             return
         # Per unit, a left-to-right running sum (np.add.accumulate is strictly sequential), so the
         # result is bit-identical to adding the events one at a time, in order.
+        self._accumulate_gram(units, X)
+        self._accumulate_b(units, X, r)
+
+    def _groups(self, units: NDArray[np.int64]) -> tuple[NDArray[np.int64], list[tuple[int, int, int]]]:
+        """A stable order of ``units`` and its runs ``(unit, start, end)``."""
         order = np.argsort(units, kind="stable")
-        us, Xs, rs = units[order], X[order], r[order]
+        us = units[order]
         starts = np.flatnonzero(np.r_[True, us[1:] != us[:-1]])
-        ends = np.r_[starts[1:], n]
-        d = self.d
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            k = int(us[s])
+        ends = np.r_[starts[1:], us.shape[0]]
+        return order, [(int(us[s]), int(s), int(e)) for s, e in zip(starts.tolist(), ends.tolist())]
+
+    def _accumulate_gram(self, units: NDArray[np.int64], X: FloatArray) -> None:
+        if not units.shape[0]:
+            return
+        order, runs = self._groups(units)
+        Xs, d = X[order], self.d
+        for k, s, e in runs:
             G = np.empty((e - s + 1, d, d))
             G[0] = self.gram[k]
             np.multiply(Xs[s:e, :, None], Xs[s:e, None, :], out=G[1:])
             np.add.accumulate(G, axis=0, out=G)
             self.gram[k] = G[-1]
+
+    def _accumulate_b(self, units: NDArray[np.int64], X: FloatArray, r: FloatArray) -> None:
+        if not units.shape[0]:
+            return
+        order, runs = self._groups(units)
+        Xs, rs, d = X[order], r[order], self.d
+        for k, s, e in runs:
             B = np.empty((e - s + 1, d))
             B[0] = self.b[k]
             np.multiply(rs[s:e, None], Xs[s:e], out=B[1:])
             np.add.accumulate(B, axis=0, out=B)
             self.b[k] = B[-1]
             self.count[k] += e - s
+
+    def add_parts(self, units: NDArray[np.int64], contexts: FloatArray, rewards: FloatArray,
+                  gram_units: NDArray[np.int64], gram_contexts: FloatArray) -> None:
+        """Fold in a batch whose Gram rows are not its events' contexts.
+
+        ``b += r x`` and ``count += 1`` per event (``units``, ``contexts``, ``rewards``); ``gram += x x^T`` per
+        row of ``gram_contexts`` (unit ``gram_units``): the items a feedback's list showed, which are public,
+        rather than the item the user chose (DESIGN §2). Each part accumulates in order, as :meth:`add` does.
+
+        >>> stats = UnitStats.zeros(n_units=1, d=2)
+        >>> stats.add_parts(np.array([0]), np.array([[1.0, 0.0]]), np.array([1.0]),
+        ...                 np.array([0, 0]), np.eye(2))
+        >>> stats.gram[0].tolist(), stats.b[0].tolist(), int(stats.count[0])
+        ([[1.0, 0.0], [0.0, 1.0]], [1.0, 0.0], 1)
+        """
+        gram_units = np.asarray(gram_units, dtype=np.int64)
+        G = np.asarray(gram_contexts, dtype=np.float64)
+        if G.shape != (gram_units.shape[0], self.d):
+            raise ValueError(f"`gram_contexts` must have shape ({gram_units.shape[0]}, {self.d}), got {G.shape}.")
+        if gram_units.size and (gram_units.min() < 0 or gram_units.max() >= self.n_units):
+            raise ValueError(f"`gram_units` must lie in [0, {self.n_units}).")
+        units = np.asarray(units, dtype=np.int64)
+        X = np.asarray(contexts, dtype=np.float64)
+        r = np.asarray(rewards, dtype=np.float64)
+        if X.shape != (units.shape[0], self.d) or r.shape != (units.shape[0],):
+            raise ValueError(f"`contexts` and `rewards` must have shapes ({units.shape[0]}, {self.d}) and "
+                             f"({units.shape[0]},), got {X.shape} and {r.shape}.")
+        if units.size and (units.min() < 0 or units.max() >= self.n_units):
+            raise ValueError(f"`units` must lie in [0, {self.n_units}).")
+        self._accumulate_gram(gram_units, G)
+        self._accumulate_b(units, X, r)
 
     @classmethod
     def merged(cls, shards: list[UnitStats]) -> UnitStats:

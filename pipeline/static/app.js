@@ -386,13 +386,15 @@
         (b.federated ? "Your listens and skips stay at your site; only its noisy statistics leave it, and the "
                      : "Your listens and skips stay inside the server; only noisy statistics are published, and the ") +
         `recommendations are computed from those. For any one answer you give, every published result is ` +
-        `almost as likely whether you listened or skipped: at most ${Math.exp(p.epsilon).toFixed(1)}× more ` +
+        `almost as likely whether you listened or skipped, and whichever of the shown items you picked: at ` +
+        `most ${Math.exp(p.epsilon).toFixed(1)}× more ` +
         `likely (e^ε, ε = ${fmtEps(p.epsilon)}), except with probability ${fmtDelta(p.delta)}. ` +
         `The ε above adds this up over all your answers.`;
       $("event-guarantee").textContent = `(ε, δ) = (${fmtEps(p.epsilon)}, ${fmtDelta(p.delta)})`;
       $("mechanism").textContent = `${p.mechanism}: ${p.mechanism_about}`;
       $("neighbours").textContent = p.neighbours;
       $("accounting").textContent = p.note + (p.valid === false ? " (not a valid (ε, δ) bound)" : "");
+      if (p.public) $("public").textContent = p.public.join("; ");
     }
     if (b.local || state.local) renderLocal(b, p);
     renderMode(b, p);
@@ -445,8 +447,10 @@
         "respect to any one of your answers: whether you listened or skipped changes the odds of what the server " +
         `sees by at most ${Math.exp(g.epsilon).toFixed(1)}×, except with probability ${fmtDelta(g.delta)}.`
       : shuffled
-        ? `Each report is pure ε₀ = ${fmtEps(g.epsilon)} local DP; shuffled in batches of ${g.shuffle_batch} users, ` +
-          `each batch is (ε, δ) = (${fmtEps(g.central_epsilon)}, ${fmtDelta(g.central_delta)})-DP centrally.`
+        ? `Each report is pure ε₀ = ${fmtEps(g.epsilon)} local DP — against this server's operator, who runs the ` +
+          `shuffler and receives each report with your id, that is the whole guarantee; against anyone who sees only ` +
+          `the shuffled batches of ${g.shuffle_batch} users, each batch is (ε, δ) = (${fmtEps(g.central_epsilon)}, ` +
+          `${fmtDelta(g.central_delta)})-DP centrally.`
         : `Each report is (ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)})-DP on its own; your reports add up.`;
     $("guarantee-plain").textContent = "Local mode: this page is your device. It keeps your listens and skips, " +
       "adds the noise itself (from your browser's cryptographic random numbers) and sends only the noisy report; " +
@@ -460,7 +464,7 @@
       const central = shuffled && g.central_bound && g.central_bound.note ? ` ${g.central_bound.note}` : "";
       $("accounting").textContent = (g.statement || "") + central;
     } else {
-      $("neighbours").textContent = "one answer of yours (its reward), on your device";
+      $("neighbours").textContent = "one answer of yours (its reward and which shown item you picked), on your device";
       $("accounting").textContent = "as /local/config states it (this server's /budget has no local section)";
     }
   }

@@ -5,7 +5,7 @@
 "use strict";
 
 window.PrivrecLocal = (() => {
-  const SCHEMA = "privrec.LocalReport/1";
+  const SCHEMA = "privrec.LocalReport/2";
   const STATE_SCHEMA = "privrec.LocalPageState/1";
 
   // ---------- randomness ---------------------------------------------------------------
@@ -112,7 +112,8 @@ window.PrivrecLocal = (() => {
   }
 
   // The report of one answer: reward r on `item` (context x) of the list `recId`. Updates the state;
-  // the caller saves it (with the report pending) before sending.
+  // the caller saves it (with the report pending) before sending. The report names the list only: which
+  // item the user acted on is protected, and lives only inside the noisy vector.
   function buildReport(state, config, recId, item, x, reward, draw) {
     if (!(typeof reward === "number" && reward >= 0 && reward <= 1)) throw new Error(`reward must be in [0, 1], got ${reward}`);
     if (!Array.isArray(x) || x.length !== state.exact.length || !x.every((v) => typeof v === "number" && isFinite(v))) {
@@ -133,7 +134,7 @@ window.PrivrecLocal = (() => {
     state.exact = state.exact.map((b, i) => b + reward * xc[i]);
     state.version += 1;
     const report = { schema: SCHEMA, user: state.user, version: state.version, algorithm: config.algorithm,
-                     rec_id: recId, item };
+                     rec_id: recId };
     if (tree) {
       report.b = bltStep(state, config.mechanism, draw);
     } else {

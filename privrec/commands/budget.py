@@ -50,6 +50,15 @@ def _budget(args: argparse.Namespace) -> int:
         print(f"every release: ({p['epsilon']:.4g}, {p['delta']:.2g})-DP {unit} "
               f"[{p['mechanism']}: {p['mechanism_about']}]" + ("" if p.get("valid") else " — NOT a valid DP proof"))
         print(f"neighbours: {p['neighbours']}")
+        for st in p.get("statistics", []):
+            if "sensitivity_per_tick" in st:
+                print(f"  {st['name']}: {st['released']}; clip {st['clip']:.4g} ({st['clip_of']}), per-tick "
+                      f"sensitivity {st['sensitivity_per_tick']:.4g} ({st['sensitivity_rule']})")
+            else:
+                print(f"  {st['name']}: {st['released']}")
+    if p.get("protected"):
+        print("protected: " + "; ".join(p["protected"]))
+        print("public: " + "; ".join(p["public"]))
     print(f"releases: {doc['releases']}  events released: {doc['events_released']}  "
           f"tree: epoch {doc['tree']['epoch']}, tick {doc['tree']['tick_in_epoch']} of {doc['tree']['ticks_per_epoch']}")
     if "ledger" in doc:

@@ -39,7 +39,7 @@ from privrec.bench.serve import LocalStack, local_stack
 from .conftest import SETTINGS
 
 D = int(SETTINGS["PRIVREC_D"])
-REPORT_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "item", "b"}
+REPORT_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "b"}  # no "item": the choice is protected
 #: Two-sided tail probability of each statistical check (a false failure about once in 10^6 runs).
 TAIL = 1e-6
 
@@ -114,7 +114,8 @@ def _open(page: Any, base_url: str, user: str) -> None:
 
 
 def _click(page: Any, kind: str, row: int) -> dict[str, Any]:
-    """Click listen/skip on ``row``; wait for the model; return the report the page sent."""
+    """Click listen/skip on ``row``; wait for the model; return the report the page sent (with the clicked item
+    under ``"_clicked"``: the report itself never names it)."""
     item_id = page.locator("li.item").nth(row).get_attribute("data-item")
     name = page.locator("li.item .name > span:first-child").nth(row).inner_text()
     with page.expect_response(lambda r: urlparse(r.url).path == "/report") as info:
@@ -122,7 +123,8 @@ def _click(page: Any, kind: str, row: int) -> dict[str, Any]:
     resp = info.value
     assert resp.status == 202, resp.text()
     report: dict[str, Any] = json.loads(resp.request.post_data)
-    assert report["item"] == item_id
+    assert "item" not in report and "shown" not in report  # which item the user acted on stays on the page
+    report["_clicked"] = item_id
     page.locator('#model-state[data-state="fresh"], #model-state[data-state="stale"]').wait_for(timeout=20_000)
     return report
 
@@ -146,7 +148,7 @@ def test_the_page_sends_only_noisy_reports_and_keeps_its_state(local: LocalStack
     lo, hi = stats.chi2.ppf([TAIL / 2, 1 - TAIL / 2], D)
     for kind, row, reward in (("Listen to", 0, 1.0), ("Skip", 1, 0.0), ("Listen to", 0, 1.0)):
         report = _click(page, kind, row)
-        exact += reward * np.asarray(contexts[report["item"]])
+        exact += reward * np.asarray(contexts[report["_clicked"]])
         noise = np.asarray(report["b"]) - exact
         assert np.abs(noise).max() > 1e-9, "a report equal to the exact b_u left the page"
         # b = b_u + BLT noise of the calibrated size: sum of squares / variance ~ chi-square(d)

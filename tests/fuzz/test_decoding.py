@@ -38,8 +38,8 @@ EVENT_BYTES = st.one_of(decoder_input(EVENT), decoder_input(LISTEN),
                         decoder_input({"event_id": "e2", "user": "0", "arm": "no-such-arm", "reward": 0,
                                        "context": [3, 4, 0, 0]}))
 
-REPORTS = [LocalReport("2", 3, "tree", "r9", "7", np.array([0.5, -1.25, 3.0, 1e5])).to_dict(),
-           LocalReport("0", 1, "round", "r1", "1", np.zeros(D)).to_dict()]
+REPORTS = [LocalReport("2", 3, "tree", "r9", np.array([0.5, -1.25, 3.0, 1e5]), ("7", "3")).to_dict(),
+           LocalReport("0", 1, "round", "r1", np.zeros(D), ("1",)).to_dict()]
 REPORT_BYTES = st.one_of(*(decoder_input(r) for r in REPORTS))
 
 BATCH = {"schema": BATCH_SCHEMA, "unit": 2, "seq": 1, "items": ["1", "5"], "m": [[0.5, -1.0, 2.0, 0.0]] * 2,
@@ -108,7 +108,7 @@ def check_report(raw: bytes, algorithm: str | None) -> None:
         return
     assert algorithm is None or rep.algorithm == algorithm
     assert rep.algorithm in ("tree", "round") and 1 <= rep.version < 2**53
-    for s in (rep.user, rep.rec_id, rep.item):
+    for s in (rep.user, rep.rec_id, *rep.shown):
         assert isinstance(s, str) and 0 < len(s) <= 200
     assert rep.vector.shape == (D,) and np.isfinite(rep.vector).all() and np.abs(rep.vector).max() <= MAX_ABS
     assert parse_report(rep.to_json(), d=D) == rep  # what a device re-sends parses to the same report

@@ -102,8 +102,8 @@ def check_recommend(web: WebApps, app: str, q: str) -> None:
 
 FEEDBACK = {"rec_id": "__REC__", "item": "__ITEM__", "reward": 1}
 LISTEN = {"user": "1", "item": "3", "reward": 0.5}
-REPORT = {**LocalReport("1", 1, "tree", "__REC__", "__ITEM__", np.linspace(-1, 1, D)).to_dict()}
-ROUND_REPORT = {**LocalReport("1", 7, "round", "__REC__", "__ITEM__", np.zeros(D)).to_dict()}
+REPORT = {**LocalReport("1", 1, "tree", "__REC__", np.linspace(-1, 1, D)).to_dict()}
+ROUND_REPORT = {**LocalReport("1", 7, "round", "__REC__", np.zeros(D)).to_dict()}
 
 
 def _bodies(*valid: dict[str, Any]) -> st.SearchStrategy[bytes]:

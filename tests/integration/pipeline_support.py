@@ -222,6 +222,7 @@ def assert_releases_deterministic(stack: Stack, catalog: SyntheticCatalog, produ
     """Every version the watcher saw equals the mechanism's release of the events it covered, recomputed from the
     release log (version -> offsets) and the secret seed; versions are 1, 2, 3, ... Returns them."""
     from models.mechanisms import make_mechanism
+    from models.mechanisms.participation import replace_sensitivity
     from models.streaming import Releaser
     from pipeline.stages import projection
     from pipeline.trusted import TrustedStore
@@ -235,7 +236,9 @@ def assert_releases_deterministic(stack: Stack, catalog: SyntheticCatalog, produ
     assert versions == list(range(1, len(log) + 1)), versions  # no version skipped or repeated
     structure, V = projection(algorithm, catalog.W)
     mech = make_mechanism(s.mechanism, dim=catalog.n_units * catalog.d,
-                          sensitivity=float(np.linalg.norm(V, axis=0).max()), epsilon=s.epsilon, delta=s.delta,
+                          # replace neighbours: two clipped contributions differ by 2 x b_clip
+                          sensitivity=replace_sensitivity(s.clips[0], signed=True) * float(np.linalg.norm(V, axis=0).max()),
+                          epsilon=s.epsilon, delta=s.delta,
                           horizon=s.tree_ticks, seed=store.noise_seed(), mixing=V, block_dim=catalog.d)
     releaser = Releaser(structure=structure, V=V, d=catalog.d, mechanism=mech)
     state = mech.init_state()

@@ -27,6 +27,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from models.ground.consensus import mixing_matrix, second_eigenvalue_modulus, topology_adjacency
 from models.ground.graphs import sensitivities
 from models.mechanisms import make_mechanism
+from models.mechanisms.participation import B_CLIP, replace_sensitivity
 from models.streaming import Releaser, UnitStats
 from models.streaming.federated import assign_sites
 from pipeline import acl, services
@@ -44,6 +45,8 @@ from pipeline_support import wait_for
 WORLD = {"PRIVREC_D": "4", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "30", "PRIVREC_TICK_SECONDS": "0.25",
          "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PARTITIONS": "1", "PRIVREC_PRIVACY_UNIT": "event"}
 NS = "fed"
+#: Replace neighbours: two clipped contributions differ by 2 x b_clip (the sites' calibration).
+REPLACE = replace_sensitivity(B_CLIP, signed=True)
 
 
 class FedStack:
@@ -112,9 +115,11 @@ class FedStack:
         V = np.eye(self.catalog.n_units)
         own = self.site_of_unit == site
         mech = make_mechanism(self.settings.mechanism, dim=self.catalog.n_units * self.catalog.d,
-                              sensitivity=float(sensitivities(V)[own].max()), epsilon=self.settings.epsilon,
+                              # replace neighbours: two clipped contributions differ by 2 x b_clip
+                              sensitivity=REPLACE * float(sensitivities(V)[own].max()), epsilon=self.settings.epsilon,
                               delta=self.settings.delta, horizon=self.settings.tree_ticks, seed=seed,
-                              sensitivity_l1=float(np.abs(V[:, own]).sum(axis=0).max() * np.sqrt(self.catalog.d)),
+                              sensitivity_l1=REPLACE * float(np.abs(V[:, own]).sum(axis=0).max()
+                                                             * np.sqrt(self.catalog.d)),
                               mixing=V * own[None, :], block_dim=self.catalog.d)
         state = mech.init_state()
         for _ in range(version):

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from kafka import KafkaConsumer
 
+from pipeline.keys import PublicKeys
 from pipeline.settings import DEFAULT_MECHANISM
 from pipeline import services
 from privrec.bench.serve import LocalStack, local_stack
@@ -299,13 +301,18 @@ def test_recommend_feedback_release_budget(stack: LocalStack) -> None:
 
     r = call(stack, "POST", "/feedback", {"rec_id": got["rec_id"], "item": item, "reward": 0.75})
     assert r.status == 202, r.body
-    assert r.json == {"accepted": True, "event_id": f"{got['rec_id']}:{item}"}
+    assert r.json == {"accepted": True, "event_id": f"{got['rec_id']}:fb"}  # the id names the list, not the item
 
     event = _consume(stack, "interactions", got["rec_id"])
     assert event["key"] == user.encode()
-    assert {k: event["value"][k] for k in ("event_id", "user", "arm", "reward", "rec_id", "context")} == {
-        "event_id": f"{got['rec_id']}:{item}", "user": user, "arm": item, "reward": 0.75, "rec_id": got["rec_id"],
-        "context": None}
+    # the whole shown list goes with the feedback: the Gram takes every shown item, never the user's choice alone
+    assert {k: event["value"][k] for k in ("event_id", "user", "arm", "reward", "rec_id", "context", "shown")} == {
+        "event_id": f"{got['rec_id']}:fb", "user": user, "arm": item, "reward": 0.75, "rec_id": got["rec_id"],
+        "context": None, "shown": [it["item"] for it in got["items"]]}
+    # the public marker of an answered list says that it was answered, not with which item
+    marker = redis.Redis.from_url(stack.redis_url).get(PublicKeys(stack.namespace).recommendation(got["rec_id"])
+                                                      + ":answered")
+    assert marker == b"1"
 
     # counted in a later release, and in the user's budget
     after = wait_for(lambda: (b := budget(stack, user))["events_released"] > before["events_released"] and b,

@@ -20,6 +20,7 @@ import pytest
 
 from models.ground.items import ReleasedItems, popularity_feature
 from models.mechanisms import make_mechanism
+from models.mechanisms.participation import replace_sensitivity
 from pipeline import services
 from pipeline.keys import PublicKeys
 from pipeline.records import parse_interaction
@@ -110,7 +111,9 @@ def test_private_item_sums_carry_the_keyed_noise_and_survive_a_restart(stack: St
     exact = _exact_sums(stack, events, s.n_arms)
     # recompute the noise: the item mechanism keyed by the namespace's secret, stepped once per release
     seed = int(stack.client.get(TrustedKeys(s.namespace).secret))
-    mech = make_mechanism(ITEM_MECHANISM, dim=s.n_arms, sensitivity=1.0, epsilon=s.epsilons()[1], delta=s.delta,
+    # replace neighbours: two nonnegative clipped item vectors differ by sqrt(2) x item_clip
+    mech = make_mechanism(ITEM_MECHANISM, dim=s.n_arms, sensitivity=replace_sensitivity(s.clips[1], signed=False),
+                          epsilon=s.epsilons()[1], delta=s.delta,
                           horizon=s.tree_ticks, seed=seed, stream=ITEM_STREAM)
     state = mech.init_state()
     for _ in range(int(raw[b"version"])):

@@ -306,7 +306,7 @@ def test_local_mode_refuses_a_users_reports_past_the_lifetime_budget(tmp_path: P
             status, rec = wait_for(lambda: (r := _get(f"{base}/recommend?user=3&k=3"))[0] == 200 and r, 30,
                                    "/recommend")
             item = rec["items"][0]
-            rep = device.report(rec_id=rec["rec_id"], item=item["item"], x=np.asarray(item["x"]), reward=1.0)
+            rep = device.report(rec_id=rec["rec_id"], x=np.asarray(item["x"]), reward=1.0)
             status, body = _post(f"{base}/report", rep.to_dict())
             answers.append(status)
             if status == 202:

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import random
@@ -78,7 +80,7 @@ def _play(stack: LocalStack, devices: dict[str, LocalClient], n: int, rng: rando
         item = rec["items"][rng.randrange(len(rec["items"]))]
         reward = rng.random() if rng.random() < 0.5 else float(rng.randrange(2))  # fractions: distinctive digits
         dev = devices[user]
-        rep = dev.report(rec_id=rec["rec_id"], item=item["item"], x=np.asarray(item["x"]), reward=reward)
+        rep = dev.report(rec_id=rec["rec_id"], x=np.asarray(item["x"]), reward=reward)
         status, body = stack.post_json("/report", rep.to_dict())
         assert status == 202, body
         dev.acknowledge(rep.version)
@@ -279,7 +281,7 @@ def test_kill9_mid_stream_and_a_restarted_device_count_nothing_twice_and_redraw_
     # a device that crashes after making a report and before sending it
     status, rec = st.get_json("/recommend?user=2&k=2")
     item = rec["items"][0]
-    pending = devices["2"].report(rec_id=rec["rec_id"], item=item["item"], x=np.asarray(item["x"]), reward=1.0)
+    pending = devices["2"].report(rec_id=rec["rec_id"], x=np.asarray(item["x"]), reward=1.0)
     restarted = LocalClient("2", cfg, FileStorage(where / "2.json"))
     assert restarted.pending() == [pending] and restarted.pending()[0].to_json() == pending.to_json()
     status, body = st.post_json("/report", restarted.pending()[0].to_dict())
@@ -290,7 +292,8 @@ def test_kill9_mid_stream_and_a_restarted_device_count_nothing_twice_and_redraw_
     sent.append(pending)
     # the same report on the topic twice (a producer retry): the worker dead-letters the repeat
     prod = KafkaProducer(bootstrap_servers=st.broker.address)
-    prod.send("ldp-reports", key=b"2", value=pending.to_json()).get(timeout=10)
+    queued = dataclasses.replace(pending, shown=tuple(it["item"] for it in rec["items"]))  # as the server queued it
+    prod.send("ldp-reports", key=b"2", value=queued.to_json()).get(timeout=10)
     prod.close()
     env = {**st.env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     st.handles.append(services.start_process("worker-0", [sys.executable, "-m", "pipeline.worker"], st.state_dir,
@@ -331,10 +334,10 @@ def test_noise_off_the_local_aggregate_equals_the_global_modes_exact_statistics(
             reward = rng.random()
             x = clip_context(np.asarray(item["x"]))
             versions[user] = versions.get(user, 0) + 1
-            rep = LocalReport(user, versions[user], "round", rec["rec_id"], item["item"], reward * x)
+            rep = LocalReport(user, versions[user], "round", rec["rec_id"], reward * x)
             assert st.post_json("/report", rep.to_dict())[0] == 202
             events.append({"event_id": f"e{i}", "user": user, "arm": item["item"], "reward": reward, "ts": 1.7e12 + i,
-                           "rec_id": None})
+                           "rec_id": None, "shown": [it["item"] for it in rec["items"]]})
         rel = _wait_released(st, len(events))
         # the global mode's ingest, on the same events, in a namespace of its own
         s = Settings.from_mapping({}, environ={**st.env, "PRIVREC_MODE": "global", "PRIVREC_NAMESPACE": "glob"})
@@ -382,7 +385,8 @@ def test_shuffler_sends_batches_of_distinct_users_stripped_and_shuffled(tmp_path
             behind = [by_vector[tuple(m)] for m in b["m"]]  # each vector is exactly one device's report
             assert len({r["user"] for r in behind}) == n  # n distinct users ...
             assert {catalog.unit_of(r["user"]) for r in behind} == {b["unit"]}  # ... of the batch's unit
-            assert sorted(b["items"]) == sorted(r["item"] for r in behind)
+            assert "item" not in behind[0]  # a report names its list, never the item the user chose
+            assert sorted(b["items"]) == sorted(a for r in behind for a in r["shown"])
             arrival = sorted(behind, key=lambda r: reports.index(r))
             reordered += [r["m"] for r in arrival] != b["m"]
             assert b["epsilon"] <= 2.0 + 1e-9

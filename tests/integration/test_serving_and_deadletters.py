@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from pipeline import services
-from pipeline.keys import PublicKeys
+from pipeline.keys import PublicKeys, partition_of
 from pipeline.serving import BadRequest, Recommender
 from pipeline.trusted import TrustedStore
 
@@ -47,6 +47,9 @@ MALFORMED: dict[str, bytes] = {
     "outside [0, 1]": json.dumps({"event_id": "m7", "user": "1", "arm": "2", "reward": 1.5}).encode(),
     "must be a number": json.dumps({"event_id": "m8", "user": "1", "arm": "2", "reward": "yes"}).encode(),
     "invalid utf-8": b"\xff\xfe\x00garbage",
+    # a good event keyed by another user lands on a partition that is not its user's: one user's cap must not be
+    # split over partitions (the message below is sent with key "1", whose partition is not user 2's)
+    "partition mismatch": json.dumps({"event_id": "m9", "user": "2", "arm": "2", "reward": 1}).encode(),
 }
 
 
@@ -60,8 +63,13 @@ def test_malformed_events_land_in_dead_letters_and_good_ones_are_counted(running
         if i % 25 == 0 and bad:
             values.append(bad.pop()[1])
     prod = running.producer()
+    assert partition_of("1", 4) != partition_of("2", 4)  # what the "partition mismatch" case needs
     for v in values:
-        prod.send("interactions", key=b"1", value=v)
+        try:  # the contract: the key is the event's user (malformed ones: any key)
+            key = str(json.loads(v)["user"]).encode() if v != MALFORMED["partition mismatch"] else b"1"
+        except (ValueError, KeyError, TypeError):
+            key = b"1"
+        prod.send("interactions", key=key, value=v)
     prod.flush()
     prod.close()
     wait_for(lambda: running.released_count() >= 300, 60, "the 300 good events in a release")

@@ -40,8 +40,8 @@ def test_aggregate_minus_the_devices_noise_is_the_global_modes_exact_statistics(
     noise = np.zeros((3, D))
     last_noise: dict[str, np.ndarray] = {}
     for i, (u, x, r) in enumerate(_events(200, 6)):
-        rep = users[u].report(rec_id=f"r{i}", item="a", x=x, reward=r)
-        agg.apply(rep, unit=unit_of[u], x=x)
+        rep = users[u].report(rec_id=f"r{i}", x=x, reward=r)
+        agg.apply(rep, unit=unit_of[u], X=x)
         exact.add(np.array([unit_of[u]]), clip_context(x)[None, :], np.array([r]))
         if algorithm == "tree":
             last_noise[u] = rep.vector - users[u].exact_b
@@ -60,18 +60,18 @@ def test_a_restarted_device_resends_the_same_report_and_continues_its_versions(t
     store = FileStorage(tmp_path / "dev.json")
     dev = LocalClient("u1", cfg, store)
     x = np.full(D, 0.3)
-    first = dev.report(rec_id="r1", item="a", x=x, reward=1.0)
+    first = dev.report(rec_id="r1", x=x, reward=1.0)
     dev.acknowledge(first.version)
-    second = dev.report(rec_id="r2", item="a", x=x, reward=0.0)  # "sent", then the device crashed
+    second = dev.report(rec_id="r2", x=x, reward=0.0)  # "sent", then the device crashed
     again = LocalClient("u1", cfg, FileStorage(tmp_path / "dev.json"))
     assert again.pending() == [second]
     assert again.pending()[0].to_json() == second.to_json()  # the same bytes: no noise redrawn
-    third = again.report(rec_id="r3", item="a", x=x, reward=1.0)
+    third = again.report(rec_id="r3", x=x, reward=1.0)
     assert third.version == 3
     # the continuation is the one the uninterrupted device would have released (keyed noise, same state)
     twin = LocalClient("u1", cfg, MemoryStorage(), seed=again.seed)
     for rid, r in (("r1", 1.0), ("r2", 0.0), ("r3", 1.0)):
-        rep = twin.report(rec_id=rid, item="a", x=x, reward=r)
+        rep = twin.report(rec_id=rid, x=x, reward=r)
     assert rep == third
     with pytest.raises(ValueError, match="calibration"):
         LocalClient("u1", LocalConfig(algorithm="tree", d=D, epsilon=4.0, capacity=15), FileStorage(tmp_path / "dev.json"))
@@ -83,11 +83,11 @@ def test_device_refuses_bad_rewards_and_contexts() -> None:
     dev = LocalClient("u", LocalConfig(algorithm="round", d=D, epsilon=1.0))
     for bad in (-0.1, 1.5, math.nan, math.inf):
         with pytest.raises(ValueError, match="reward"):
-            dev.report(rec_id="r", item="a", x=np.zeros(D), reward=bad)
+            dev.report(rec_id="r", x=np.zeros(D), reward=bad)
     with pytest.raises(ValueError, match="finite"):
-        dev.report(rec_id="r", item="a", x=np.full(D, np.nan), reward=1.0)
+        dev.report(rec_id="r", x=np.full(D, np.nan), reward=1.0)
     with pytest.raises(ValueError, match="shape"):
-        dev.report(rec_id="r", item="a", x=np.zeros(D + 1), reward=1.0)
+        dev.report(rec_id="r", x=np.zeros(D + 1), reward=1.0)
     assert dev.version == 0 and dev.pending() == []
 
 
@@ -107,9 +107,12 @@ def test_device_refuses_bad_rewards_and_contexts() -> None:
     ({"b": [1.0] * (D - 1) + [1e300 * 10]}, "b"),
     ({"b": [1.0] * (D - 1) + [2e6]}, "b"),
     ({"m": [1.0] * D}, "m"),
+    ({"item": "a"}, "item"),               # the user's choice never leaves the device
+    ({"shown": "a"}, "shown"),
+    ({"shown": [""]}, "shown"),
 ])
 def test_parse_report_names_the_bad_field(body: object, parameter: str) -> None:
-    good = LocalReport("u", 1, "tree", "r", "a", np.zeros(D)).to_dict()
+    good = LocalReport("u", 1, "tree", "r", np.zeros(D)).to_dict()
     raw = body if isinstance(body, bytes) else json.dumps({**good, **body}).encode()  # type: ignore[dict-item]
     with pytest.raises(ReportError) as e:
         parse_report(raw, d=D)
@@ -117,7 +120,7 @@ def test_parse_report_names_the_bad_field(body: object, parameter: str) -> None:
 
 
 def test_parse_report_refuses_the_other_algorithm() -> None:
-    rep = LocalReport("u", 1, "round", "r", "a", np.zeros(D))
+    rep = LocalReport("u", 1, "round", "r", np.zeros(D))
     assert parse_report(rep.to_json(), d=D) == rep
     with pytest.raises(ReportError, match="runs local algorithm 'tree'"):
         parse_report(rep.to_json(), d=D, algorithm="tree")
@@ -126,23 +129,24 @@ def test_parse_report_refuses_the_other_algorithm() -> None:
 def test_stale_and_repeated_versions_are_refused_and_change_nothing() -> None:
     cfg = LocalConfig(algorithm="round", d=D, epsilon=1.0)
     agg = LocalAggregate(cfg, n_units=1)
-    agg.apply(LocalReport("u", 2, "round", "r", "a", np.ones(D)), unit=0, x=np.eye(D)[0])
+    agg.apply(LocalReport("u", 2, "round", "r", np.ones(D), ("a",)), unit=0, X=np.eye(D)[0])
     before = (agg.b.copy(), agg.count.copy(), agg.gram.copy())
     for v in (1, 2):
         with pytest.raises(StaleReport, match="stale or repeated"):
-            agg.apply(LocalReport("u", v, "round", "r", "a", np.ones(D)), unit=0, x=np.eye(D)[0])
+            agg.apply(LocalReport("u", v, "round", "r", np.ones(D), ("a",)), unit=0, X=np.eye(D)[0])
     assert all(np.array_equal(a, b) for a, b in zip(before, (agg.b, agg.count, agg.gram)))
 
 
 def test_round_reports_carry_the_calibrated_gaussian_noise() -> None:
-    """sigma = 1/mu for (epsilon, delta) at L2 sensitivity 1; the sample variance within 5 standard errors."""
+    """sigma = 2/mu for (epsilon, delta) at L2 sensitivity 2 (one interaction replaced: another reward and another
+    item of the list, ||r x - r' x'|| <= 2); the sample variance within 5 standard errors."""
     cfg = LocalConfig(algorithm="round", d=D, epsilon=2.0, delta=1e-5)
-    assert gdp_epsilon(1.0 / cfg.sigma, 1e-5) == pytest.approx(2.0, rel=1e-6)
+    assert gdp_epsilon(2.0 / cfg.sigma, 1e-5) == pytest.approx(2.0, rel=1e-6)
     dev = LocalClient("u", cfg, seed=7)
     n = 4000
     reps = []
     for i in range(n):
-        reps.append(dev.report(rec_id=str(i), item="a", x=np.zeros(D), reward=0.0))
+        reps.append(dev.report(rec_id=str(i), x=np.zeros(D), reward=0.0))
         dev.acknowledge(reps[-1].version)
     z = np.stack([r.vector for r in reps]).ravel()
     se = cfg.sigma**2 * math.sqrt(2.0 / z.size)  # standard error of a Gaussian sample variance
@@ -154,7 +158,7 @@ def test_tree_report_variance_is_the_devices_mechanism_noise() -> None:
     cfg = LocalConfig(algorithm="tree", d=D, epsilon=2.0, capacity=7)
     dev = LocalClient("u", cfg, seed=3)
     for v in range(1, 20):  # across epochs (capacity 7)
-        dev.report(rec_id=str(v), item="a", x=np.zeros(D), reward=0.0)
+        dev.report(rec_id=str(v), x=np.zeros(D), reward=0.0)
         assert dev.state is not None and dev.mechanism is not None
         assert cfg.report_variance(v) == pytest.approx(noise_std(dev.mechanism, dev.state) ** 2, rel=1e-12)
 

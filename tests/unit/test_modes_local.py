@@ -43,9 +43,9 @@ def _spy(policy: LocalUCB) -> list[tuple[LocalReport, int, np.ndarray]]:
     seen: list[tuple[LocalReport, int, np.ndarray]] = []
     apply = policy.aggregate.apply
 
-    def recording(report: LocalReport, *, unit: int, x: np.ndarray) -> None:
-        seen.append((report, unit, x))
-        apply(report, unit=unit, x=x)
+    def recording(report: LocalReport, *, unit: int, X: np.ndarray) -> None:
+        seen.append((report, unit, X))
+        apply(report, unit=unit, X=X)
 
     policy.aggregate.apply = recording  # type: ignore[method-assign]
     return seen

@@ -215,9 +215,10 @@ def test_batched_user_contributions_equal_adding_events_one_at_a_time() -> None:
     listens = rng.random(n) < 0.3
     items = np.where(rng.random(n) < 0.8, rng.integers(0, 9, n), -1)
     units = np.array([int(u[1:]) % 3 for u in users])
-    parsed = ParsedBatch(units, X, r, users, [], items, listens)
+    # the Gram rows: each feedback's own context, none for a listen (the user's choice stays out of the Gram)
+    parsed = ParsedBatch(units, X, r, users, [], items, listens, X[~listens], np.flatnonzero(~listens))
     proc = object.__new__(UserIngestProcessor)  # only the fold: no Redis
-    proc.listen_scale, proc.n_items = scale, 9
+    proc.listen_weight, proc.n_items = scale, 9
     start = {"u1": Contribution(1, 4, rng.normal(size=(d, d)), rng.normal(size=d), {2: 1.0})}
     saved = {u: (c.gram.copy(), c.b.copy()) for u, c in start.items()}
     # as prepare does: the batch's copies share the committed arrays, which the fold must not write
@@ -227,9 +228,10 @@ def test_batched_user_contributions_equal_adding_events_one_at_a_time() -> None:
     ref = {u: Contribution(c.unit, c.count, c.gram.copy(), c.b.copy(), dict(c.items)) for u, c in start.items()}
     for j, user in enumerate(users):  # the reference: one event at a time, in order
         c = ref.setdefault(user, Contribution.empty(int(units[j]), d))
-        x, rb = (X[j] * scale, r[j] * scale) if listens[j] else (X[j], r[j])
-        c.gram += np.outer(x, x)
-        c.b += rb * x
+        x = X[j]
+        if not listens[j]:
+            c.gram += np.outer(x, x)
+        c.b += (r[j] * scale if listens[j] else r[j]) * x
         c.count += 1
         if items[j] >= 0:
             c.items[int(items[j])] = c.items.get(int(items[j]), 0.0) + float(r[j])
