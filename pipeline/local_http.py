@@ -149,11 +149,11 @@ async def report(request: web.Request) -> web.Response:
     answered = keys.recommendation(rep.rec_id) + ":answered"
     if not await r.set(answered, "1", nx=True, ex=24 * 3600):
         return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
-    limit = report_limit(cfg, s.user_budget)
+    limit = report_limit(cfg, s.lifetime_budget)
     counter = budget_counter(keys, rep.user)
     if limit is not None and await r.incr(counter) > limit:  # counted: reports "not learned (budget)"
         return _error(403, "user", f"user {rep.user!r} has sent the {limit} reports their lifetime budget allows "
-                                   f"(user_budget epsilon {s.user_budget:g}): no further report is accepted")
+                                   f"(user_budget epsilon {s.lifetime_budget:g}): no further report is accepted")
     # the queued report carries the whole shown list (public): the Gram takes every shown item, never the choice
     queued = dataclasses.replace(rep, shown=tuple(shown["items"])).to_json()
     try:
@@ -172,9 +172,9 @@ def local_budget(settings: Settings, config: LocalConfig, user: str | None, repo
     reports cover (``sent``: the reports they sent, accepted or refused — :func:`budget_counter`)."""
     from models.accounting.conversions import gdp_epsilon, gdp_mu
 
-    limit = report_limit(config, settings.user_budget)
+    limit = report_limit(config, settings.lifetime_budget)
     out: dict[str, Any] = {"guarantee": config.guarantee(),
-                           "user_budget": {"epsilon": settings.user_budget, "reports_allowed": limit}}
+                           "user_budget": {"epsilon": settings.lifetime_budget, "reports_allowed": limit}}
     if user is None:
         return out
     entry: dict[str, Any] = {"user": user, "reports": reports, "unit": "event"}

@@ -387,7 +387,7 @@ class ReleaseStage:
         if self.folder is not None:
             self.statement = user_level_statement(s, self.statement, self.participation_ratio, self.mechanism,
                                                   self.item_mechanism)
-            self.statement = with_budget(self.statement, s.user_budget, s.delta)  # the lifetime budget (ledger.py)
+            self.statement = with_budget(self.statement, s.lifetime_budget, s.delta)  # the lifetime budget (ledger.py)
             self.folder.budget = LifetimeBudget.of(self.statement, self.participation_ratio)
 
     def participation_ratio(self, k: int) -> float:

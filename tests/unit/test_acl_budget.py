@@ -68,7 +68,7 @@ def test_the_setting_refuses_a_budget_that_is_not_positive(value: str) -> None:
 def test_the_local_report_limit_is_the_last_count_within_the_budget(overrides: dict[str, object]) -> None:
     s = Settings(mode="local", user_budget=6.0, **overrides)  # type: ignore[arg-type]
     cfg = s.local_config(25)
-    limit = report_limit(cfg, s.user_budget)
+    limit = report_limit(cfg, s.lifetime_budget)
     assert limit is not None and limit >= 1
 
     def spent(k: int) -> float:
@@ -105,3 +105,11 @@ def test_credentials_are_kept_per_stack_and_renewed_when_the_roles_change(tmp_pa
     assert acl.stack_credentials(tmp_path, ["worker", "web"]) == first
     other = acl.stack_credentials(tmp_path, ["site0", "coordinator", "web"])
     assert set(other) == {"default", "site0", "coordinator", "web"} and other["web"] != first["web"]
+
+
+def test_the_default_budget_is_10_at_user_level_and_none_at_event_level() -> None:
+    assert Settings().user_level and Settings().lifetime_budget == 10.0
+    assert Settings(mode="local").lifetime_budget == math.inf
+    assert Settings(privacy_unit="event").lifetime_budget == math.inf
+    assert Settings(mode="local", user_budget=4.0).lifetime_budget == 4.0
+    assert report_limit(Settings(mode="local").local_config(25), Settings(mode="local").lifetime_budget) is None
