@@ -99,9 +99,9 @@ class LifetimeBudget:
 
 def with_budget(statement: dict[str, object], epsilon: float, delta: float) -> dict[str, object]:
     """The user-level statement with its ``user_budget``: ``{"epsilon", "delta", "mu"}`` (``mu`` ``None`` for
-    ``epsilon = inf`` or without noise: no budget is enforced)."""
+    ``epsilon = inf`` or without noise: no budget is enforced; ``epsilon`` ``None`` for inf: JSON has none)."""
     from models.accounting import gdp_mu
 
     enforced = math.isfinite(epsilon) and bool(statement.get("mu_at_cap")) and bool(statement.get("private"))
-    return {**statement, "user_budget": {"epsilon": epsilon, "delta": delta,
+    return {**statement, "user_budget": {"epsilon": epsilon if math.isfinite(epsilon) else None, "delta": delta,
                                          "mu": gdp_mu(epsilon, delta) if enforced else None}}

@@ -174,7 +174,8 @@ def local_budget(settings: Settings, config: LocalConfig, user: str | None, repo
 
     limit = report_limit(config, settings.lifetime_budget)
     out: dict[str, Any] = {"guarantee": config.guarantee(),
-                           "user_budget": {"epsilon": settings.lifetime_budget, "reports_allowed": limit}}
+                           "user_budget": {"epsilon": None if limit is None else settings.lifetime_budget,
+                                           "reports_allowed": limit}}  # None: no budget (JSON has no inf)
     if user is None:
         return out
     entry: dict[str, Any] = {"user": user, "reports": reports, "unit": "event"}
