@@ -95,16 +95,7 @@ async def _reseek(consumer: AIOKafkaConsumer, processor: IngestProcessor, partit
 
 async def _identity(ident: AIOKafkaConsumer, kafka: str) -> str:
     """The broker's identity record (written by the stack's topic creation; written here if missing)."""
-    tp = TopicPartition(services.IDENTITY_TOPIC, 0)
-    if services.IDENTITY_TOPIC in await ident.topics():
-        if ident.assignment() != {tp}:
-            ident.assign([tp])
-        ident.seek(tp, 0)
-        records = (await ident.getmany(tp, timeout_ms=2000, max_records=1)).get(tp) or []
-        if records:
-            return bytes(records[0].value or b"").decode()
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, lambda: services.ensure_identity(kafka))
+    return await services.read_identity_async(ident, kafka)
 
 
 async def _observe_lag(consumer: AIOKafkaConsumer, assigned: set[TopicPartition], metrics: WorkerMetrics) -> None:

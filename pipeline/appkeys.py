@@ -2,7 +2,8 @@
 
 `pipeline.web` fills them when it builds the app; `pipeline.local_http` reads them. Typed keys
 let a type checker see what each holds and keep aiohttp's `NotAppKeyWarning` quiet. The web
-server's private state (its metrics, the shown lists' writer) has its keys in `pipeline.web`.
+server's private state has its keys beside it: the metrics in `pipeline.web`, the shown lists'
+writer in `pipeline.shown`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ SIGKILL to the process itself — no cleanup, no flush, as a power cut or the OO
 
 Points: ``release-persisted`` (the release and the mechanism state are in Redis, not yet published),
 ``release-published`` (published, not yet solved), ``solve-before-write`` (the serving models are
-computed, not yet written).
+computed, not yet written), ``outbox-acknowledged`` (the web's forwarder: the broker acknowledged a batch,
+its positions are not yet in Redis).
 """
 
 from __future__ import annotations

@@ -152,9 +152,13 @@ class IngestProcessor:
         u_arr = parsed.units
         X = parsed.contexts
         r = self.reward_weights(parsed)
-        # event level: each event's r x clipped to norm b_clip (contexts have norm <= 1, so r x only when longer)
+        # event level: each event's r x clipped to norm b_clip. Contexts are scaled to norm <= 1 by parse_batch (up to
+        # one rounding), so with b_clip = 1 nothing is clipped; the relative slack keeps such a context's r x as it
+        # is (bit for bit: the offline computation and the restored statistics agree exactly)
         norms = r * np.sqrt(np.einsum("ij,ij->i", X, X))
-        r = np.where(norms > self.b_clip, r * (self.b_clip / np.maximum(norms, 1e-300)), r)
+        over = norms > self.b_clip * (1.0 + 1e-12)
+        if over.any():
+            r = np.where(over, r * (self.b_clip / np.maximum(norms, 1e-300)), r)
         if len(u_arr):
             if parsed.gram_contexts is X:  # every event's own context is its Gram row (no list, no listen)
                 new.add(u_arr, X, r)

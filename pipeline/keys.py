@@ -89,6 +89,17 @@ class PublicKeys:
         """Hash: malformed events of one partition counted by reason (operations data, no rewards)."""
         return self._key("ledger", f"p{partition}", "deadletters")
 
+    @property
+    def stack_repairs(self) -> str:
+        """Hash: repairs of the embedded broker and redis-server by the supervisor, per service (operations data)."""
+        return self._key("ops", "ops", "repairs")
+
+    def retired_logs(self, partition: int) -> str:
+        """Hash: per broker identity whose log is gone, the partition's next offset to count in that log when it
+        was forgotten, and ``@adopted``: the broker the partition's offset now refers to (operations data; the
+        web's outbox sends again what a lost log held beyond it, and all of a log no worker ever adopted)."""
+        return self._key("ops", f"p{partition}", "retired-logs")
+
     def recommendation(self, rec_id: str) -> str:
         """String (JSON, with a TTL): a shown list, kept so that feedback can name it by ``rec_id``."""
         return self._key("recs", "recs", rec_id)

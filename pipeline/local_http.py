@@ -28,8 +28,10 @@ from models.local.aggregate import clip_context
 from .appkeys import CATALOG, KEYS, LOCAL_CONFIG, PRODUCER, REDIS, SETTINGS
 from .catalog import Catalog, UnknownUserError
 from .keys import PublicKeys
+from .outbox import OUTBOX, accept
 from .records import TOPICS
 from .settings import Settings
+from .shown import SHOWN
 
 __all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED",
            "report_limit", "budget_counter"]
@@ -135,7 +137,7 @@ async def report(request: web.Request) -> web.Response:
         return _error(404, "user", str(exc))
     keys: PublicKeys = request.app[KEYS]
     r = request.app[REDIS]
-    shown_raw = await r.get(keys.recommendation(rep.rec_id))
+    shown_raw = await request.app[SHOWN].get(rep.rec_id)  # a list whose write is still pending counts
     if shown_raw is None:
         return _error(404, "rec_id", f"unknown rec_id {rep.rec_id!r} (never shown by /recommend, or expired)")
     shown = json.loads(shown_raw)
@@ -147,22 +149,24 @@ async def report(request: web.Request) -> web.Response:
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
     answered = keys.recommendation(rep.rec_id) + ":answered"
-    if not await r.set(answered, "1", nx=True, ex=24 * 3600):
-        return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
+    # the queued report carries the whole shown list (public): the Gram takes every shown item, never the choice
+    queued = dataclasses.replace(rep, shown=tuple(shown["items"])).to_json()
     limit = report_limit(cfg, s.lifetime_budget)
     counter = budget_counter(keys, rep.user)
     if limit is not None and await r.incr(counter) > limit:  # counted: reports "not learned (budget)"
         return _error(403, "user", f"user {rep.user!r} has sent the {limit} reports their lifetime budget allows "
                                    f"(user_budget epsilon {s.lifetime_budget:g}): no further report is accepted")
-    # the queued report carries the whole shown list (public): the Gram takes every shown item, never the choice
-    queued = dataclasses.replace(rep, shown=tuple(shown["items"])).to_json()
     try:
-        await producer.send_and_wait(TOPICS["ldp_reports"], key=rep.user.encode(), value=queued)
+        accepted = await accept(r, request.app.get(OUTBOX), producer, TOPICS["ldp_reports"], rep.user.encode(), queued,
+                                claim=(answered, "1", 24 * 3600))
     except Exception:
-        await r.delete(answered)
+        if limit is not None:
+            await r.decr(counter)  # not accepted: not counted
+        raise
+    if not accepted:
         if limit is not None:
             await r.decr(counter)
-        raise
+        return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
     return web.json_response({"accepted": True, "user": rep.user, "version": rep.version}, status=202)
 
 

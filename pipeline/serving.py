@@ -21,9 +21,9 @@ Examples
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -181,21 +181,24 @@ class Recommender:
         meta = self.meta()
         version = int(meta["version"])
         model = self.unit_model(unit, version)
-        X = self.catalog.feature_matrix[rows]
+        X = self.catalog.feature_matrix.take(rows, axis=0)  # take: a third of fancy indexing's cost on a list
         alpha = model.width if model.width is not None else float(meta["alpha"])
         mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
         term = self.item_term(version)
-        popular = np.zeros(len(rows)) if term is None else term[0] * term[1][rows]
-        score = mean + bonus + popular
-        order = np.argsort(-score, kind="stable")[: min(k, len(pool))]
+        popular = None if term is None else term[0] * term[1].take(rows)
+        score = mean + bonus if popular is None else mean + bonus + popular
+        order = np.argsort(-score, kind="stable")[: min(k, len(pool))].tolist()
+        # Python floats once (indexing numpy arrays item by item costs more than converting them whole)
+        s_, m_, b_ = score.tolist(), mean.tolist(), bonus.tolist()
+        p_ = None if popular is None else popular.tolist()
         return {
             "user": user,
             "unit": unit,
-            "rec_id": uuid.uuid4().hex,
+            "rec_id": os.urandom(16).hex(),  # 32 random hex digits, as uuid4().hex, at a quarter of its cost
             "model_version": model.version,
-            "items": [{"item": pool[i], "name": self.catalog.arm_name(pool[i]), "score": _num(score[i]),
-                       "mean": _num(mean[i]), "bonus": _num(bonus[i]),
-                       **({} if term is None else {"popularity": _num(popular[i])})} for i in order],
+            "items": [{"item": pool[i], "name": self.catalog.arm_name(pool[i]), "score": _num(s_[i]),
+                       "mean": _num(m_[i]), "bonus": _num(b_[i]),
+                       **({} if p_ is None else {"popularity": _num(p_[i])})} for i in order],
         }
 
 

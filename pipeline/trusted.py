@@ -122,14 +122,17 @@ redis.call('SET', KEYS[1], ARGV[2])
 return 1
 """
 
-# KEYS[1] - the partition's broker identity; KEYS[2] - its offset (same hash slot)
+# KEYS[1] - the partition's broker identity; KEYS[2] - its offset; KEYS[3] - its retired logs (public; same slot)
 # ARGV[1] - the current broker's identity
-# return 1 if another broker was recorded (the offset is then deleted), 0 otherwise
+# return 1 if another broker was recorded (the offset is then deleted, and where it stood in the old broker's log
+# recorded unless `reset_offsets` did first), 0 otherwise; the retired logs' field '@adopted' names the current one
 ADOPT_SCRIPT = """
 local stored = redis.call('GET', KEYS[1])
 if stored == ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[3], '@adopted', ARGV[1])
 if stored == false then return 0 end
+redis.call('HSETNX', KEYS[3], stored, redis.call('GET', KEYS[2]) or '0')
 redis.call('DEL', KEYS[2])
 return 1
 """
@@ -254,8 +257,11 @@ class TrustedStore:
         if any(o is not None for o in old):
             for p in range(partitions):
                 counted += sum(int(v) for k, v in self.r.hgetall(self.keys.stats(p)).items() if k.startswith(b"n:"))
+            brokers = [self.r.get(self.keys.broker(p)) for p in range(partitions)]
             with self.r.pipeline(transaction=False) as pipe:  # one key per command: a cluster spreads them
                 for p in range(partitions):
+                    if brokers[p] is not None:  # where the old log was counted to (the web's outbox reads it)
+                        pipe.hsetnx(PublicKeys(self.keys.ns).retired_logs(p), brokers[p], str(old[p] or 0))
                     pipe.delete(self.keys.offset(p))
                 pipe.execute()
         return counted, old
@@ -269,7 +275,8 @@ class TrustedStore:
         """
         reset = 0
         for p in range(partitions):
-            reset += int(self._adopt(keys=[self.keys.broker(p), self.keys.offset(p)], args=[identity]))
+            reset += int(self._adopt(keys=[self.keys.broker(p), self.keys.offset(p),
+                                           PublicKeys(self.keys.ns).retired_logs(p)], args=[identity]))
         return reset > 0
 
     def offsets(self, partitions: int) -> list[int | None]:

@@ -5,13 +5,16 @@ Routes (DESIGN §7):
 * ``GET /recommend?user=U&k=K[&candidates=a,b,c]`` →
   ``{"user", "rec_id", "model_version", "items": [{"item", "name", "score", "mean", "bonus"}]}``;
   without candidates the catalog's default pool is ranked. The shown list is
-  logged to the ``recommendations`` topic and kept (24 h) so feedback can name it.
-* ``POST /feedback`` with ``{"rec_id", "item", "reward"}`` → produces the
-  interaction to ``interactions`` (acknowledged by the broker) → ``202``.
-  One feedback per shown list.
+  logged to the ``recommendations`` topic and kept (24 h) so feedback can name it, both written
+  behind the answer in batches (:mod:`pipeline.shown`: what a crash may cost).
+* ``POST /feedback`` with ``{"rec_id", "item", "reward"}`` → records the interaction in the
+  durable outbox (a Redis stream; :mod:`pipeline.outbox` forwards it to ``interactions``, also after
+  a broker outage) → ``202``; federated stacks produce it directly (acknowledged by the broker).
+  One feedback per shown list. Redis not answering: ``503`` with ``Retry-After``.
 * ``GET /budget[?user=U]`` — the privacy guarantee of the released statistics,
   releases so far, and for a user the guarantee covering all their interactions.
 * ``GET /metrics`` (Prometheus), ``GET /healthz``, ``GET /users``, and the page at ``/``.
+* ``GET /openapi.json`` — the OpenAPI 3 document of every route (:mod:`pipeline.openapi`).
 
 Errors are JSON ``{"error": {"parameter": ..., "message": ...}}`` with 400
 (bad parameter), 404 (unknown user or rec_id), 409 (feedback repeated) or
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -54,8 +58,11 @@ from .keys import PublicKeys
 from .kafkaconn import client_kwargs
 from .redisconn import connect, connect_async
 from .local_http import add_routes as add_local_routes, budget_counter, local_budget, refuse_raw_reward, with_contexts
+from .openapi import add_routes as add_openapi_routes
+from .outbox import OUTBOX, BrokerUnavailable, accept, observe_outbox, outbox_metrics, start_forwarding, stop_forwarding
 from .records import TOPICS
 from .serving import MAX_K, BadRequest, ModelNotReadyError, Recommender
+from .shown import SHOWN, ShownLists
 from .settings import Settings
 
 __all__ = ["create_web_app", "main"]
@@ -102,6 +109,19 @@ class _Metrics:
                                registry=self.registry)
         self.spent_median = Gauge("privrec_budget_spent_median_epsilon", "Median privacy loss (epsilon) of the "
                                   "users with at least one contribution", registry=self.registry)
+        self.shown_lost = Gauge("privrec_shown_lists_lost", "Shown lists whose write-behind to Redis failed since "
+                                "this server process started (feedback on them answers 404)", registry=self.registry)
+        self.outbox = outbox_metrics(self.registry)
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def observe(self, endpoint: str, status: int, seconds: float) -> None:
+        """Count a request and its latency (the labelled children cached: ``labels()`` on every request cost)."""
+        pair = self._children.get((endpoint, status))
+        if pair is None:
+            pair = self._children[(endpoint, status)] = (self.requests.labels(endpoint, str(status)),
+                                                         self.latency.labels(endpoint))
+        pair[0].inc()
+        pair[1].observe(seconds)
 
 
 def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis | None = None) -> web.Application:
@@ -128,82 +148,39 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app.router.add_get("/users", users)
     app.router.add_get("/", index)
     add_local_routes(app)  # GET /local/config, POST /report (local mode; a clear 400 elsewhere)
+    add_openapi_routes(app)  # GET /openapi.json: the contract of every route (pipeline/openapi.py)
     if STATIC.is_dir():
         app.router.add_static("/static/", STATIC)
     app.cleanup_ctx.append(_clients)
     return app
 
 
-class _ShownLists:
-    """Stores shown lists in Redis (``rec_id`` → JSON, with a TTL), group-committed.
-
-    Every ``/recommend`` must store its list before it answers, so that feedback
-    may follow at once. One round trip per request costs a send, a receive and an
-    event-loop wake-up each (measured: about a quarter of the server's CPU per
-    request); here the requests handled in one event-loop turn share one pipelined
-    round trip, and each still answers only after its own list is stored.
-    """
-
-    def __init__(self, client: aioredis.Redis, keys: PublicKeys, ttl_seconds: int) -> None:
-        self.client = client
-        self.keys = keys
-        self.ttl_seconds = ttl_seconds
-        self._batch: list[tuple[str, bytes, asyncio.Future[None]]] = []
-        self._writes: set[asyncio.Task[None]] = set()
-
-    async def put(self, rec_id: str, value: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        if not self._batch:
-            loop.call_soon(self._flush)  # after the other requests ready in this turn
-        self._batch.append((self.keys.recommendation(rec_id), value, done))
-        await done
-
-    def _flush(self) -> None:
-        batch, self._batch = self._batch, []
-        task = asyncio.ensure_future(self._write(batch))
-        self._writes.add(task)  # keep a reference until it is done
-        task.add_done_callback(self._writes.discard)
-
-    async def _write(self, batch: list[tuple[str, bytes, asyncio.Future[None]]]) -> None:
-        try:
-            if len(batch) == 1:  # a plain SET costs ~60% of a one-command pipeline
-                await self.client.set(batch[0][0], batch[0][1], ex=self.ttl_seconds)
-            else:
-                async with self.client.pipeline(transaction=False) as pipe:
-                    for key, value, _ in batch:
-                        pipe.set(key, value, ex=self.ttl_seconds)
-                    await pipe.execute()
-        except Exception as exc:
-            for _, _, done in batch:
-                if not done.done():
-                    done.set_exception(exc)
-        else:
-            for _, _, done in batch:
-                if not done.done():
-                    done.set_result(None)
-
-
 _METRICS = web.AppKey("metrics", _Metrics)
-_SHOWN = web.AppKey("shown", _ShownLists)
 
 
 async def _clients(app: web.Application) -> Any:
     s: Settings = app[SETTINGS]
     app[REDIS] = connect_async(s.redis_url)  # type: ignore[arg-type]
-    app[_SHOWN] = _ShownLists(app[REDIS], app[KEYS], REC_TTL_SECONDS)
     producer = log_producer = None
     if s.kafka:
         # feedback waits for the broker's ack, so its producer does not linger; the log of
         # shown lists is fire-and-forget, and batching it (one produce request per ~20 ms
         # instead of per ~2 ms) saves about 15% of the server's CPU per /recommend (measured)
-        producer = AIOKafkaProducer(**client_kwargs(s), linger_ms=0)
+        producer = AIOKafkaProducer(**client_kwargs(s), linger_ms=0, request_timeout_ms=5000)  # a dead broker: 5 s
         log_producer = AIOKafkaProducer(**client_kwargs(s), linger_ms=20)
         await producer.start()
         await log_producer.start()
     app[PRODUCER] = producer
     app[LOG_PRODUCER] = log_producer
+    # the shown lists are stored and logged behind the answer (pipeline/shown.py: what a crash may cost);
+    # with sibling processes a feedback's miss is read again after the write-behind window
+    app[SHOWN] = ShownLists(app[REDIS], app[KEYS], REC_TTL_SECONDS, producer=log_producer,
+                            topic=TOPICS["recommendations"], reread_seconds=0.05 if s.web_processes > 1 else 0.0)
+    # feedback goes through a durable outbox that the forwarder drains into Kafka (pipeline/outbox.py)
+    forwarding = None if producer is None else await start_forwarding(app, s, app[REDIS], producer)
     yield
+    await stop_forwarding(app, forwarding)
+    await app[SHOWN].close()  # a clean stop writes every pending list
     for p in (producer, log_producer):
         if p is not None:
             await p.stop()
@@ -225,12 +202,13 @@ async def _observe(request: web.Request, handler: Any) -> web.StreamResponse:
         resp = _error(503, None, f"the model store (Redis) is unavailable ({type(exc).__name__}); try again in a "
                                  f"moment")
         resp.headers["Retry-After"] = "1"
+    except BrokerUnavailable as exc:  # a direct produce (no outbox): nothing recorded, the client may retry
+        resp = _error(503, None, f"{exc}; try again in a moment")
+        resp.headers["Retry-After"] = "2"
     except Exception as exc:  # a bug must not take the server down; report it as JSON
         log.exception("unhandled error on %s", request.path)
         resp = _error(500, None, f"internal error: {type(exc).__name__}")
-    m: _Metrics = request.app[_METRICS]
-    m.requests.labels(endpoint, str(resp.status)).inc()
-    m.latency.labels(endpoint).observe(time.perf_counter() - t0)
+    request.app[_METRICS].observe(endpoint, resp.status, time.perf_counter() - t0)
     return resp
 
 
@@ -259,18 +237,15 @@ async def recommend(request: web.Request) -> web.Response:
         status = 404 if exc.parameter == "user" and "unknown user" in str(exc) else 400
         return _error(status, exc.parameter, str(exc))
     except ModelNotReadyError as exc:
-        return _error(503, None, f"{exc}; try again in a moment")
+        resp = _error(503, None, f"{exc}; try again in a moment")
+        resp.headers["Retry-After"] = "1"  # about one release tick (the client waits at least this)
+        return resp
     if request.app[SETTINGS].mode == "local":  # the devices need each item's context for r x
         with_contexts(out, request.app[CATALOG])
     items = [it["item"] for it in out["items"]]
     record = {"rec_id": out["rec_id"], "user": user, "items": items, "model_version": out["model_version"],
               "ts": time.time() * 1000}
-    value = orjson.dumps(record)
-    await request.app[_SHOWN].put(out["rec_id"], value)
-    producer: AIOKafkaProducer | None = request.app[LOG_PRODUCER]
-    if producer is not None:
-        await producer.send(TOPICS["recommendations"], key=user.encode(), value=value)
-    request.app[_METRICS].model_version.set(out["model_version"])
+    request.app[SHOWN].put(out["rec_id"], user, orjson.dumps(record))  # stored and logged behind the answer
     # orjson: the same JSON (scores are finite floats, see serving._num), ~5x faster to encode
     return web.Response(body=orjson.dumps(out), content_type="application/json")
 
@@ -305,7 +280,7 @@ async def feedback(request: web.Request) -> web.Response:
         return _error(400, "reward", f"must be in [0, 1], got {reward!r}")
     keys: PublicKeys = request.app[KEYS]
     r = request.app[REDIS]
-    raw = await r.get(keys.recommendation(rec_id))
+    raw = await request.app[SHOWN].get(rec_id)  # a list whose write is still pending counts
     if raw is None:
         return _error(404, "rec_id", f"unknown rec_id {rec_id!r} (never shown by /recommend, or expired after "
                                      f"{REC_TTL_SECONDS // 3600} h)")
@@ -318,22 +293,18 @@ async def feedback(request: web.Request) -> web.Response:
     producer: AIOKafkaProducer | None = request.app[PRODUCER]
     if producer is None:
         return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
-    # one feedback per shown list: the first claims it atomically; the shown list itself stays, so
-    # a repeat is told apart from an unknown rec_id (409, not 404)
+    # one feedback per shown list: the first claims it atomically with recording the event; the shown list
+    # itself stays, so a repeat is told apart from an unknown rec_id (409, not 404)
     answered = keys.recommendation(rec_id) + ":answered"
     # the marker says *that* the list was answered (public), never which item: the choice is protected
-    if not await r.set(answered, "1", nx=True, ex=REC_TTL_SECONDS):
-        return _error(409, "rec_id", f"feedback for {rec_id!r} was already recorded (one feedback per shown list)")
     # the whole shown list travels with the feedback: the Gram matrix takes every shown item (public), so it
     # never reveals which one the user chose (DESIGN §2)
     event = {"event_id": f"{rec_id}:fb", "user": shown["user"], "arm": item, "context": None,
              "reward": reward, "ts": time.time() * 1000, "rec_id": rec_id, "shown": shown["items"]}
-    try:
-        topic = interactions_topic(request.app[SETTINGS], request.app[CATALOG], shown["user"])
-        await producer.send_and_wait(topic, key=shown["user"].encode(), value=json.dumps(event).encode())
-    except Exception:
-        await r.delete(answered)  # not recorded: the list may be answered again
-        raise
+    topic = interactions_topic(request.app[SETTINGS], request.app[CATALOG], shown["user"])
+    if not await accept(r, request.app.get(OUTBOX), producer, topic, shown["user"].encode(),
+                        json.dumps(event).encode(), claim=(answered, "1", REC_TTL_SECONDS)):
+        return _error(409, "rec_id", f"feedback for {rec_id!r} was already recorded (one feedback per shown list)")
     request.app[_METRICS].feedback.labels("1" if reward >= 0.5 else "0").inc()
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
 
@@ -342,7 +313,8 @@ async def listen(request: web.Request) -> web.Response:
     """An organic listen: ``{"user", "item"[, "reward"]}`` — a positive the user chose, not a shown list's answer.
 
     It becomes an ``interactions`` event with ``"kind": "listen"``: it counts in the item's reward sum (the
-    item term) and, with weight ``listen_weight``, in the user's unit of the bandit statistic.
+    item term) and, with weight ``listen_weight``, in the user's unit's ``b`` — never in the Gram matrix (the item is
+    the user's own choice).
     """
     refused = refuse_raw_reward(request)
     if refused is not None:
@@ -387,7 +359,8 @@ async def listen(request: web.Request) -> web.Response:
     event = {"event_id": f"listen:{uuid.uuid4().hex}", "user": user, "arm": item, "context": None,
              "reward": reward, "ts": time.time() * 1000, "rec_id": None, "kind": "listen"}
     topic = interactions_topic(request.app[SETTINGS], catalog, user)
-    await producer.send_and_wait(topic, key=user.encode(), value=json.dumps(event).encode())
+    await accept(request.app[REDIS], request.app.get(OUTBOX), producer, topic, user.encode(),
+                 json.dumps(event).encode())
     request.app[_METRICS].listens.inc()
     return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
 
@@ -509,6 +482,7 @@ async def metrics(request: web.Request) -> web.Response:
         for val in await r.hvals(keys.ledger_deadletters(p)):
             dead += int(val)
     m.dead_letters.set(dead)
+    m.shown_lost.set(request.app[SHOWN].lost)
     meta = await r.hgetall(keys.model_meta)
     statement = json.loads(meta.get(b"privacy", b"{}")) if meta else {}
     if statement.get("unit") == "user":
@@ -518,6 +492,7 @@ async def metrics(request: web.Request) -> web.Response:
         m.users_at_budget.set(overview["users_at_budget"])
         m.spent_max.set(overview["spent_max"])
         m.spent_median.set(overview["spent_median"])
+    await observe_outbox(request.app, m.outbox)
     return web.Response(body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -580,6 +555,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def _serve(settings: Settings, catalog: Catalog, host: str, port: int, *, reuse_port: bool) -> None:
     app = create_web_app(settings, catalog)  # its own Redis and Kafka clients, after the fork
+    # the imports, the catalog and the app are long-lived: out of the cyclic collector's sight, so that its
+    # collections (triggered by every request's allocations) do not walk them
+    gc.freeze()
     # uvloop's event loop: 15-25 % less server CPU per /recommend than asyncio's (README, "Latency")
     web.run_app(app, host=host, port=port, access_log=None, print=None, loop=uvloop.new_event_loop(),
                 reuse_port=reuse_port)

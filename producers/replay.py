@@ -6,7 +6,8 @@ method of Li et al.; the papers' LastFM protocol), and posts ``/feedback``.
 Rewards are compared with uniformly random play, whose expected reward per
 event is ``1 / len(pool)`` exactly; the papers report the ratio.
 
-Events are sent in order at a capped rate, with a few requests in flight so
+Requests go through the API's client (:class:`producers.client.AsyncClient`: typed answers, a 503
+retried after its ``Retry-After``). Events are sent in order at a capped rate, with a few requests in flight so
 that network latency does not bound the rate; a user's events are never
 reordered against each other.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from .client import APIError, AsyncClient, RecommendedItem
 from .devices import Devices
 
 __all__ = ["ReplayEvent", "ReplayResult", "ReplayError", "replay"]
@@ -60,40 +62,42 @@ class ReplayError(RuntimeError):
     """The API refused a request the replay cannot recover from."""
 
 
-async def _one(session: aiohttp.ClientSession, base: str, ev: ReplayEvent, listens: bool = True,
+async def _one(api: AsyncClient, ev: ReplayEvent, listens: bool = True,
                devices: Devices | None = None) -> tuple[float, int]:
-    params = {"user": ev.user, "k": "1", "candidates": ",".join(ev.pool)}
-    async with session.get(f"{base}/recommend", params=params) as resp:
-        body = await resp.json()
-        if resp.status != 200:
-            raise ReplayError(f"/recommend for user {ev.user}: HTTP {resp.status}: {body}")
-    top = body["items"][0]["item"]
-    reward = 1.0 if top == ev.arm else 0.0
+    try:
+        rec = await api.recommend(ev.user, k=1, candidates=ev.pool)
+    except APIError as exc:
+        raise ReplayError(f"/recommend for user {ev.user}: {exc}") from None
+    top = rec.top
+    reward = 1.0 if top.item == ev.arm else 0.0
     if devices is not None:  # local mode: the user's device turns the reward into a report; only that is sent
-        await _send_report(session, base, devices, ev.user, body["rec_id"], body["items"][0], reward)
-        return reward, int(body["model_version"])
-    async with session.post(f"{base}/feedback", json={"rec_id": body["rec_id"], "item": top,
-                                                      "reward": reward}) as resp:
-        if resp.status != 202:
-            raise ReplayError(f"/feedback for {body['rec_id']}: HTTP {resp.status}: {await resp.text()}")
+        await _send_report(api, devices, ev.user, rec.rec_id, top, reward)
+        return reward, rec.model_version
+    try:
+        await api.feedback(rec.rec_id, top.item, reward)
+    except APIError as exc:
+        raise ReplayError(f"/feedback for {rec.rec_id}: {exc}") from None
     if listens and reward == 0.0:
         # the logged event is a listen the user chose: an organic positive (POST /listen)
-        async with session.post(f"{base}/listen", json={"user": ev.user, "item": ev.arm}) as resp:
-            if resp.status != 202:
-                raise ReplayError(f"/listen for user {ev.user}: HTTP {resp.status}: {await resp.text()}")
-    return reward, int(body["model_version"])
+        try:
+            await api.listen(ev.user, ev.arm)
+        except APIError as exc:
+            raise ReplayError(f"/listen for user {ev.user}: {exc}") from None
+    return reward, rec.model_version
 
 
-async def _send_report(session: aiohttp.ClientSession, base: str, devices: Devices, user: str, rec_id: str,
-                       item: dict[str, Any], reward: float) -> None:
+async def _send_report(api: AsyncClient, devices: Devices, user: str, rec_id: str, item: RecommendedItem,
+                       reward: float) -> None:
     """Send the device's pending reports (an earlier one first, as it was), then forget them."""
-    devices.report(user, rec_id=rec_id, x=item["x"], reward=reward)
+    assert item.x is not None, "local mode's /recommend gives each item's x"
+    devices.report(user, rec_id=rec_id, x=list(item.x), reward=reward)
     for rep in devices.client(user).pending():
-        async with session.post(f"{base}/report", data=rep.to_json(),
-                                headers={"Content-Type": "application/json"}) as resp:
+        try:
+            await api.report(rep)
+        except APIError as exc:
             # 409: the server already has this list's report (sent before a crash): it counts as delivered
-            if resp.status not in (202, 409):
-                raise ReplayError(f"/report for user {user}: HTTP {resp.status}: {await resp.text()}")
+            if exc.status != 409:
+                raise ReplayError(f"/report for user {user}: {exc}") from None
         devices.acknowledge(rep)
 
 
@@ -107,15 +111,17 @@ async def _replay(base: str, events: Iterable[ReplayEvent], total: int, rate: fl
     t0 = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+        api = AsyncClient(base, session=session)
         # wait for a model
         deadline = time.monotonic() + 120
         while True:
             try:
-                async with session.get(f"{base}/healthz") as resp:
-                    if resp.status == 200:
-                        break
+                if (await api.health()).ok:
+                    break
             except aiohttp.ClientError as exc:
                 raise ReplayError(f"cannot reach the API at {base}: {exc}") from None
+            except APIError:  # the model store restarting: wait as for a model
+                pass
             if time.monotonic() > deadline:
                 raise ReplayError(f"{base}/healthz did not report a model within 120 s")
             await asyncio.sleep(0.5)
@@ -125,7 +131,7 @@ async def _replay(base: str, events: Iterable[ReplayEvent], total: int, rate: fl
             try:
                 if before is not None:
                     await before  # keep each user's events in order
-                reward, version = await _one(session, base, ev, listens, devices)
+                reward, version = await _one(api, ev, listens, devices)
                 result.reward += reward
                 result.events += 1
                 result.random_reward += 1.0 / len(ev.pool)

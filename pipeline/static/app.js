@@ -43,15 +43,35 @@
   // ---------- API ----------------------------------------------------------------------
 
   class ApiError extends Error {
-    constructor(status, parameter, message, path) {
+    constructor(status, parameter, message, path, retryAfter = null) {
       super(message);
       this.status = status;
       this.parameter = parameter;
       this.path = path;
+      this.retryAfter = retryAfter;  // seconds, from a 503's Retry-After
+      this.retried = 0;              // how many times a 503 was retried before this answer
     }
   }
 
+  // `retry503: n`: a 503 (the server's store is restarting; nothing was recorded) is retried up to n times,
+  // each after the Retry-After it names (1 s if none, at most 10 s). The error of the last try carries
+  // `retried`, so a 409 after a retry tells "recorded by a try whose answer was lost".
   async function api(path, options = {}) {
+    const { retry503 = 0, ...init } = options;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await apiOnce(path, init);
+      } catch (e) {
+        if (!(e instanceof ApiError) || e.status !== 503 || attempt >= retry503) {
+          if (e instanceof ApiError) e.retried = attempt;
+          throw e;
+        }
+        await sleep(Math.min(10, Math.max(0.2, e.retryAfter ?? 1)) * 1000);
+      }
+    }
+  }
+
+  async function apiOnce(path, options) {
     let resp;
     try {
       resp = await fetch(path, { headers: { "Accept": "application/json" }, ...options });
@@ -64,7 +84,8 @@
     if (!resp.ok) {
       const err = body && body.error;
       const message = err && err.message ? err.message : (text || resp.statusText);
-      throw new ApiError(resp.status, err ? err.parameter : null, message, path);
+      const after = parseFloat(resp.headers.get("Retry-After"));
+      throw new ApiError(resp.status, err ? err.parameter : null, message, path, Number.isFinite(after) ? after : null);
     }
     return body;
   }
@@ -228,11 +249,16 @@
           ? `the server's mode is unknown (GET /local/config: ${state.modeError.message}); nothing was sent`
           : "this server sends item contexts (local mode) but GET /local/config did not say so; nothing was sent");
       } else {
-        await api("/feedback", {
-          method: "POST",
-          headers: { "Content-Type": "application/json", "Accept": "application/json" },
-          body: JSON.stringify({ rec_id: rec.rec_id, item: it.item, reward }),
-        });
+        try {
+          await api("/feedback", {
+            method: "POST", retry503: 5,
+            headers: { "Content-Type": "application/json", "Accept": "application/json" },
+            body: JSON.stringify({ rec_id: rec.rec_id, item: it.item, reward }),
+          });
+        } catch (e) {
+          // 409 after a retried 503: an earlier try was recorded and its answer lost
+          if (!(e instanceof ApiError && e.status === 409 && e.retried > 0)) throw e;
+        }
       }
     } catch (e) {
       state.learning = null;
@@ -282,7 +308,7 @@
       let dropped = null;
       try {
         await api("/report", {
-          method: "POST",
+          method: "POST", retry503: 5,
           headers: { "Content-Type": "application/json", "Accept": "application/json" },
           body: JSON.stringify(rep),
         });

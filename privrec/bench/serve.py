@@ -4,8 +4,9 @@ What it measures: the HTTP server (``python -m pipeline.web``) answering
 ``GET /recommend?user=U&k=10&candidates=<25 ids>`` for a synthetic catalog
 with ``d = 25`` whose serving model was published by a real worker from a few
 thousand real events (so the model is not the empty prior). Every request is a
-full one: parse, score K = 25 candidates, store the shown list in Redis, log it
-to the ``recommendations`` topic, answer JSON.
+full one: parse, score K = 25 candidates, answer JSON, and store the shown list in
+Redis and log it to the ``recommendations`` topic (behind the answer, in batches:
+:mod:`pipeline.shown`).
 
 How: a fresh local stack (Tansu broker, redis-server, one worker, the web
 server; :func:`local_stack`), then ``wrk`` — a C load generator, in its own

@@ -172,12 +172,18 @@ def _status(args: argparse.Namespace) -> int:
                   f"`privrec up` starts a new one")
         for name, why in info["given_up"].items():
             print(f"  {name:<9} GIVEN UP by the supervisor: {why}; `privrec up` starts it again")
+    if info.get("repairs"):
+        last = info["repairs"][-1]
+        print(f"  last repair: {last.get('at')} by {last.get('by', 'privrec up')}, {', '.join(last['dead'])} dead, "
+              f"restarted {', '.join(last['restarted']) or 'nothing'}"
+              + (f" in {last['seconds']} s" if "seconds" in last else ""))
     for name in ("kafka", "redis"):
         if ext.get(name):
             print(f"  {name:<9} external     {where[name]}")
     if "model_version" in info:
         print(f"  model version {info['model_version']}, released version {info['released_version']}, "
-              f"released events {info['released_events']}")
+              f"released events {info['released_events']}"
+              + (f", {info['outbox']} accepted events not yet counted (outbox)" if info.get("outbox") else ""))
         for wid, rep in info.get("workers", {}).items():
             if "counted" in rep:
                 print(f"  {wid}: counted {rep.get('counted')} events, partitions {rep.get('partitions')}, "

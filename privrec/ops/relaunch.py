@@ -41,10 +41,11 @@ SUPERVISION_DEFAULTS: dict[str, float] = {"max_restarts": 5, "window_s": 60.0, "
 
 
 def supervised(name: str) -> bool:
-    """Whether the supervisor restarts the process ``name``: the workers and the web server.
+    """Whether the supervisor restarts the process ``name`` by itself: the workers and the web server.
 
-    Not the broker (memory-only: a new one needs the offsets reset and every worker restarted, which
-    ``privrec up`` does), not redis (``privrec up`` restarts it), not the federated sites and coordinator.
+    Not the broker and redis: a dead one is repaired as ``privrec up`` repairs it (a new memory-only broker needs
+    the offsets reset and every client restarted; :mod:`privrec.ops.supervise`); not the federated sites and
+    coordinator.
     """
     return name.startswith("worker-") or name == WEB
 

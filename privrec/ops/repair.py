@@ -7,11 +7,12 @@ supervisor (so the two do not restart the same process), then starts again, with
 ``stack.json`` recorded:
 
 * a dead ``redis`` — on its port, from its AOF (the workers reconnect on their own);
-* a dead ``kafka`` — a *new* memory-only broker on its port, whose log starts at offset 0: every worker and
-  the web server are restarted too (their clients and in-memory positions belong to the old log), the
-  topics created again and the namespace's stored ingest offsets reset, exactly as ``up`` does for a new
-  broker (otherwise the new log's first events would be skipped as "already counted"); events the old
-  broker held but no worker had counted are lost with it;
+* a dead ``kafka`` — a *new* memory-only broker on its port, whose log starts at offset 0: every worker is
+  restarted too (its in-memory positions belong to the old log), the topics created again and the
+  namespace's stored ingest offsets reset, exactly as ``up`` does for a new broker (otherwise the new log's
+  first events would be skipped as "already counted"), where they stood in the old logs recorded for the web's
+  outbox, which sends again what the old broker held and no worker had counted (:mod:`pipeline.outbox`); the
+  web server keeps running (its Kafka clients reconnect to the same address);
 * the dead workers and web server, exactly as ``up`` started them
   (:func:`~privrec.ops.relaunch.relaunch`), waiting until every worker has partitions again;
 * a new supervisor, which carries on the restart counts.
@@ -34,7 +35,7 @@ from pipeline.settings import Settings
 
 from .relaunch import (SUPERVISION_DEFAULTS, fallback_handle, relaunch, stack_settings, start_supervisor, stop_supervisor,
                        supervised)
-from .stackfile import KAFKA, REDIS, OpsError, admin_redis_url, read_stack, recorded_handles, running_processes, settings_dict, worker_status_key, write_stack
+from .stackfile import KAFKA, REDIS, WEB, OpsError, admin_redis_url, read_stack, recorded_handles, running_processes, settings_dict, worker_status_key, write_stack
 from .workers import create_stack_topics, reset_after_new_broker, wait_workers
 
 __all__ = ["check_same_settings", "repair"]
@@ -63,15 +64,19 @@ def _port(address: str) -> int:
     return int(address.rstrip("/").rpartition(":")[2].split("/")[0])
 
 
-def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], timeout: float) -> dict[str, Any]:
-    """Repair the degraded stack ``stack`` of ``state`` (the caller holds the lock); return what was done."""
+def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], timeout: float,
+           by_supervisor: bool = False) -> dict[str, Any]:
+    """Repair the degraded stack ``stack`` of ``state`` (the caller holds the lock); return what was done.
+
+    ``by_supervisor``: the supervisor repairs a dead broker or redis itself (it is neither stopped nor
+    started again)."""
     t0 = time.monotonic()
 
     def took() -> str:
         return f"[{time.monotonic() - t0:.1f} s]"
 
     names: list[str] = list(stack.get("processes", []))
-    sup_pid = stop_supervisor(state)
+    sup_pid = None if by_supervisor else stop_supervisor(state)
     if sup_pid is not None:
         note(f"supervisor pid {sup_pid} stopped while repairing (a new one starts at the end)")
     handles = {h.name: h for h in recorded_handles(state, stack)}  # after the supervisor: it may have restarted some
@@ -83,14 +88,14 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
     external = stack.get("external") or {}
     restart = [n for n in dead if supervised(n)]
     done: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dead": dead, "restarted": {},
-                            "new_broker": False}
+                            "new_broker": False, "by": "supervisor" if by_supervisor else "privrec up"}
 
-    def stop_clients(why: str) -> None:
-        live = [h for h in (handles[n] for n in names if supervised(n) and n in running)
-                if services.stop(h, grace_seconds=10)]
+    def stop_clients(why: str, *, web: bool = True, grace: float = 10) -> None:
+        which = [n for n in names if supervised(n) and (web or n != WEB)]
+        live = [h for h in (handles[n] for n in which if n in running) if services.stop(h, grace_seconds=grace)]
         if live:
             note(f"stopped {', '.join(f'{h.name} (pid {h.pid})' for h in live)}: {why}")
-        restart[:] = [n for n in names if supervised(n)]
+        restart[:] = sorted(set(restart) | set(which), key=names.index)
 
     if REDIS in dead and not external.get("redis"):
         assert settings.redis_url is not None
@@ -104,7 +109,9 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
         note(f"redis    {rds.url}  pid {rds.pid}  (again, from the AOF in {state / REDIS}) {took()}")
     if KAFKA in dead and not external.get("kafka"):
         assert settings.kafka is not None
-        stop_clients("the broker is memory-only: they read and wrote the old broker's log")
+        # the web server stays: its clients reconnect to the same address, and its outbox keeps the feedback
+        # (3 s: a worker whose broker died may not get to its exit; it commits atomically, so a kill is safe)
+        stop_clients("the broker is memory-only: they read the old broker's log", web=False, grace=3)
         try:
             kafka = services.start_broker(state, port=_port(settings.kafka), timeout=timeout)
         except PortInUseError:
@@ -147,10 +154,11 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
     finally:
         client.close()
     policy = stack.get("supervisor")
-    if policy:
+    if policy and not by_supervisor:
         sup = start_supervisor(state, {**SUPERVISION_DEFAULTS, **policy}, timeout=timeout)
         done["supervisor"] = sup.pid
         note(f"supervisor pid {sup.pid}  restarts crashed workers and web {took()}")
+    done["seconds"] = round(time.monotonic() - t0, 1)
     stack.setdefault("repairs", []).append(done)
     write_stack(state, stack)
     assert read_stack(state) is not None

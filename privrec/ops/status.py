@@ -29,7 +29,8 @@ def status(state_dir: str | os.PathLike[str], *, probe: bool = True) -> dict[str
     "log", "last"}``; not one of ``processes``), ``restarts`` (``{name: count}`` of its restarts)
     and ``given_up`` (``{name: why}``: processes it no longer restarts); after a repair by ``up``
     ``repairs``; and with ``probe`` the live view: ``model_version``, ``released_events``,
-    ``workers`` (their Redis reports) and ``health`` (the ``/healthz`` answer).
+    ``workers`` (their Redis reports), ``outbox`` (events the web accepted that no worker has counted yet:
+    :mod:`pipeline.outbox`) and ``health`` (the ``/healthz`` answer).
     """
     state = Path(state_dir).resolve()
     stack = read_stack(state)
@@ -80,6 +81,7 @@ def _supervision(state: Path, stack: Mapping[str, Any]) -> dict[str, Any]:
 
 def _probe_redis(stack: Mapping[str, Any]) -> dict[str, Any]:
     from pipeline.keys import PublicKeys
+    from pipeline.outbox import OutboxKeys
 
     ns = stack["namespace"]
     keys = PublicKeys(ns)
@@ -90,7 +92,8 @@ def _probe_redis(stack: Mapping[str, Any]) -> dict[str, Any]:
             pipe.hget(keys.released, "version")
             pipe.hget(keys.released, "count")
             pipe.hgetall(worker_status_key(ns))
-            model_version, released_version, released_events, reports = pipe.execute()
+            pipe.xlen(OutboxKeys(ns).stream)
+            model_version, released_version, released_events, reports, outbox = pipe.execute()
     except redis.RedisError as exc:
         client.close()
         return {"redis_error": f"{type(exc).__name__}: {exc}"}
@@ -111,4 +114,5 @@ def _probe_redis(stack: Mapping[str, Any]) -> dict[str, Any]:
     return {"model_version": None if model_version is None else int(model_version),
             "released_version": None if released_version is None else int(released_version),
             "released_events": None if released_events is None else int(released_events),
+            "outbox": int(outbox),
             "workers": workers}

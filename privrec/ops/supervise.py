@@ -1,4 +1,5 @@
-"""The stack's supervisor: restart a crashed worker or web server, with backoff and a limit.
+"""The stack's supervisor: restart a crashed worker or web server, repair a dead broker or redis, with backoff
+and a limit.
 
 ``privrec up`` starts it as a tracked process of its own (``python -m privrec.ops.supervise --state-dir
 DIR``, in its own session, like the others); ``privrec down`` stops it first, so it never restarts what
@@ -9,6 +10,14 @@ DIR``, in its own session, like the others); ``privrec down`` stops it first, so
 the last ``window_s`` seconds (0.5 s, 1 s, 2 s, ... at most ``max_backoff_s``). After ``max_restarts``
 restarts in ``window_s`` seconds it gives up on that process (a crash loop: its log says why) and says so
 in its report; ``privrec up`` on the stack starts it again and a new supervisor.
+
+A dead embedded broker or redis-server (:data:`REPAIRED`; not an external one) is repaired as ``privrec up``
+repairs a degraded stack — :func:`privrec.ops.repair.repair`, under the state directory's lock, without
+stopping this supervisor: redis-server again on its port from its AOF; a new memory-only broker on its port,
+the topics, the offsets reset and the workers restarted (the web server keeps running: its outbox holds the
+feedback, :mod:`pipeline.outbox`). The same backoff and limit apply, per service; each repair is counted in
+the report's ``restarts`` and ``last``, in ``stack.json``'s ``repairs`` (``"by": "supervisor"``) and in
+Redis (:attr:`pipeline.keys.PublicKeys.stack_repairs`: the web's ``privrec_stack_repairs_total``).
 
 The report, ``DIR/supervisor.json``, written after every change::
 
@@ -36,9 +45,13 @@ from pipeline import services
 from pipeline.services import ServiceError, ServiceHandle
 
 from .relaunch import SUPERVISION_DEFAULTS, read_report, relaunch, supervised, write_report
-from .stackfile import OpsError, read_stack
+from .stackfile import KAFKA, REDIS, OpsError, admin_redis_url, locked, read_stack
 
-__all__ = ["RestartPolicy", "main", "supervise"]
+__all__ = ["RestartPolicy", "main", "supervise", "REPAIRED"]
+
+#: The services the supervisor repairs as ``privrec up`` does (:func:`~privrec.ops.repair.repair`), not one by one.
+REPAIRED = (KAFKA, REDIS)
+
 
 
 class RestartPolicy:
@@ -123,6 +136,8 @@ def supervise(state: Path, policy: RestartPolicy, *, poll_s: float = 0.25, shoul
             time.sleep(poll_s)
             continue
         handles = services.read_handles(state)
+        if _repair_services(state, stack, handles, known, policy, report, died, log, clock):
+            continue  # the stack changed: read it again
         for name in stack.get("processes", []):
             if not supervised(name) or name in report["given_up"] or should_stop():
                 continue
@@ -133,21 +148,11 @@ def supervise(state: Path, policy: RestartPolicy, *, poll_s: float = 0.25, shoul
             how = _exit_of(h.pid)
             if how is not None:
                 exits[name] = how
-            if services.is_running(h):
-                died.pop(name, None)
+            detail = _due(state, name, h, policy=policy, report=report, died=died, log=log, clock=clock,
+                          how=exits.get(name, "exit status unknown"), then="`privrec up` restarts it")
+            if detail is None:
                 continue
             now = clock()
-            if name not in died:
-                died[name] = now
-                log(f"{name} (pid {h.pid}) is not running ({exits.get(name, 'exit status unknown')})")
-            action, detail = policy.decide(name, died_at=died[name], now=now)
-            if action == "wait":
-                continue
-            if action == "give up":
-                report["given_up"][name] = f"{detail}; last pid {h.pid}, log {h.log_path}"
-                log(f"giving up on {name}: {detail}; `privrec up` restarts it")
-                write_report(state, report)
-                continue
             policy.restarted(name, now)
             report["restarts"][name] = report["restarts"].get(name, 0) + 1
             entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "old_pid": h.pid, "backoff_s": detail,
@@ -168,6 +173,98 @@ def supervise(state: Path, policy: RestartPolicy, *, poll_s: float = 0.25, shoul
             write_report(state, report)
         time.sleep(poll_s)
     log("stopping (SIGTERM)")
+
+
+def _due(state: Path, name: str, h: ServiceHandle, *, policy: RestartPolicy, report: dict[str, Any],
+         died: dict[str, float], log: Callable[[str], None], clock: Callable[[], float], how: str,
+         then: str) -> float | None:
+    """The backoff waited if the process ``name`` (``h``) is dead and due for a restart now; ``None`` while it
+    runs, waits out its backoff, or once given up on (said in the report and the log, with ``then``)."""
+    if services.is_running(h):
+        died.pop(name, None)
+        return None
+    now = clock()
+    if name not in died:
+        died[name] = now
+        log(f"{name} (pid {h.pid}) is not running ({how})")
+    action, detail = policy.decide(name, died_at=died[name], now=now)
+    if action == "wait":
+        return None
+    if action == "give up":
+        report["given_up"][name] = f"{detail}; last pid {h.pid}, log {h.log_path}"
+        log(f"giving up on {name}: {detail}; {then}")
+        write_report(state, report)
+        return None
+    return float(detail)
+
+
+def _repair_services(state: Path, stack: dict[str, Any], handles: dict[str, ServiceHandle],
+                     known: dict[str, ServiceHandle], policy: RestartPolicy, report: dict[str, Any],
+                     died: dict[str, float], log: Callable[[str], None], clock: Callable[[], float]) -> bool:
+    """A dead embedded broker or redis-server: repair the stack as ``privrec up`` does, with the restart policy's
+    backoff and limit. Returns whether a repair ran."""
+    from .repair import repair
+
+    external = stack.get("external") or {}
+    dead: list[str] = []
+    for name in REPAIRED:
+        if name not in stack.get("processes", []) or external.get(name) or name in report["given_up"]:
+            continue
+        h = handles.get(name) or known.get(name)
+        if h is None:
+            continue
+        known[name] = h
+        if _due(state, name, h, policy=policy, report=report, died=died, log=log, clock=clock, how="exit status unknown",
+                then="`privrec up` repairs it") is not None:
+            dead.append(name)
+    if not dead:
+        return False
+    now = clock()
+    entries = {}
+    for name in dead:
+        policy.restarted(name, now)
+        report["restarts"][name] = report["restarts"].get(name, 0) + 1
+        entries[name] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "old_pid": known[name].pid, "repair": True}
+    t0 = time.monotonic()
+    try:
+        with locked(state, "the supervisor's repair"):
+            current = read_stack(state)
+            if current is None:
+                return True
+            done = repair(state, current, note=lambda line: log(f"repair: {line}"), timeout=120, by_supervisor=True)
+    except (OpsError, ServiceError, OSError) as exc:
+        log(f"repair of {', '.join(dead)} failed: {str(exc).splitlines()[0]}")
+        for name in dead:
+            entries[name]["error"] = str(exc).splitlines()[0]
+            died[name] = clock()
+    else:
+        took = round(time.monotonic() - t0, 1)
+        for name in dead:
+            died.pop(name, None)
+            known.pop(name, None)
+            entries[name].update(new_pid=done["restarted"].get(name), seconds=took)
+        log(f"repaired the stack ({', '.join(dead)} dead) in {took} s: restarted {done['restarted']}")
+        _count_repairs(current, dead, log)
+    for name in dead:
+        report["last"][name] = entries[name]
+    write_report(state, report)
+    return True
+
+
+def _count_repairs(stack: dict[str, Any], names: list[str], log: Callable[[str], None]) -> None:
+    import redis
+
+    from pipeline.keys import PublicKeys
+
+    try:
+        client = redis.Redis.from_url(admin_redis_url(stack), socket_timeout=5)
+        try:
+            for name in names:
+                client.hincrby(PublicKeys(str(stack["namespace"])).stack_repairs, name, 1)  # the web's counter
+        finally:
+            client.close()
+    except (redis.RedisError, KeyError) as exc:
+        log(f"repairs not counted in Redis: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

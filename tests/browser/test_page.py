@@ -167,3 +167,29 @@ def test_feedback_error_is_shown_and_a_fresh_list_follows(stack: LocalStack, pag
     assert "not recorded" in page.locator("#feedback-status").inner_text()
     assert fresh.value.json()["rec_id"] != shown["rec_id"]
     page.locator("li.item button:enabled").first.wait_for()  # the fresh list can be answered
+
+
+def test_a_503_on_feedback_is_sent_again_after_retry_after(stack: LocalStack, page: Any) -> None:
+    """The server's store restarting (503, nothing recorded): the page waits as ``Retry-After`` says and sends the
+    same feedback again, which is accepted; no error is shown."""
+    calls: list[float] = []
+
+    def first_unavailable(route: Any) -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            route.fulfill(status=503, headers={"Retry-After": "0.5"}, content_type="application/json",
+                          body='{"error": {"parameter": null, "message": "the model store (Redis) is unavailable"}}')
+        else:
+            route.continue_()
+
+    page.route("**/feedback", first_unavailable)
+    page.goto(stack.base_url + f"/?user={USER}")
+    page.locator("li.item").first.wait_for()
+    name = page.locator("li.item .name > span:first-child").first.inner_text()
+    with page.expect_response(lambda r: r.url.endswith("/feedback") and r.status == 202, timeout=10_000) as info:
+        page.get_by_role("button", name=f"Listen to {name}", exact=True).click()
+    assert info.value.request.post_data_json["reward"] == 1
+    page.locator('#model-state[data-state="fresh"]', has_text="learned in").wait_for(timeout=10_000)
+    assert len(calls) == 2 and calls[1] - calls[0] >= 0.45  # after the Retry-After, not at once
+    assert not page.get_by_role("alert").is_visible()
+    assert [p for p in page.problems if "status of 503" not in p] == []  # the browser logs the 503 itself

@@ -129,7 +129,8 @@ def open_stack(state_dir: Path, redis_url: str, namespace: str, *, partitions: i
     finally:
         for w in st.workers:
             services.stop(w, grace_seconds=5)
-        services.stop(broker)
+        for b in {broker.pid: broker, st.broker.pid: st.broker}.values():  # a test may have replaced the broker
+            services.stop(b)
 
 
 def synthetic_events(catalog: SyntheticCatalog, n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
@@ -311,3 +312,22 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat[stat.rindex(")") + 2] != "Z"
+
+
+def publish_model(redis_url: str, settings: Settings, catalog: SyntheticCatalog, events: int = 30) -> None:
+    """One release and its served model in ``settings.namespace``, as the worker makes them (in-process, no
+    Kafka): ``events`` interactions ingested, a forced release tick, the solve."""
+    from pipeline.ingest import IngestProcessor
+    from pipeline.stages import ReleaseStage, SolveStage
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        users, arms = list(catalog.users), list(catalog.arm_ids)
+        raw = [json.dumps({"event_id": f"e{i}", "user": users[i % len(users)], "arm": arms[i % len(arms)],
+                           "reward": float(i % 2), "ts": 1.7e12 + i}).encode() for i in range(events)]
+        IngestProcessor(client, settings.namespace, catalog).process(0, list(enumerate(raw)))
+        release = ReleaseStage(settings, catalog, client)
+        assert release.tick(force=True) is not None
+        assert SolveStage(settings, client, release.statement).run() is not None
+    finally:
+        client.close()
