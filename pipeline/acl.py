@@ -59,6 +59,8 @@ ROLES_FILE = "redis-users.json"
 
 #: The embedded redis-server's ACL file, in its data directory (:func:`pipeline.services.start_redis` loads it).
 ACL_FILE = "users.acl"
+#: A user of the ACL file that may only PING (any password): the readiness probe, which must see LOADING.
+PROBE_USER = "privrec-probe"
 #: What every role may run, and what the trusted roles (worker, sites) may run besides.
 BASE_COMMANDS = ("+@all", "-@admin", "-@dangerous", "+info")
 TRUSTED_COMMANDS = ("+config|get", "+config|set")
@@ -172,9 +174,11 @@ def acl_lines(namespace: str, rules: dict[str, list[str]], creds: dict[str, str]
 
 
 def write_aclfile(data_dir: Path, rules: dict[str, list[str]], creds: dict[str, str]) -> Path:
-    """Write the embedded Redis's ACL file (0600): ``default`` with the administrator's password, every role."""
+    """Write the embedded Redis's ACL file (0600): ``default`` with the administrator's password, every role, and
+    :data:`PROBE_USER` (PING only, for :func:`pipeline.services.redis_ready`)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    lines = [f"user default on {_hash(creds['default'])} ~* &* +@all"]
+    lines = [f"user default on {_hash(creds['default'])} ~* &* +@all",
+             f"user {PROBE_USER} on nopass resetchannels -@all +ping +hello"]
     lines += ["user " + " ".join(_rule_args("", role, patterns, creds[role], external=False))
               for role, patterns in rules.items()]
     path = data_dir / ACL_FILE

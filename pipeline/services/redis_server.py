@@ -13,17 +13,11 @@ from .process import LOOPBACK, ServiceError, ServiceHandle, free_port, start_on_
 __all__ = ["redis_ready", "start_redis", "start_redis_cluster"]
 
 
-def redis_ready(url: str, timeout: float = 2.0, *, locked: bool = False) -> bool:
-    """Whether redis at ``url`` answers PING (and has finished loading its data).
-
-    ``locked``: a server whose ``default`` user has a password (ACL file) counts as up when it refuses
-    the password-less PING (NOAUTH).
-    """
+def redis_ready(url: str, timeout: float = 2.0) -> bool:
+    """Whether redis at ``url`` answers PING (and has finished loading its data)."""
     client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
         return bool(client.ping())
-    except redis.exceptions.AuthenticationError:
-        return locked
     except redis.exceptions.RedisError:  # includes BusyLoadingError while the AOF loads
         return False
     finally:
@@ -84,7 +78,9 @@ def start_redis(
     data_dir = Path(state_dir) / name
     data_dir.mkdir(parents=True, exist_ok=True)
 
-    locked = (data_dir / "users.acl").exists()
+    from ..acl import ACL_FILE, PROBE_USER
+
+    locked = (data_dir / ACL_FILE).exists()
 
     def start(p: int) -> ServiceHandle:
         argv = [
@@ -96,19 +92,21 @@ def start_redis(
             "--save", "",
             "--daemonize", "no",
             "--logfile", "",  # log to stdout, which start_process sends to <name>.log
-            *(["--aclfile", str((data_dir / "users.acl").resolve())] if locked else []),
+            *(["--aclfile", str((data_dir / ACL_FILE).resolve())] if locked else []),
             *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000",
                "--cluster-port", str(free_port(host))]  # the bus port: explicit (default port + 10000 may be taken)
               if cluster else []),
         ]  # fmt: skip
         url = f"redis://{host}:{p}/0"
+        # with an ACL file `default` has a password: probe as its PING-only user (which still sees LOADING)
+        probe = f"redis://{PROBE_USER}:probe@{host}:{p}/0" if locked else url
         return start_process(
             name,
             argv,
             state_dir,
             address=f"{host}:{p}",
             url=url,
-            ready=lambda: redis_ready(url, locked=locked),
+            ready=lambda: redis_ready(probe),
             timeout=timeout,
         )
 
