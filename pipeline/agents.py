@@ -36,7 +36,7 @@ from .trusted import TrustedStore
 
 log = logging.getLogger("privrec.ingest")
 
-__all__ = ["register", "ingest"]
+__all__ = ["register", "ingest", "make_processor"]
 
 
 class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -124,16 +124,22 @@ def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str
                      metrics_url=metrics_url, processor=processor)
 
 
+def make_processor(client: redis.Redis, settings: Settings, catalog: Catalog) -> IngestProcessor:
+    """The ``interactions`` processor a worker runs: user or event level, with the clips and the partition check of
+    the settings (the privacy audit, ``tests/privacy``, builds it here too)."""
+    make = UserIngestProcessor if settings.user_level else IngestProcessor
+    b_clip, item_clip = settings.clips
+    return make(client, settings.namespace, catalog, item_sums=settings.item_term,
+                listen_weight=settings.listen_weight_in_force, b_clip=b_clip, item_clip=item_clip,
+                partitions=settings.partitions)
+
+
 async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: WorkerMetrics | None = None,
                  metrics_url: str | None = None, processor: IngestProcessor | None = None) -> None:
     """Consume ``topic`` (``interactions``, or a federated site's own topic) in batches until the worker stops."""
     client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
     if processor is None:
-        make = UserIngestProcessor if settings.user_level else IngestProcessor
-        b_clip, item_clip = settings.clips
-        processor = make(client, settings.namespace, catalog, item_sums=settings.item_term,
-                         listen_weight=settings.listen_weight_in_force, b_clip=b_clip, item_clip=item_clip,
-                         partitions=settings.partitions)
+        processor = make_processor(client, settings, catalog)
     TrustedStore(client, settings.namespace).ensure_config(
         settings.model_config() | {"catalog_fingerprint": catalog.fingerprint})
     consumer = AIOKafkaConsumer(

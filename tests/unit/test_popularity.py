@@ -75,7 +75,7 @@ def test_noise_off_item_term_uses_the_exact_sums_and_the_listens_weight_the_band
     pol.update(0, F[1], 1.0, 1)
     pol.observe(0, 2)
     twin.update(0, F[1], 1.0)
-    twin.update(0, 0.5 * F[2], 0.5)  # a listen is a sample of weight 1/4: sqrt(w) x, sqrt(w) r
+    twin.update(0, F[2], 0.25, gram=False)  # a listen: w r x in b only; its item (the user's choice) not in the Gram
     pol.update(1, F[0], 0.0, 0)  # second interaction: an item release
     twin.update(1, F[0], 0.0)
     np.testing.assert_array_equal(pol.released, [0.0, 1.0, 1.0])

@@ -1,0 +1,1 @@
+"""The empirical privacy audit: Monte-Carlo distinguishers between worst-case neighbours (see README.md)."""

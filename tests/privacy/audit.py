@@ -1,0 +1,290 @@
+"""The audit's engine: worst-case neighbouring streams through the real pipeline, and a Neyman–Pearson distinguisher.
+
+Every statistic privrec releases is ``post(C X + Z)``: the exact per-tick statistic ``X`` (what ingest and the fold
+wrote to the trusted store), a public linear map, and Gaussian noise that does not depend on the data (keyed by the
+secret seed). Two neighbouring streams ``A`` and ``B`` (the stated relation: same arrivals, contexts and shown
+items; one user's, or one interaction's, private part differs) therefore give releases ``y_A = m_A + N`` and
+``y_B = m_B + N`` with the same noise law, and the most powerful test between them (Neyman–Pearson) thresholds
+``w . y`` with ``w = Sigma^{-1} (m_B - m_A)``: its Gaussian-DP ``mu`` is ``w . (m_B - m_A) / sd(w . N)``.
+
+:func:`run_stream` drives the real code for one stream — ``parse_batch`` inside ``UserIngestProcessor`` /
+``IngestProcessor``, the fold (:class:`pipeline.userlevel.Folder`, inside :meth:`ReleaseStage.tick`), the release
+stage with its own mechanisms — against a real ``redis-server``, and records what each tick handed the mechanisms
+(the trusted snapshot the tick read). :class:`StageNeighbours` then re-releases those inputs through the stage's own
+``Releaser`` and item mechanism, each trial with another secret seed (the mechanism object the stage built, keyed by
+another seed: same calibration, independent noise). :func:`distinguish` estimates ``Sigma`` on training seeds,
+checks on test seeds that ``y_B - y_A`` is exactly ``m_B - m_A`` (the noise does not depend on the data: the two
+hypotheses differ by a shift), and measures ``mu`` of the fixed test ``w`` on the held-out test seeds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+from scipy import stats as sps
+
+from models.accounting import gdp_mu
+from models.ground.noise import KeyedNoise
+from models.mechanisms import Mechanism
+from models.ground.items import ReleasedItems
+from models.streaming import ReleasedStats, UnitStats
+from pipeline.catalog import Catalog
+from pipeline.agents import make_processor
+from pipeline.keys import PublicKeys
+from pipeline.settings import Settings
+from pipeline.stages import ReleaseStage
+from pipeline.trusted import TrustedKeys
+
+__all__ = ["Trace", "run_stream", "reseeded", "StageReleases", "StageNeighbours", "Neighbours", "Estimate",
+           "distinguish", "claimed_mu", "margin", "event", "ALPHA"]
+
+#: One-sided level of the margin: a mechanism that keeps its claim fails the audit with probability <= ALPHA
+#: over the choice of seeds (the seeds are fixed, so a given run is deterministic).
+ALPHA = 1e-3
+
+
+def event(i: int, user: str, arm: str, reward: float, context: Sequence[float] | None = None, *,
+          shown: Sequence[str] | None = None, kind: str | None = None) -> bytes:
+    """One ``interactions`` value, as the HTTP paths and producers write it (``shown``: the list it answers;
+    ``kind``: ``"listen"`` for an organic listen)."""
+    obj: dict[str, Any] = {"event_id": f"e{i}", "user": user, "arm": arm, "reward": reward, "ts": 1.7e12 + i}
+    if kind is not None:
+        obj["kind"] = kind
+    if context is not None:
+        obj["context"] = list(context)
+    if shown is not None:
+        obj["shown"] = list(shown)
+    return json.dumps(obj).encode()
+
+
+@dataclass
+class Trace:
+    """What one stream's release ticks handed the mechanisms: the exact statistics each tick read."""
+
+    stage: ReleaseStage
+    stats: list[UnitStats]       # per tick: the trusted snapshot (Grams, b, counts) the releaser got
+    items: list[np.ndarray]      # per tick: the exact item reward sums (empty without the item term)
+    seed: int                    # the namespace's secret noise seed
+    published: list[dict[str, np.ndarray]]  # per tick: what the tick published ("b": b_tilde, "items": sums)
+
+
+def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
+               ticks: Sequence[Mapping[int, Sequence[bytes]]], *, seed: int,
+               stage_type: type[ReleaseStage] = ReleaseStage, allow_dead: bool = False) -> Trace:
+    """Ingest ``ticks`` (per release tick, the events that land on each partition) and release once per tick, as
+    the worker does. Every event must be counted, unless ``allow_dead`` (then ingest may dead-letter some).
+
+    The namespace (``settings.namespace``) must be fresh; its secret noise seed is set to ``seed`` first.
+    """
+    s = settings
+    client.set(TrustedKeys(s.namespace).secret, str(int(seed)))
+    proc = make_processor(client, s, catalog)  # the worker's own construction
+    stage = stage_type(s, catalog, client)
+    n_items = stage.n_items
+    offsets: dict[int, int] = {}
+    stats: list[UnitStats] = []
+    items: list[np.ndarray] = []
+    published: list[dict[str, np.ndarray]] = []
+    keys = PublicKeys(s.namespace)
+    for t, per_partition in enumerate(ticks, start=1):
+        for partition, raws in per_partition.items():
+            start = offsets.get(partition, 0)
+            batch = proc.process(partition, list(enumerate(raws, start=start)))
+            assert allow_dead or not batch.dead, batch.dead  # every event of the audit is valid
+            offsets[partition] = start + len(raws)
+        version = stage.tick(force=True)
+        assert version == t, (version, t)
+        snap, sums, _ = stage.store.snapshot_items(s.partitions, catalog.n_units, catalog.d, n_items)
+        stats.append(snap)
+        items.append(sums)
+        raw = client.hgetall(keys.released)
+        out = {"b": ReleasedStats.from_mapping(raw).b_tilde}
+        rel_items = ReleasedItems.from_mapping(raw)
+        if rel_items is not None:
+            out["items"] = rel_items.sums
+        published.append(out)
+    return Trace(stage, stats, items, int(seed), published)
+
+
+def reseeded(mechanism: Mechanism, seed: int) -> Mechanism:
+    """The same calibrated mechanism keyed by another secret ``seed`` (user-space wrappers: their inner one)."""
+    out = copy.copy(mechanism)
+    inner = getattr(mechanism, "inner", None)
+    if inner is not None:
+        out.inner = reseeded(inner, seed)  # type: ignore[attr-defined]
+        return out
+    if not hasattr(mechanism, "_source"):
+        raise TypeError(f"{type(mechanism).__name__}: no keyed noise source to reseed")
+    out.seed = int(seed)  # type: ignore[attr-defined]
+    out._source = KeyedNoise(int(seed), int(getattr(mechanism, "stream")))  # type: ignore[attr-defined]
+    return out
+
+
+@dataclass
+class Neighbours:
+    """Two neighbouring streams as the adversary sees them: the exact values released and a release per seed.
+
+    ``exact_a`` / ``exact_b``: ``(ticks, dim)`` the exact values the mechanism(s) released (the noise-free part);
+    ``release_a(seed)`` / ``release_b(seed)``: ``(ticks, dim)`` what was released with the secret seed ``seed``.
+    """
+
+    exact_a: np.ndarray
+    exact_b: np.ndarray
+    release_a: Callable[[int], np.ndarray]
+    release_b: Callable[[int], np.ndarray]
+
+
+class StageReleases:
+    """What a :class:`ReleaseStage` publishes over a recorded stream, for any secret seed (cached per seed).
+
+    Per tick: ``"b"``, the bandit statistic ``b_tilde`` exactly as ``Releaser.release`` makes it (the stage's own
+    ``Releaser``: ``exact_b_tilde`` of the tick's snapshot, then its mechanism's ``step_to``; the rest of a
+    :class:`~models.streaming.ReleasedStats` is the Grams and counts, which :class:`StageNeighbours` checks are
+    equal in both streams, and the public noise std), and ``"items"``, the item reward sums as
+    ``ReleaseStage._release_items`` steps them through the stage's item mechanism.
+    """
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        stage = trace.stage
+        self.names = tuple(n for n, m in (("b", stage.mechanism), ("items", stage.item_mechanism)) if m is not None)
+        self.exact = {"b": np.array([stage.releaser.exact_b_tilde(st) for st in trace.stats]),
+                      "items": np.array(trace.items)}
+        self._cache: dict[int, dict[str, np.ndarray]] = {}
+        mine = self(trace.seed)  # with the namespace's own seed: exactly what the ticks published
+        for t, pub in enumerate(trace.published, start=1):
+            for name in self.names:
+                if not np.array_equal(mine[name][t - 1], pub[name]):
+                    raise AssertionError(f"tick {t}: the re-released {name!r} differs from what the stage published")
+
+    def __call__(self, seed: int) -> dict[str, np.ndarray]:
+        hit = self._cache.get(seed)
+        if hit is None:
+            hit = self._cache[seed] = self._release(seed)
+        return hit
+
+    def _release(self, seed: int) -> dict[str, np.ndarray]:
+        stage = self.trace.stage
+        out: dict[str, np.ndarray] = {}
+        for name, mechanism in (("b", stage.releaser.mechanism), ("items", stage.item_mechanism)):
+            if mechanism is None:
+                continue
+            mech = reseeded(mechanism, seed)
+            state = mech.init_state()
+            rows = []
+            for exact in self.exact[name]:
+                y, state, _ = mech.step_to(state, exact)
+                rows.append(y)
+            out[name] = np.array(rows)
+        return out
+
+
+class StageNeighbours(Neighbours):
+    """The releases of two recorded streams' stages, restricted to ``statistics`` (``"b"`` and/or ``"items"``)."""
+
+    def __init__(self, a: StageReleases, b: StageReleases, statistics: Sequence[str]) -> None:
+        # the public part (exact Grams and counts, released as they are) must not depend on the private change:
+        # ``leaks`` names what differs (each is mu = inf)
+        self.leaks = sorted({name for sa, sb in zip(a.trace.stats, b.trace.stats)
+                             for name, x, y in (("gram", sa.gram, sb.gram), ("count", sa.count, sb.count))
+                             if not np.array_equal(x, y)})
+        names = tuple(statistics)
+        missing = [n for n in names if n not in a.names]
+        if missing:
+            raise ValueError(f"the stage releases {a.names}, not {missing}")
+
+        def cat(parts: dict[str, np.ndarray]) -> np.ndarray:
+            return np.concatenate([parts[n] for n in names], axis=1)
+
+        super().__init__(cat(a.exact), cat(b.exact), lambda seed: cat(a(seed)), lambda seed: cat(b(seed)))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The distinguisher's result: ``mu`` of its test on held-out seeds, and how it was obtained."""
+
+    mu: float
+    n_train: int
+    n_test: int
+    dim: int
+    shift: float  # ||m_B - m_A||: the exact difference of the released means (over every tick and coordinate)
+
+    def margin(self, mu_claimed: float, alpha: float = ALPHA) -> float:
+        return margin(mu_claimed, self.n_test, alpha)
+
+
+def margin(mu_claimed: float, n_test: int, alpha: float = ALPHA) -> float:
+    """How far above ``mu_claimed`` the estimate may land by Monte-Carlo error alone (one-sided, level ``alpha``).
+
+    ``mu_hat = w.delta / s_hat`` with ``w`` and ``delta`` fixed before the test seeds are drawn, so for a
+    mechanism whose ``mu`` (of this ``w``) is at most ``mu_claimed``, ``mu_hat > mu_claimed / q`` only if
+    ``s_hat / s < q``; ``(n - 1) s_hat**2 / s**2`` is chi-square with ``n - 1`` degrees of freedom, and
+    ``q = sqrt(chi2.ppf(alpha, n - 1) / (n - 1))``.
+    """
+    q = math.sqrt(sps.chi2.ppf(alpha, n_test - 1) / (n_test - 1))
+    return mu_claimed * (1.0 / q - 1.0)
+
+
+def distinguish(nb: Neighbours, train: Sequence[int], test: Sequence[int], *, check: int = 100,
+                noise_factor: float = 1.0) -> Estimate:
+    """Neyman–Pearson distinguisher between ``A`` and ``B``; ``mu`` measured on the ``test`` seeds.
+
+    ``noise_factor`` scales every release's noise (``0.5``: the under-noised control — the same releases with
+    ``sigma / 2``). The first ``check`` test seeds also release ``B`` and check ``y_B - y_A = m_B - m_A``.
+    """
+    m_a, m_b = nb.exact_a.reshape(-1), nb.exact_b.reshape(-1)
+    delta = m_b - m_a
+
+    def noise(seed: int) -> np.ndarray:
+        return noise_factor * (nb.release_a(seed).reshape(-1) - m_a)
+
+    z_train = np.array([noise(s) for s in train])
+    var = z_train.var(axis=0)
+    free = var <= 1e-24 * max(1.0, float(var.max()))  # coordinates released without noise
+    if np.any(np.abs(delta[free]) > 1e-12):
+        return Estimate(math.inf, len(train), len(test), int(delta.size), float(np.linalg.norm(delta)))
+    keep = ~free
+    cov = np.cov(z_train[:, keep], rowvar=False)
+    w = np.linalg.solve(np.atleast_2d(cov), delta[keep])
+    stat = []
+    for i, s in enumerate(test):
+        y_a = nb.release_a(s).reshape(-1)
+        if i < check:
+            shift = nb.release_b(s).reshape(-1) - y_a
+            scale = 1.0 + float(np.abs(y_a).max())
+            if not np.allclose(shift, delta, rtol=0, atol=1e-9 * scale):
+                raise AssertionError(f"seed {s}: y_B - y_A is not the exact difference m_B - m_A (max error "
+                                     f"{np.abs(shift - delta).max():.3g}): the noise depends on the data")
+        stat.append(float(w @ (noise_factor * (y_a - m_a))[keep]))
+    sd = float(np.std(stat, ddof=1))
+    return Estimate(float(w @ delta[keep]) / sd, len(train), len(test), int(keep.sum()), float(np.linalg.norm(delta)))
+
+
+def claimed_mu(statement: dict[str, Any], statistic: str | None = None) -> float:
+    """The ``mu`` a published statement claims: for one statistic (``"b"`` / ``"items"``) or, ``None``, all of them.
+
+    Reads ``statement["statistics"]`` (per statistic ``mu_at_cap``, or ``mu`` at event level) when the statement
+    has it; else
+    ``mu_at_cap`` / ``epsilon`` + ``delta`` (the whole release) and, for one statistic of a composed release,
+    ``composition[<statistic>]["epsilon"]`` (``"bandit"`` for ``b``).
+    """
+    per = statement.get("statistics")
+    if per:  # the noisy statistics' own mu (entries without one, e.g. the Grams, are released as public)
+        mus = {e["name"]: float(e.get("mu_at_cap", e.get("mu"))) for e in per if "mu_at_cap" in e or "mu" in e}
+        if statistic is None:
+            return math.sqrt(sum(m * m for m in mus.values()))
+        return mus[statistic]
+    delta = float(statement["delta"])
+    comp = statement.get("composition")
+    if statistic is not None and comp is not None:
+        return gdp_mu(float(comp["bandit" if statistic == "b" else statistic]["epsilon"]), delta)
+    if "mu_at_cap" in statement:
+        return float(statement["mu_at_cap"])
+    return gdp_mu(float(statement["epsilon"]), delta)
