@@ -3,7 +3,9 @@
 The release statement (in the served model's metadata) carries what a capped user gets per epoch
 (``mu_at_cap``) and the table ``ratios[k - 1] = B(k) / B(cap)``; the ledger carries each user's
 participations. A user's spent budget is ``mu_at_cap * sqrt(past + B(k) / B(cap))``, converted to
-``(epsilon, delta)`` (:func:`pipeline.userlevel.spent_mu`). Nothing here reads a trusted key.
+``(epsilon, delta)`` (:func:`pipeline.userlevel.spent_mu`); the statement's ``user_budget`` bounds it for life
+(:class:`pipeline.ledger.LifetimeBudget`). Nothing here reads a trusted key (:func:`serving_isolation` asks
+Redis whether it could).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from typing import Any
 from models.accounting import gdp_epsilon
 
 from .keys import PublicKeys, partition_of
-from .ledger import LedgerRecord, spent_mu
+from .ledger import LedgerRecord, LifetimeBudget, spent_mu
 
-__all__ = ["ratio_of", "user_budget", "ledger_overview", "history"]
+__all__ = ["ratio_of", "user_budget", "ledger_overview", "history", "serving_isolation"]
 
 
 def ratio_of(statement: dict[str, Any]) -> Any:
@@ -55,6 +57,10 @@ async def user_budget(r: Any, keys: PublicKeys, partitions: int, user: str, stat
                     "note": "no noise: nothing is protected" if not statement.get("private") else "unknown"})
         return out
     mu = spent_mu(rec, epoch, float(statement["mu_at_cap"]), ratio)
+    budget = LifetimeBudget.of(statement, ratio)
+    if budget is not None:  # the lifetime budget: whether this user is still learned from
+        out.update({"user_budget": budget.epsilon, "at_budget": budget.exhausted(rec, epoch),
+                    "budget_left": max(0.0, budget.epsilon - (_epsilon(mu, delta) or math.inf))})
     out.update({"epsilon": _epsilon(mu, delta), "delta": delta, "valid": bool(statement.get("valid", True)),
                 "mu": mu, "bound": "user level: every release of every epoch, all of this user's contributions "
                                    "(multi-participation sensitivity of the mechanism; epochs compose in Gaussian DP)",
@@ -72,12 +78,15 @@ async def ledger_overview(r: Any, keys: PublicKeys, partitions: int, statement: 
     parts = await asyncio.gather(*(r.hgetall(keys.ledger_participation(p)) for p in range(partitions)))
     summaries = await asyncio.gather(*(r.hgetall(keys.ledger_summary(p)) for p in range(partitions)))
     spent: list[float] = []
-    at_cap = 0
+    at_cap = at_budget = 0
+    budget = LifetimeBudget.of(statement, ratio)
     for part in parts:
         for raw in part.values():
             rec = LedgerRecord.loads(raw).at(epoch, ratio or (lambda k: 1.0))
             if rec.k >= cap > 0:
                 at_cap += 1
+            if budget is not None and budget.exhausted(rec, epoch):
+                at_budget += 1
             if ratio is not None and mu_cap:
                 e = _epsilon(spent_mu(rec, epoch, float(mu_cap), ratio), delta)
                 spent.append(math.inf if e is None else e)
@@ -90,6 +99,8 @@ async def ledger_overview(r: Any, keys: PublicKeys, partitions: int, statement: 
         counts[i] += 1
     return {"users": sum(len(p) for p in parts), "users_at_cap": at_cap, "cap": cap,
             "capped_events": sum(int(s.get(b"dropped", b"0")) for s in summaries),
+            "user_budget": None if budget is None else budget.epsilon, "users_at_budget": at_budget,
+            "budget_events": sum(int(s.get(b"over_budget", b"0")) for s in summaries),
             "spent_max": finite[-1] if finite else 0.0, "spent_median": finite[len(finite) // 2] if finite else 0.0,
             "spent_histogram": {"edges": edges, "counts": counts}}
 
@@ -112,3 +123,20 @@ async def history(r: Any, keys: PublicKeys, count: int = 500) -> list[dict[str, 
         out.append(entry)
     out.reverse()
     return out
+
+
+async def serving_isolation(r: Any, namespace: str) -> dict[str, Any]:
+    """Whether Redis refuses this (web) process the trusted key kinds: asked of Redis itself, not of a setting.
+
+    ``EXISTS`` on a key of the ``trusted`` kind answers NOPERM when the process's Redis user is the ``web`` role
+    of :mod:`pipeline.acl`; an answer means serving could read the exact statistics and the noise seeds.
+    """
+    import redis
+
+    try:
+        await r.exists(f"{namespace}:trusted:acl-check")
+    except redis.exceptions.NoPermissionError:
+        return {"enforced": True, "note": "Redis refuses this server every trusted key (its own ACL user)"}
+    return {"enforced": False, "note": "NOT ENFORCED: this server's Redis user can read trusted state (the stack "
+                                       "runs without ACL users, `privrec up --no-acl`); only code review keeps "
+                                       "serving from it"}

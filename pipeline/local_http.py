@@ -4,6 +4,11 @@ Serving code: it imports only public things (the catalog, the public key layout,
 calibration of :mod:`models.local`), never the trusted store. A report is checked here as far as
 the web process can (the schema, the user, the shown list it answers, one report per list) and
 produced to ``ldp-reports``; the worker checks the version (:mod:`pipeline.localmode`).
+
+The lifetime budget (``user_budget``) in local mode: a device's reports compose, so a user may send at most
+:func:`report_limit` of them; the server counts each user's reports (atomically, :func:`budget_counter`, a key
+of the web's own ``recs`` kind, no expiry) and refuses the ones past the limit with 403 — refused, never
+silently lost: the count minus the limit is the user's reports "not learned (budget)".
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -27,7 +33,8 @@ from .records import TOPICS
 from .settings import Settings
 from .shown import SHOWN
 
-__all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED"]
+__all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED",
+           "report_limit", "budget_counter"]
 
 #: Why ``/feedback`` and ``/listen`` answer 400 in local mode.
 RAW_REFUSED = ("this stack runs in local mode: the server never receives a raw reward. Build a noisy report on the "
@@ -80,6 +87,30 @@ def _config(request: web.Request) -> LocalConfig:
     return cfg
 
 
+def report_limit(config: LocalConfig, user_budget: float) -> int | None:
+    """How many reports of one user stay within ``user_budget`` (epsilon at the device's delta); ``None``: no limit.
+
+    Shuffled (pure ``epsilon0``-LDP reports): basic composition, ``k * epsilon0``. ``round``: independent
+    Gaussian reports compose to ``mu * sqrt(k)``. ``tree``: a user's k interactions are covered at group level
+    k: ``k * mu`` in Gaussian DP (``k * epsilon`` for a Laplace device mechanism).
+    """
+    from models.accounting.conversions import gdp_mu
+
+    if not math.isfinite(user_budget):
+        return None
+    if config.shuffled:
+        return math.floor(user_budget / config.epsilon0)
+    if config.algorithm == "tree" and "laplace" in config.mechanism:
+        return math.floor(user_budget / config.epsilon)
+    ratio = gdp_mu(user_budget, config.delta) / gdp_mu(config.epsilon, config.delta)
+    return math.floor(ratio if config.algorithm == "tree" else ratio**2)
+
+
+def budget_counter(keys: PublicKeys, user: str) -> str:
+    """The key counting one user's reports (accepted and refused), for the lifetime budget."""
+    return keys.recommendation(f"reports:{user}")
+
+
 async def config_view(request: web.Request) -> web.Response:
     """The devices' public calibration; ``{"mode": <mode>}`` alone outside local mode."""
     s: Settings = request.app[SETTINGS]
@@ -120,20 +151,40 @@ async def report(request: web.Request) -> web.Response:
     answered = keys.recommendation(rep.rec_id) + ":answered"
     # the queued report carries the whole shown list (public): the Gram takes every shown item, never the choice
     queued = dataclasses.replace(rep, shown=tuple(shown["items"])).to_json()
-    if not await accept(r, request.app.get(OUTBOX), producer, TOPICS["ldp_reports"], rep.user.encode(), queued,
-                        claim=(answered, "1", 24 * 3600)):
+    limit = report_limit(cfg, s.lifetime_budget)
+    counter = budget_counter(keys, rep.user)
+    if limit is not None and await r.incr(counter) > limit:  # counted: reports "not learned (budget)"
+        return _error(403, "user", f"user {rep.user!r} has sent the {limit} reports their lifetime budget allows "
+                                   f"(user_budget epsilon {s.lifetime_budget:g}): no further report is accepted")
+    try:
+        accepted = await accept(r, request.app.get(OUTBOX), producer, TOPICS["ldp_reports"], rep.user.encode(), queued,
+                                claim=(answered, "1", 24 * 3600))
+    except Exception:
+        if limit is not None:
+            await r.decr(counter)  # not accepted: not counted
+        raise
+    if not accepted:
+        if limit is not None:
+            await r.decr(counter)
         return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
     return web.json_response({"accepted": True, "user": rep.user, "version": rep.version}, status=202)
 
 
-def local_budget(settings: Settings, config: LocalConfig, user: str | None, reports: int) -> dict[str, Any]:
-    """``/budget``'s local section: the devices' guarantee, and for a user what their reports cover."""
+def local_budget(settings: Settings, config: LocalConfig, user: str | None, reports: int,
+                 sent: int | None = None) -> dict[str, Any]:
+    """``/budget``'s local section: the devices' guarantee and the lifetime budget, and for a user what their
+    reports cover (``sent``: the reports they sent, accepted or refused — :func:`budget_counter`)."""
     from models.accounting.conversions import gdp_epsilon, gdp_mu
 
-    out: dict[str, Any] = {"guarantee": config.guarantee()}
+    limit = report_limit(config, settings.lifetime_budget)
+    out: dict[str, Any] = {"guarantee": config.guarantee(),
+                           "user_budget": {"epsilon": None if limit is None else settings.lifetime_budget,
+                                           "reports_allowed": limit}}  # None: no budget (JSON has no inf)
     if user is None:
         return out
     entry: dict[str, Any] = {"user": user, "reports": reports, "unit": "event"}
+    if limit is not None and sent is not None:
+        entry.update({"at_budget": sent >= limit, "not_learned_budget": max(0, sent - limit)})
     if config.algorithm == "tree":
         entry["per_interaction"] = {"epsilon": config.epsilon, "delta": config.delta}
         entry["bound"] = (f"each of this user's {reports} interactions is ({config.epsilon:g}, {config.delta:g})-DP "

@@ -6,8 +6,8 @@ so ``privrec status`` lists it. Names follow Prometheus' conventions: ``privrec_
 ``_total`` for counters, ``_seconds`` for durations.
 
 :func:`ledger_figures` reads the user-level ledger (public keys only) and turns it into the numbers
-``/budget``, ``/dashboard`` and the metrics show: users, users at the cap, the distribution of the
-users' spent epsilon.
+``/budget``, ``/dashboard`` and the metrics show: users, users at the cap and at the lifetime budget, the
+distribution of the users' spent epsilon.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from models.accounting import gdp_epsilon
 
 from .keys import PublicKeys
+from .ledger import LifetimeBudget
 
 __all__ = ["WorkerMetrics", "serve_metrics", "ledger_figures"]
 
@@ -45,6 +46,10 @@ class WorkerMetrics:
                                   registry=r)
         self.dropped = Gauge("privrec_capped_events", "Events not learned from because their user was at the cap",
                              registry=r)
+        self.users_at_budget = Gauge("privrec_users_at_budget", "Users at their lifetime budget (user_budget): no "
+                                     "longer learned from", registry=r)
+        self.budget_events = Gauge("privrec_budget_events", "Events not learned from because their user was at the "
+                                   "lifetime budget", registry=r)
         self.spent_max = Gauge("privrec_budget_spent_max_epsilon", "Largest privacy loss (epsilon) of any user",
                                registry=r)
         self.spent_median = Gauge("privrec_budget_spent_median_epsilon", "Median privacy loss (epsilon) of the "
@@ -59,24 +64,28 @@ def serve_metrics(metrics: WorkerMetrics, port: int = 0, addr: str = "127.0.0.1"
 
 def ledger_figures(get_all: Callable[[str], dict[bytes, bytes]], namespace: str, partitions: int, *,
                    epoch: int, cap: int, mu_cap: float | None, delta: float,
-                   ratio: Callable[[int], float] | None) -> dict[str, Any]:
-    """Users, users at the cap, dropped events and every user's spent epsilon, from the public ledger.
+                   ratio: Callable[[int], float] | None, budget: LifetimeBudget | None = None) -> dict[str, Any]:
+    """Users, users at the cap and at the lifetime budget, events not learned from (cap, budget) and every
+    user's spent epsilon, from the public ledger.
 
     ``get_all(key)`` is a Redis ``HGETALL``; ``ratio(k) = B(k) / B(cap)`` of the mechanism. ``mu_cap`` or
-    ``ratio`` ``None``: noise off, and anyone who contributed has an infinite epsilon.
+    ``ratio`` ``None``: noise off, and anyone who contributed has an infinite epsilon. ``budget``: the users'
+    lifetime budget (``None``: none enforced, nobody is at it).
     """
     from .ledger import LedgerRecord, spent_mu
 
     keys = PublicKeys(namespace)
     spent: dict[str, float] = {}
     epsilon_of: dict[float, float] = {}  # users share few distinct mu (one per tick count): one bisection each
-    at_cap = 0
-    dropped = 0
+    at_cap = at_budget = 0
+    dropped = over_budget = 0
     for p in range(partitions):
         for user, raw in get_all(keys.ledger_participation(p)).items():
             rec = LedgerRecord.loads(raw).at(epoch, ratio or (lambda k: 1.0))
             if rec.epoch == epoch and rec.k >= cap:
                 at_cap += 1
+            if budget is not None and budget.exhausted(rec, epoch):
+                at_budget += 1
             if mu_cap is None or ratio is None:
                 spent[user.decode()] = math.inf if (rec.k or rec.past) else 0.0
             else:
@@ -86,8 +95,10 @@ def ledger_figures(get_all: Callable[[str], dict[bytes, bytes]], namespace: str,
                 spent[user.decode()] = epsilon_of[mu]
         summary = get_all(keys.ledger_summary(p))
         dropped += int(summary.get(b"dropped", b"0"))
+        over_budget += int(summary.get(b"over_budget", b"0"))
     values = sorted(v for v in spent.values() if v > 0)
-    return {"users": len(spent), "users_at_cap": at_cap, "capped_events": dropped, "spent": spent,
+    return {"users": len(spent), "users_at_cap": at_cap, "capped_events": dropped, "users_at_budget": at_budget,
+            "budget_events": over_budget, "spent": spent,
             "spent_max": values[-1] if values else 0.0,
             "spent_median": values[len(values) // 2] if values else 0.0}
 

@@ -288,11 +288,16 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
         exp = np.asarray(explicit)
         bad = exp & ~np.isfinite(X).all(axis=1)
         # clip to norm 1 with the per-event formula wherever it may apply (bit-identical)
-        near = np.flatnonzero(exp & ~bad & (np.einsum("ij,ij->i", X, X) > 1.0 - 1e-9))
+        with np.errstate(over="ignore"):  # huge finite contexts: inf, which selects them
+            near = np.flatnonzero(exp & ~bad & (np.einsum("ij,ij->i", X, X) > 1.0 - 1e-9))
         for j in near:
             x = X[j]
-            norm = float(np.sqrt(x @ x))
-            if norm > 1.0:
+            with np.errstate(over="ignore"):  # an overflow is handled right below
+                norm = float(np.sqrt(x @ x))
+            if norm == math.inf:  # huge finite values: x @ x overflows (x / inf would be 0); scale first
+                x = x / np.max(np.abs(x))
+                X[j] = x / float(np.sqrt(x @ x))
+            elif norm > 1.0:
                 X[j] = x / norm
         if bad.any():
             for j in np.flatnonzero(bad):

@@ -34,7 +34,7 @@ from typing import Any
 from models.mechanisms import MECHANISMS
 from models.mechanisms.participation import B_CLIP, ITEM_CLIP
 
-__all__ = ["Settings", "SettingsError", "add_arguments", "MODEL_FIELDS", "DEFAULT_MECHANISM", "DEFAULT_NOISE_RIDGE", "ALGORITHMS",
+__all__ = ["Settings", "SettingsError", "add_arguments", "MODEL_FIELDS", "DEFAULT_USER_BUDGET", "DEFAULT_MECHANISM", "DEFAULT_NOISE_RIDGE", "ALGORITHMS",
            "BASELINE_ALGORITHMS"]
 
 #: The default mechanism: the best measured in `privrec experiment mechanisms` (README, "Privacy
@@ -212,6 +212,13 @@ class Settings:
     cap_policy
         User level, a user at the cap: ``"ignore"`` (still served and logged, no longer learned from) or
         ``"reject"`` (``/feedback`` and ``/listen`` answer 403).
+    user_budget
+        Lifetime budget of one user: epsilon at the stack's ``delta`` over the user's whole history, every
+        epoch (``inf``: none). User level, the fold stops learning from a user whose spent budget would exceed
+        it (their events are counted as "not learned (budget)"); local mode, the server stops aggregating a
+        device's reports past it. Unset: 10 at user level, none at event level (local mode, federated sites,
+        ``privacy_unit = event``, where k interactions cost k times one); :attr:`lifetime_budget` (README, "A
+        lifetime budget per user").
     default_pool
         Comma-separated arm ids that ``/recommend`` ranks when the request
         names no candidates (``None``: the catalog's default, the 25 most
@@ -270,6 +277,7 @@ class Settings:
     b_clip: float = B_CLIP
     item_clip: float = ITEM_CLIP
     cap_policy: str = "ignore"
+    user_budget: float | None = None
     default_pool: str | None = None
     namespace: str = "privrec"
     kafka: str | None = None
@@ -364,6 +372,8 @@ class Settings:
                                             f"{self.user_cap}.")
         if self.cap_policy not in CAP_POLICIES:
             raise SettingsError("cap_policy", f"must be one of {CAP_POLICIES}, got {self.cap_policy!r}.")
+        if self.user_budget is not None and not self.user_budget > 0:  # NaN fails too
+            raise SettingsError("user_budget", f"must be a positive epsilon or inf, got {self.user_budget}.")
         if self.privacy_unit == "user" and self.private and not self._user_level_mechanism:
             raise SettingsError("mechanism", f"user-level privacy needs a mechanism with a multi-participation "
                                              f"bound ({', '.join(USER_LEVEL_MECHANISMS)} and their user-* forms), got "
@@ -459,6 +469,15 @@ class Settings:
         return self.unit_in_force == "user"
 
     @property
+    def lifetime_budget(self) -> float:
+        """``user_budget`` in force: as set, else :data:`DEFAULT_USER_BUDGET` at user level and ``inf`` (none) at
+        event level — there a user's k interactions cost k times one (group privacy; a local-mode tree device at
+        the default epsilon 2 would reach 10 after 3 reports), so a budget is the operator's explicit choice."""
+        if self.user_budget is not None:
+            return self.user_budget
+        return DEFAULT_USER_BUDGET if self.user_level else math.inf
+
+    @property
     def item_term_weight(self) -> float:
         """The item term's weight in force (0: off): ``item_weight``, or by catalog when unset.
 
@@ -540,6 +559,9 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
+
+#: ``user_budget`` at user level when unset: epsilon over a user's whole history (README: why 10).
+DEFAULT_USER_BUDGET = 10.0
 
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
 MAX_DEFAULT_POOL = 1000

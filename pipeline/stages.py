@@ -47,6 +47,7 @@ from . import faults
 from .baseline_release import BaselineStateStore, build_baseline, widths_summary
 from .catalog import Catalog, item_capacity
 from .keys import PublicKeys
+from .ledger import LifetimeBudget, with_budget
 from .settings import Settings
 from .trusted import TrustedStore
 from .userlevel import Folder
@@ -386,6 +387,8 @@ class ReleaseStage:
         if self.folder is not None:
             self.statement = user_level_statement(s, self.statement, self.participation_ratio, self.mechanism,
                                                   self.item_mechanism)
+            self.statement = with_budget(self.statement, s.lifetime_budget, s.delta)  # the lifetime budget (ledger.py)
+            self.folder.budget = LifetimeBudget.of(self.statement, self.participation_ratio)
 
     def participation_ratio(self, k: int) -> float:
         """``B(k) / B(cap)`` of the released statistics (the largest over the bandit's and the items' mechanisms)."""
@@ -438,6 +441,8 @@ class ReleaseStage:
         stats, item_sums, offsets = self.store.snapshot_items(self.settings.partitions, c.n_units, c.d, self.n_items)
         last = self.client.hget(self.store.keys.pending, "count")
         if not force and last is not None and int(last) == int(stats.count.sum()):
+            if fold.get("over_budget") or fold.get("dropped"):  # no release, but the ledger's counters moved
+                self._ledger_entry(max(1, self.store.pending_version()), fold)  # (the metrics' figures)
             return None
         version = self.store.pending_version() + 1
         if self.baseline is not None:
@@ -464,13 +469,15 @@ class ReleaseStage:
         epoch = (version - 1) // s.tree_ticks
         figures = ledger_figures(self.client.hgetall, s.namespace, s.partitions, epoch=epoch, cap=s.user_cap,
                                  mu_cap=st.get("mu_at_cap"), delta=s.delta,
-                                 ratio=self.participation_ratio if st.get("private") else None)
+                                 ratio=self.participation_ratio if st.get("private") else None,
+                                 budget=None if self.folder is None else self.folder.budget)
         self.last_figures = figures
         finite = [v for v in (figures["spent_max"], figures["spent_median"])]
         return json.dumps({"version": version, "epoch": epoch, "cap": s.user_cap,
                            "epsilon_at_cap": st.get("epsilon"), "delta": s.delta, "mu_at_cap": st.get("mu_at_cap"),
                            "users": figures["users"], "users_at_cap": figures["users_at_cap"],
                            "capped_events": figures["capped_events"],
+                           "users_at_budget": figures["users_at_budget"], "budget_events": figures["budget_events"],
                            "spent_max": finite[0] if math.isfinite(finite[0]) else None,
                            "spent_median": finite[1] if math.isfinite(finite[1]) else None, **fold})
 

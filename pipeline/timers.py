@@ -62,6 +62,8 @@ class ReleaseTicker:
             return
         self.metrics.users_at_cap.set(figures["users_at_cap"])
         self.metrics.dropped.set(figures["capped_events"])
+        self.metrics.users_at_budget.set(figures["users_at_budget"])
+        self.metrics.budget_events.set(figures["budget_events"])
         self.metrics.spent_max.set(figures["spent_max"] if math.isfinite(figures["spent_max"]) else -1)
         self.metrics.spent_median.set(figures["spent_median"] if math.isfinite(figures["spent_median"]) else -1)
 

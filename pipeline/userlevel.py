@@ -9,7 +9,9 @@ partition (``WATCH`` on the pending hash and the fold generation):
 
 1. a user already folded into this release (their ledger's ``last_version``) waits for the next;
 2. a user at the cap (``user_cap`` ticks in this epoch) is not learned from (``cap_policy =
-   ignore``: the events are dropped from the statistics, counted in ``dropped``);
+   ignore``: the events are dropped from the statistics, counted in ``dropped``); nor is a user whose
+   one more tick would take their spent budget past ``user_budget`` (:class:`~pipeline.ledger.LifetimeBudget`;
+   counted in ``over_budget``);
 3. otherwise the user's ``b`` is clipped to norm ``b_clip`` and their item rewards to norm ``item_clip``
    (the sums of every event of the tick, so a user who clicks 50 times counts like one
    participation), added to the unit statistics (the Gram as it is: public — the items the user's
@@ -26,7 +28,7 @@ done: each partition's fold is atomic, and ``last_version`` keeps a user to one 
 The ledger (public: who arrived when is public, DESIGN §2): per user ``{"epoch", "k", "last_version",
 "past"}`` in ``{ns}:ledger:{ns:p<P>}:participation`` (``past`` = the sum over closed epochs of
 ``B(k_e) / B(cap)``), and per partition counters in ``{ns}:ledger:{ns:p<P>}:summary``
-(``at_cap:<epoch>``, ``dropped``, ``folded``). A user's spent budget is ``mu_user = mu * sqrt(past +
+(``at_cap:<epoch>``, ``dropped``, ``folded``, ``over_budget``). A user's spent budget is ``mu_user = mu * sqrt(past +
 B(k) / B(cap))`` (Gaussian DP composes over epochs; ``mu`` is what a capped user gets per epoch).
 """
 
@@ -43,7 +45,7 @@ import redis
 from models.mechanisms.participation import B_CLIP, ITEM_CLIP, clip_scale
 
 from .keys import PublicKeys
-from .ledger import LedgerRecord
+from .ledger import LedgerRecord, LifetimeBudget
 from .trusted import TrustedKeys
 
 __all__ = ["PENDING_SCRIPT", "Contribution", "encode_contribution", "decode_contribution", "Folder",
@@ -160,13 +162,15 @@ class Folder:
         self.cap, self.capacity, self.ratio = int(cap), int(capacity), ratio
         self.b_clip, self.item_clip = float(b_clip), float(item_clip)
         self.trusted = TrustedKeys(namespace)
+        #: The users' lifetime budget (``user_budget``), set by the release stage; ``None``: none enforced.
+        self.budget: LifetimeBudget | None = None
 
     def epoch_of(self, version: int) -> int:
         return (max(1, version) - 1) // self.capacity
 
     def fold(self, partitions: int, version: int) -> dict[str, int]:
         """Fold every partition into the statistics of release ``version``; counters of what happened."""
-        total = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0}
+        total = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
         for p in range(partitions):
             for key, value in self.fold_partition(p, version).items():
                 total[key] += value
@@ -183,7 +187,7 @@ class Folder:
                     pending = pipe.hgetall(keys.pending)
                     if not pending:
                         pipe.unwatch()
-                        return {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0}
+                        return {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
                     stats_raw = pipe.hgetall(stats_key)
                     users = [k.decode()[2:] for k in pending]
                     records_raw = pipe.hmget(keys.participation, users)
@@ -215,7 +219,7 @@ class Folder:
         touched_items: set[int] = set()
         remove: list[bytes] = []
         records: dict[str, str] = {}
-        summary = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0}
+        summary = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
         for field_name, user, raw_rec in zip(list(pending), users, records_raw):
             rec = LedgerRecord.loads(raw_rec).at(epoch, self.ratio)
             if rec.last_version >= version:
@@ -226,6 +230,10 @@ class Folder:
             if rec.k >= self.cap:
                 summary["dropped"] += c.count  # at the cap: served and logged, not learned from
                 records[user] = LedgerRecord(rec.epoch, rec.k, rec.last_version, rec.past).dumps()
+                continue
+            if self.budget is not None and not self.budget.allows(rec, epoch):
+                summary["over_budget"] += c.count  # past the lifetime budget: served and logged, not learned from
+                records[user] = rec.dumps()
                 continue
             scale = clip_scale(float(np.linalg.norm(c.b)), self.b_clip)
             stats.gram[c.unit] += c.gram
@@ -249,6 +257,7 @@ class Folder:
             out_stats[f"n:{u}"] = str(int(stats.count[u]))
         for a in touched_items:
             out_stats[f"i:{a}"] = repr(float(items[a]))
-        counts = {f"at_cap:{epoch}": summary["at_cap"], "dropped": summary["dropped"], "folded": summary["folded"]}
+        counts = {f"at_cap:{epoch}": summary["at_cap"], "dropped": summary["dropped"], "folded": summary["folded"],
+                  "over_budget": summary["over_budget"]}
         return {"stats": out_stats, "remove": remove, "records": records, "counts": counts, "summary": summary}
 

@@ -53,12 +53,12 @@ from .appkeys import CATALOG, KEYS, LOG_PRODUCER, MODEL_KEYS, PRODUCER, RECOMMEN
 from .catalog import Catalog, UnknownArmError, UnknownUserError, load_catalog
 from .federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
 from .federation import site_namespace
-from .budget_view import history, ledger_overview, user_budget
+from .budget_view import history, ledger_overview, serving_isolation, user_budget
 from .keys import PublicKeys
 from .kafkaconn import client_kwargs
 from .redisconn import connect, connect_async
 from .items_live import add_routes as add_items_routes
-from .local_http import add_routes as add_local_routes, local_budget, refuse_raw_reward, with_contexts
+from .local_http import add_routes as add_local_routes, budget_counter, local_budget, refuse_raw_reward, with_contexts
 from .openapi import add_routes as add_openapi_routes
 from .outbox import OUTBOX, BrokerUnavailable, accept, observe_outbox, outbox_metrics, start_forwarding, stop_forwarding
 from .records import TOPICS
@@ -104,6 +104,8 @@ class _Metrics:
                                   registry=self.registry)
         self.users_at_cap = Gauge("privrec_users_at_cap", "Users at the contribution cap in the current epoch",
                                   registry=self.registry)
+        self.users_at_budget = Gauge("privrec_users_at_budget", "Users at their lifetime budget (user_budget)",
+                                     registry=self.registry)
         self.spent_max = Gauge("privrec_budget_spent_max_epsilon", "Largest privacy loss (epsilon) of any user",
                                registry=self.registry)
         self.spent_median = Gauge("privrec_budget_spent_median_epsilon", "Median privacy loss (epsilon) of the "
@@ -412,7 +414,9 @@ async def budget(request: web.Request) -> web.Response:
         counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(s.partitions)))
         k = sum(int(c) for c in counts if c is not None)
         if s.mode == "local":  # the devices' guarantee: what this user's reports cover
-            out["local"] = local_budget(s, s.local_config(request.app[CATALOG].d), user, k)
+            sent = await r.get(budget_counter(keys, user))
+            out["local"] = local_budget(s, s.local_config(request.app[CATALOG].d), user, k,
+                                        sent=int(sent or 0))
             out["user"] = {"user": user, "interactions": k, **out["local"]["user"]}
         elif statement.get("unit") == "user":
             out["user"] = {**await user_budget(r, keys, s.partitions, user, statement, out["tree"]["epoch"]),
@@ -428,6 +432,7 @@ async def budget(request: web.Request) -> web.Response:
         out["local"] = local_budget(s, s.local_config(request.app[CATALOG].d), None, 0)
     if statement.get("unit") == "user":
         out["ledger"] = await ledger_overview(r, keys, s.partitions, statement, out["tree"]["epoch"])
+    out["redis_acl"] = await serving_isolation(r, s.namespace)
     return web.json_response(out)
 
 
@@ -486,6 +491,7 @@ async def metrics(request: web.Request) -> web.Response:
         epoch = (int(meta[b"version"]) - 1) // s.tree_ticks
         overview = await ledger_overview(r, keys, s.partitions, statement, epoch)
         m.users_at_cap.set(overview["users_at_cap"])
+        m.users_at_budget.set(overview["users_at_budget"])
         m.spent_max.set(overview["spent_max"])
         m.spent_median.set(overview["spent_median"])
     await observe_outbox(request.app, m.outbox)

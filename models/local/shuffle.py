@@ -98,6 +98,8 @@ class ShuffledBatch:
             eps, delta = float(eps), float(delta)
         except OverflowError:  # a JSON integer too large for a float
             raise ValueError("batch: epsilon and delta must be numbers a float can hold") from None
+        if not (eps >= 0.0 and 0.0 <= delta <= 1.0):  # NaN fails every comparison
+            raise ValueError(f"batch: epsilon must be >= 0 and delta in [0, 1], got {eps!r} and {delta!r}")
         return cls(unit, seq, list(items), arr.tolist(), eps, delta, str(body.get("bound", "")))
 
 

@@ -37,7 +37,8 @@ def start_redis(
     """Start ``redis-server`` with append-only persistence and wait until it answers PING.
 
     Data lives in ``state_dir/<name>/``; starting again on the same ``state_dir`` loads it
-    back. RDB snapshots are off (``--save ""``): the AOF (``appendfsync everysec``) is the
+    back, and so are the ACL users of ``state_dir/<name>/users.acl`` when that file exists
+    (:func:`pipeline.acl.write_aclfile`). RDB snapshots are off (``--save ""``): the AOF (``appendfsync everysec``) is the
     persistence, so at most about one second of writes is lost on a crash, none on a clean
     stop.
 
@@ -77,6 +78,10 @@ def start_redis(
     data_dir = Path(state_dir) / name
     data_dir.mkdir(parents=True, exist_ok=True)
 
+    from ..acl import ACL_FILE, PROBE_USER
+
+    locked = (data_dir / ACL_FILE).exists()
+
     def start(p: int) -> ServiceHandle:
         argv = [
             server,
@@ -87,18 +92,21 @@ def start_redis(
             "--save", "",
             "--daemonize", "no",
             "--logfile", "",  # log to stdout, which start_process sends to <name>.log
+            *(["--aclfile", str((data_dir / ACL_FILE).resolve())] if locked else []),
             *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000",
                "--cluster-port", str(free_port(host))]  # the bus port: explicit (default port + 10000 may be taken)
               if cluster else []),
         ]  # fmt: skip
         url = f"redis://{host}:{p}/0"
+        # with an ACL file `default` has a password: probe as its PING-only user (which still sees LOADING)
+        probe = f"redis://{PROBE_USER}:probe@{host}:{p}/0" if locked else url
         return start_process(
             name,
             argv,
             state_dir,
             address=f"{host}:{p}",
             url=url,
-            ready=lambda: redis_ready(url),
+            ready=lambda: redis_ready(probe),
             timeout=timeout,
         )
 

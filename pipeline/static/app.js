@@ -400,9 +400,12 @@
         : u.unit === "user"
           ? `Covers your whole history together${validity}: your ${k} listens and skips fell into ` +
             `${u.ticks_this_epoch} of at most ${u.cap} release ticks this epoch` +
-            (u.at_cap ? " — you reached the cap, so the model no longer learns from you this epoch, and your " +
+            (u.at_budget ? ` — you reached your lifetime budget (ε = ${fmtEps(u.user_budget)}), so the model ` +
+                           "no longer learns from you, ever, and your privacy loss never grows again."
+              : u.at_cap ? " — you reached the cap, so the model no longer learns from you this epoch, and your " +
                         "privacy loss stops growing." : `; it grows with each new tick you appear in, up to ε = ` +
-                        `${fmtEps(p.epsilon)} at the cap.`)
+                        `${fmtEps(p.epsilon)} at the cap` +
+                        (u.user_budget ? `, and never past your lifetime budget ε = ${fmtEps(u.user_budget)}.` : "."))
           : `Covers all ${k} of your listens and skips together${validity}. It grows with each one you give ` +
             `(group privacy: ${k} × one interaction).`;
       $("guarantee-plain").textContent =

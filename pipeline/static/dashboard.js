@@ -89,6 +89,7 @@
       $("error").hidden = true;
       const p = b.privacy || {}, led = b.ledger || null;
       $("fig-releases").textContent = String(b.releases);
+      $("fig-acl").textContent = b.redis_acl ? (b.redis_acl.enforced ? "yes" : "NO (--no-acl)") : "–";
       $("fig-eps-cap").textContent = p.private ? fmt(p.epsilon) : "∞ (no noise)";
       if (led) {
         $("fig-users").textContent = String(led.users);
@@ -97,11 +98,15 @@
         $("fig-spent-max").textContent = fmt(led.spent_max);
         $("fig-spent-median").textContent = fmt(led.spent_median);
         $("fig-capped").textContent = String(led.capped_events);
+        $("fig-at-budget").textContent = led.user_budget === null ? "– (no budget)" :
+          `${led.users_at_budget} (ε = ${fmt(led.user_budget)})`;
+        $("fig-budget-events").textContent = String(led.budget_events);
         $("dash-note").textContent = `User level: each user's interactions of one release tick are summed and clipped, ` +
           `and a user contributes to at most ${led.cap} ticks per epoch; a user at the cap has spent ε = ` +
           `${fmt(p.epsilon)} (δ = ${p.delta}) for this epoch, and is no longer learned from (cap policy: ${p.cap_policy}).`;
       } else {
-        for (const id of ["fig-users", "fig-at-cap", "fig-cap", "fig-spent-max", "fig-spent-median", "fig-capped"]) {
+        for (const id of ["fig-users", "fig-at-cap", "fig-cap", "fig-spent-max", "fig-spent-median", "fig-capped",
+                          "fig-at-budget", "fig-budget-events"]) {
           $(id).textContent = "–";
         }
         $("dash-note").textContent = "Event level: this server does not bound users' contributions (privacy_unit = event); " +

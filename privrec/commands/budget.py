@@ -64,7 +64,11 @@ def _budget(args: argparse.Namespace) -> int:
     if "ledger" in doc:
         led = doc["ledger"]
         rows = [("users", led["users"]), ("users at the cap", f"{led['users_at_cap']} (cap {led['cap']} ticks/epoch)"),
-                ("events not learned (cap)", led["capped_events"]), ("largest epsilon spent", f"{led['spent_max']:.4g}"),
+                ("events not learned (cap)", led["capped_events"]),
+                ("users at the lifetime budget", "– (none enforced)" if led.get("user_budget") is None else
+                 f"{led['users_at_budget']} (user_budget epsilon {led['user_budget']:g})"),
+                ("events not learned (budget)", led.get("budget_events", 0)),
+                ("largest epsilon spent", f"{led['spent_max']:.4g}"),
                 ("median epsilon spent", f"{led['spent_median']:.4g}")]
         width = max(len(r[0]) for r in rows)
         print("user-level ledger:")
@@ -76,6 +80,9 @@ def _budget(args: argparse.Namespace) -> int:
             print("  spent epsilon   users")
             for i, c in enumerate(hist["counts"]):
                 print(f"  [{e[i]:.3g}, {e[i + 1]:.3g})".ljust(18) + f"{c}")
+    acl = doc.get("redis_acl")
+    if acl is not None and not acl["enforced"]:
+        print(f"redis ACL: {acl['note']}")
     if "user" in doc:
         u = doc["user"]
         if "reports" in u:  # local mode
@@ -85,7 +92,8 @@ def _budget(args: argparse.Namespace) -> int:
         if u.get("unit") == "user":
             print(f"user {u['user']}: {u['interactions']} interactions in {u['ticks_this_epoch']} of at most {u['cap']} "
                   f"release ticks this epoch{' (AT THE CAP)' if u['at_cap'] else ''} → ({eps}, {u['delta']:.2g})-DP "
-                  f"over their whole history")
+                  f"over their whole history" + (f"; AT THE LIFETIME BUDGET (epsilon {u['user_budget']:g}): no longer "
+                                                 f"learned from" if u.get("at_budget") else ""))
         else:
             print(f"user {u['user']}: {u['interactions']} interactions → ({eps}, {u['delta']:.2g})-DP over all of them "
                   f"({u['bound']})")

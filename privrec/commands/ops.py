@@ -65,6 +65,12 @@ def register(sub: Any) -> None:
                    help="start no supervisor (by default one restarts a crashed worker or web server, with "
                         "exponential backoff, at most 5 times in 60 s each)")
     u.add_argument("--json", action="store_true", help="print the status as JSON instead of text")
+    u.add_argument("--no-acl", dest="no_acl", action="store_true",
+                   help="run without Redis ACL users: every process connects as redis_url's user, so serving could "
+                        "read trusted state (/budget says so); by default each process class has its own user")
+    u.add_argument("--redis-admin-url", default=None, metavar="URL",
+                   help="external Redis: an administrator's URL, used once to create the stack's users (not stored; "
+                        "without it the users must exist, and up prints the ACL lines to apply)")
     settings_group = u.add_argument_group("pipeline settings (flags win over the environment)")
     add_arguments(settings_group)  # an argument group takes add_argument like a parser
     u.set_defaults(func=_up)
@@ -112,7 +118,8 @@ def _up(args: argparse.Namespace) -> int:
     say = None if args.json else (lambda line: print(f"  {line}", flush=True))
     try:
         info = ops.up(settings, state_dir, workers=args.workers, http_port=port, http_host=host,
-                      loglevel=args.loglevel, timeout=args.timeout, say=say, supervise=args.supervise)
+                      loglevel=args.loglevel, timeout=args.timeout, say=say, supervise=args.supervise,
+                      no_acl=args.no_acl, redis_admin_url=args.redis_admin_url)
     except ops.OpsError as exc:
         return _err("up", str(exc))
     if args.json:

@@ -7,10 +7,9 @@ Processes (besides the broker, Redis and web, which :mod:`privrec.ops.up` starts
   on ``federated-updates`` (:mod:`pipeline.sites`);
 * ``coordinator`` (star only): ``python -m pipeline.coordinator``.
 
-With the embedded Redis, every process connects as its own ACL user (:mod:`pipeline.acl`): a site can
-read only its own namespace, the coordinator only its public keys, the web only public kinds; the
-``default`` user gets a password, kept with the others in ``<state>/redis-users.json`` (0600). With an
-external Redis (``--redis-url``) the users are the operator's to create (the README lists the rules).
+Every process connects as its own ACL user (:mod:`pipeline.acl`, set by :mod:`privrec.ops.redis_users` as in
+every mode): a site can read only its own namespace, the coordinator only its public keys, the web only public
+kinds; the ``default`` user gets a password, kept with the others in ``<state>/redis-users.json`` (0600).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import Any
 
 import redis
 
-from pipeline import acl, services
+from pipeline import services
 from pipeline.federation import site_namespace, site_topic
 from pipeline.records import TOPICS
 from pipeline.services import ServiceHandle
@@ -44,8 +43,11 @@ def federated_topics(settings: Settings) -> dict[str, int]:
 def start_federated(settings: Settings, state: Path, *, catalog: Any, external: dict[str, bool],
                     stack: dict[str, Any], record: Callable[[str], None], started: list[ServiceHandle],
                     note: Callable[[str], None], took: Callable[[], str], loglevel: str | None,
-                    timeout: float) -> dict[str, str]:
-    """Start the sites (and the coordinator); return the web process's environment."""
+                    timeout: float, urls: dict[str, str]) -> dict[str, str]:
+    """Start the sites (and the coordinator); return the web process's environment.
+
+    ``urls``: each role's Redis URL and ``admin`` (:func:`privrec.ops.redis_users.enable`).
+    """
     assert settings.kafka is not None and settings.redis_url is not None
     topics = federated_topics(settings)
     services.create_topics(settings.kafka, topics)
@@ -53,26 +55,7 @@ def start_federated(settings: Settings, state: Path, *, catalog: Any, external: 
         check_topic(settings.kafka, t, n)
     note(f"topics   {', '.join(f'{t} ({n})' for t, n in topics.items())}")
     star = settings.topology == "star"
-    admin_url = settings.redis_url
-    urls: dict[str, str] = {}
-    if not external["redis"]:
-        rules = acl.acl_rules(settings.namespace, sites=settings.sites, star=star)
-        creds = acl.load_credentials(state) or acl.new_credentials(list(rules))
-        if set(creds) != {"default", *rules}:
-            creds = acl.new_credentials(list(rules))
-        client = redis.Redis.from_url(_admin(settings.redis_url, creds), socket_timeout=10)
-        try:
-            client.ping()
-        except redis.AuthenticationError:  # a fresh redis-server: no password yet
-            client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
-        acl.apply_acl(client, rules, creds)
-        client.close()
-        acl.save_credentials(state, creds)
-        admin_url = _admin(settings.redis_url, creds)
-        urls = {role: acl.role_url(settings.redis_url, role, pw) for role, pw in creds.items() if role != "default"}
-        stack["redis_acl"] = {"users": sorted(rules), "credentials": acl.ROLES_FILE}
-        note(f"redis    ACL users {', '.join(sorted(rules))} (passwords in {state / acl.ROLES_FILE})")
-    client = redis.Redis.from_url(admin_url, socket_timeout=10)
+    client = redis.Redis.from_url(urls["admin"], socket_timeout=10)
     try:
         site_handles: list[tuple[ServiceHandle, str]] = []
         for i in range(settings.sites):
@@ -110,10 +93,4 @@ def start_federated(settings: Settings, state: Path, *, catalog: Any, external: 
             note(f"{COORDINATOR} pid {h.pid}  sums the sites' releases {took()}")
     finally:
         client.close()
-    stack["admin_redis_url_in"] = acl.ROLES_FILE if urls else None
     return child_env(settings.replace(redis_url=urls.get("web", settings.redis_url)), state, loglevel=loglevel)
-
-
-def _admin(url: str, creds: dict[str, str]) -> str:
-    return acl.role_url(url, "default", creds["default"])
-

@@ -56,8 +56,11 @@ def stack_settings(stack: Mapping[str, Any]) -> Settings:
 
 
 def process_env(stack: Mapping[str, Any], state: Path, name: str) -> dict[str, str]:
-    """The environment ``privrec up`` gave the worker or web server ``name``."""
-    env = child_env(stack_settings(stack), state, loglevel=stack.get("loglevel"))
+    """The environment ``privrec up`` gave the worker or web server ``name`` (its own Redis user's URL)."""
+    from .redis_users import role_of, role_redis_url
+
+    settings = stack_settings(stack).replace(redis_url=role_redis_url(stack, role_of(name)))
+    env = child_env(settings, state, loglevel=stack.get("loglevel"))
     if name.startswith("worker-"):
         env["PRIVREC_WORKER_ID"] = name
     return env

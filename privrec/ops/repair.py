@@ -35,7 +35,7 @@ from pipeline.settings import Settings
 
 from .relaunch import (SUPERVISION_DEFAULTS, fallback_handle, relaunch, stack_settings, start_supervisor, stop_supervisor,
                        supervised)
-from .stackfile import KAFKA, REDIS, WEB, OpsError, read_stack, recorded_handles, running_processes, settings_dict, worker_status_key, write_stack
+from .stackfile import KAFKA, REDIS, WEB, OpsError, admin_redis_url, read_stack, recorded_handles, running_processes, settings_dict, worker_status_key, write_stack
 from .workers import create_stack_topics, reset_after_new_broker, wait_workers
 
 __all__ = ["check_same_settings", "repair"]
@@ -124,7 +124,7 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
         create_stack_topics(settings, note)
     stack.update(kafka=settings.kafka, redis=settings.redis_url, settings=settings_dict(settings))
     assert settings.redis_url is not None
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
+    client = redis.Redis.from_url(admin_redis_url(stack), socket_timeout=10)  # redis-users.json: the administrator
     try:
         if done["new_broker"]:
             before = stack.pop("offsets_reset", None)

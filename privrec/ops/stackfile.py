@@ -183,15 +183,11 @@ def http_probe(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]] | N
 
 
 def admin_redis_url(stack: Mapping[str, Any]) -> str:
-    """The Redis URL with the administrator's credentials when ``privrec up`` set ACL users (federated mode)."""
-    url = str(stack["redis"])
-    if stack.get("redis_acl"):
-        from pipeline import acl
+    """The Redis URL of the ops commands, with the administrator's credentials when ``privrec up`` set ACL users
+    (:func:`privrec.ops.redis_users.role_redis_url`)."""
+    from .redis_users import role_redis_url
 
-        creds = acl.load_credentials(Path(stack["state_dir"]))
-        if creds is not None:
-            return acl.role_url(url, "default", creds["default"])
-    return url
+    return role_redis_url(stack, "admin")
 
 
 def settings_dict(settings: Settings) -> dict[str, Any]:

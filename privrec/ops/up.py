@@ -17,6 +17,7 @@ from pipeline import services
 from pipeline.services import ServiceError, ServiceHandle
 from pipeline.settings import Settings
 
+from . import redis_users
 from .relaunch import SUPERVISION_DEFAULTS, SUPERVISOR_FILE, start_supervisor, supervisor_handle
 from .repair import check_same_settings, repair
 from .stackfile import (KAFKA, REDIS, STACK_FILE, STACK_SCHEMA, WEB, AlreadyRunningError, OpsError, child_env, http_probe, locked, read_stack, recorded_handles,
@@ -58,15 +59,19 @@ def _start_web(state_dir: Path, env: dict[str, str], host: str, port: int, timeo
 def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: dict[str, bool], stack: dict[str, Any],
                    workers: int, record: Callable[[str], None], started: list[ServiceHandle],
                    note: Callable[[str], None], took: Callable[[], str], loglevel: str | None,
-                   timeout: float) -> dict[str, str]:
-    """Global mode: check the namespace, reset offsets after a new broker, start the workers; the web's env."""
+                   timeout: float, urls: dict[str, str]) -> dict[str, str]:
+    """Global mode: check the namespace, reset offsets after a new broker, start the workers; the web's env.
+
+    ``urls``: each role's Redis URL (:func:`privrec.ops.redis_users.enable`): the workers connect as ``worker``,
+    the web as ``web``, this function as ``admin``.
+    """
     assert settings.redis_url is not None
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10)
+    client = redis.Redis.from_url(urls["admin"], socket_timeout=10)
     try:
         check_namespace(client, settings, catalog.fingerprint)
         if not external["kafka"]:
             reset_after_new_broker(client, settings, stack, note)
-        env = child_env(settings, state, loglevel=loglevel)
+        env = child_env(settings.replace(redis_url=urls.get("worker", settings.redis_url)), state, loglevel=loglevel)
         wk: list[ServiceHandle] = []
         names = [f"worker-{i}" for i in range(workers)]
         client.hdel(worker_status_key(settings.namespace), *names)
@@ -81,12 +86,13 @@ def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: d
             note(f"{h.name:<8} pid {h.pid}  partitions {assigned[h.name]} {took()}")
     finally:
         client.close()
-    return env
+    return child_env(settings.replace(redis_url=urls.get("web", settings.redis_url)), state, loglevel=loglevel)
 
 
 def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 1, http_port: int = 0,
        http_host: str = services.LOOPBACK, loglevel: str | None = None, timeout: float = 120.0,
-       say: Callable[[str], None] | None = None, supervise: bool | dict[str, float] = True) -> dict[str, Any]:
+       say: Callable[[str], None] | None = None, supervise: bool | dict[str, float] = True, no_acl: bool = False,
+       redis_admin_url: str | None = None) -> dict[str, Any]:
     """Start a stack in ``state_dir`` and wait until it is ready; return :func:`status`.
 
     Parameters
@@ -114,6 +120,13 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
         Start the supervisor (:mod:`privrec.ops.supervise`), which restarts a crashed worker or web
         server; a dict overrides its policy (``max_restarts``, ``window_s``, ``backoff_s``,
         ``max_backoff_s``, ``poll_s``; defaults ``SUPERVISION_DEFAULTS``). Not in federated mode.
+    no_acl
+        Run without Redis ACL users (:mod:`privrec.ops.redis_users`): every process connects as ``redis_url``'s
+        user and serving could read trusted state (``/budget`` says so). By default each process class has
+        its own user with only the keys and commands it needs.
+    redis_admin_url
+        External Redis: an administrator's URL, used only to create the stack's users (not stored).
+        Without it the users must exist (``privrec up`` prints the ``ACL SETUSER`` lines otherwise).
 
     Returns
     -------
@@ -230,6 +243,7 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
                 started.append(kafka)
                 settings = settings.replace(kafka=kafka.address)
                 note(f"kafka    {kafka.address}  pid {kafka.pid}  (embedded Tansu, memory-only) {took()}")
+            plan = redis_users.prepare(settings, state, external=external["redis"], no_acl=no_acl)
             if external["redis"]:
                 if not services.redis_ready(settings.redis_url or "", timeout=5.0):
                     raise OpsError(f"Redis at {settings.redis_url} (setting `redis_url`, REDIS_URL / --redis-url) "
@@ -244,6 +258,9 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
             stack.update(kafka=settings.kafka, redis=settings.redis_url, settings=settings_dict(settings))
             write_stack(state, stack)
             assert settings.kafka is not None and settings.redis_url is not None
+            urls = redis_users.enable(settings, plan, stack, external=external["redis"], admin_url=redis_admin_url,
+                                      note=note)
+            write_stack(state, stack)
 
             create_stack_topics(settings, note)
 
@@ -253,11 +270,11 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
 
                 env = start_federated(settings, state, catalog=catalog, external=external, stack=stack,
                                       record=record, started=started, note=note, took=took, loglevel=loglevel,
-                                      timeout=timeout)
+                                      timeout=timeout, urls=urls)
             else:
                 env = _start_workers(settings, state, catalog=catalog, external=external, stack=stack, workers=workers,
                                      record=record, started=started, note=note, took=took, loglevel=loglevel,
-                                     timeout=timeout)
+                                     timeout=timeout, urls=urls)
 
             record(WEB)
             web = _start_web(state, env, http_host, http_port, timeout)

@@ -32,12 +32,13 @@ def test_dashboard_figures_equal_budget_and_charts_are_drawn(stack: LocalStack, 
     for _ in range(20):  # the page polls; compare once both read the same release
         shown = {i: page.locator(f"#{i}").inner_text() for i in
                  ("fig-releases", "fig-users", "fig-at-cap", "fig-cap", "fig-spent-max", "fig-spent-median",
-                  "fig-capped")}
+                  "fig-capped", "fig-budget-events", "fig-acl")}
         status, b = stack.get_json("/budget")
         led = b["ledger"]
         expected = {"fig-releases": str(b["releases"]), "fig-users": str(led["users"]),
                     "fig-at-cap": str(led["users_at_cap"]), "fig-cap": str(led["cap"]),
-                    "fig-capped": str(led["capped_events"])}
+                    "fig-capped": str(led["capped_events"]), "fig-budget-events": str(led["budget_events"]),
+                    "fig-acl": "yes" if b["redis_acl"]["enforced"] else "NO (--no-acl)"}
         # JavaScript's toPrecision(3): the same digits as Python's 3 significant ones
         js = page.evaluate("(xs) => xs.map((x) => Number(x).toPrecision(3))", [led["spent_max"], led["spent_median"]])
         expected["fig-spent-max"], expected["fig-spent-median"] = js

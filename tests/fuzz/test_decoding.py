@@ -188,6 +188,30 @@ def test_hostile_batches_are_value_errors(raw: bytes) -> None:
         ShuffledBatch.parse(raw, d=D)
 
 
+@pytest.mark.parametrize("value", [float("nan"), -1.0])
+@pytest.mark.parametrize("field", ["epsilon", "delta"])
+def test_a_nan_or_negative_guarantee_in_a_batch_is_refused(field: str, value: float) -> None:
+    """A shuffled batch claiming ε = NaN (JSON ``NaN``) or a negative δ is refused, naming the field."""
+    raw = json.dumps({**BATCH, field: value}).encode()
+    check_shuffled(raw)
+    with pytest.raises(ValueError, match="epsilon must be >= 0 and delta in"):
+        ShuffledBatch.parse(raw, d=D)
+
+
+@pytest.mark.parametrize("context", [[1e300, 1e300, -1e300, 0.0], [1.7e308, 0.0, 0.0, 0.0], [1e200, 3e200, 0, 0]])
+def test_a_context_of_huge_finite_floats_is_scaled_not_zeroed(context: list[float]) -> None:
+    """``x @ x`` overflows to inf for these finite contexts: before the fix ``x / inf`` made them all zero.
+
+    They are scaled to norm 1 in the direction they point, exactly like a moderate context of that direction.
+    """
+    got = parse_interaction(json.dumps({**EVENT, "context": context}).encode(), CATALOG).context
+    x = np.asarray(context) / max(abs(v) for v in context)
+    assert np.linalg.norm(got) == pytest.approx(1.0, abs=1e-12)
+    np.testing.assert_allclose(got, x / np.linalg.norm(x), rtol=1e-12, atol=0)
+    (batched,) = parse_batch([json.dumps({**EVENT, "context": context}).encode()], CATALOG).contexts
+    assert np.array_equal(batched, got)
+
+
 def test_the_properties_catch_a_foreign_exception(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not vacuous: an exception of another type escapes the checks, and a message-less error fails them."""
     def overflow(raw: bytes, *, d: int) -> ShuffledBatch:

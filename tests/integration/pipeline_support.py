@@ -287,6 +287,15 @@ def produce_synthetic(kafka: str, n: int, seed: int) -> None:
     prod.close()
 
 
+def admin_url(state_dir: Path) -> str:
+    """The Redis URL of a ``privrec up`` stack's administrator (its password from ``redis-users.json``)."""
+    from privrec.ops.stackfile import admin_redis_url, read_stack
+
+    stack = read_stack(state_dir)
+    assert stack is not None, f"no stack in {state_dir}"
+    return admin_redis_url(stack)
+
+
 def released_events(redis_url: str, namespace: str) -> int:
     """Events covered by the namespace's latest release."""
     client = redis.Redis.from_url(redis_url)

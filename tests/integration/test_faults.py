@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline import services
-from pipeline.trusted import TrustedStore
+import redis
+
+from pipeline import acl, services
+from pipeline.trusted import TrustedKeys, TrustedStore
 
 from pipeline_support import (Stack, Stream, assert_exact, assert_releases_deterministic, offline_stats, open_stack,
                               produce, synthetic_events, wait_for)
@@ -47,13 +49,29 @@ def test_redis_kill9_and_restart_loses_nothing_and_redraws_nothing(tmp_path: Pat
         _redis_fault(stack, own_redis, tmp_path)
 
 
-def _redis_fault(stack: Stack, rds: services.ServiceHandle, tmp_path: Path) -> None:
+def test_under_acl_a_redis_kill9_loses_nothing_and_redraws_nothing(tmp_path: Path) -> None:
+    """The same fault with least privilege (issue 22): the worker and the web connect as their own ACL users, which
+    the restarted redis-server loads again from its ACL file; the release is still made durable by the worker."""
+    ns = f"rf{next(_ns)}"
+    rules = acl.global_rules(ns)
+    creds = acl.new_credentials(list(rules))
+    acl.write_aclfile(tmp_path / "redis-fault", rules, creds)
+    rds = services.start_redis(tmp_path, name="redis-fault")
+    try:
+        with open_stack(tmp_path / "stack", acl.role_url(rds.url, "default", creds["default"]), ns) as stack:
+            stack.env["REDIS_URL"] = acl.role_url(rds.url, "worker", creds["worker"])
+            _redis_fault(stack, rds, tmp_path, web_url=acl.role_url(rds.url, "web", creds["web"]))
+    finally:
+        services.stop(rds)
+
+
+def _redis_fault(stack: Stack, rds: services.ServiceHandle, tmp_path: Path, *, web_url: str | None = None) -> None:
     stack.env.update({"PRIVREC_EPSILON": "2", "PRIVREC_ALGORITHM": "colin"})
     worker = stack.start_worker()
     catalog = stack.catalog()
-    stream = Stream(stack, list(synthetic_events(catalog, 3000, seed=4)), rate=600)
-    web = _start_web(stack)
+    web = _start_web(stack, web_url)  # before the stream: a slow start must not let it finish before the kill
     wait_for(lambda: _get(web.url + "/recommend?user=1&k=3")[0] == 200, 30, "the web to serve")
+    stream = Stream(stack, list(synthetic_events(catalog, 3000, seed=4)), rate=600)
     wait_for(lambda: stack.released_count() > 600, 30, "a release in the middle of the stream")
     at_kill = stack.released_count()
     os.kill(rds.pid, 9)
@@ -74,14 +92,17 @@ def _redis_fault(stack: Stack, rds: services.ServiceHandle, tmp_path: Path) -> N
         assert b"Redis unavailable" in Path(worker.log_path).read_bytes()
         assert int(assert_exact(stack, catalog, stream.produced).count.sum()) == 3000  # nothing lost or doubled
         assert_releases_deterministic(stack, catalog, stream.produced, stream.watcher, "colin")
+        if web_url:  # the restarted server loaded the ACL users again: the web's user still reads no trusted key
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                redis.Redis.from_url(web_url).get(TrustedKeys(stack.namespace).secret)
     finally:
         services.stop(web)
         services.stop(back)
 
 
-def _start_web(stack: Stack) -> services.ServiceHandle:
+def _start_web(stack: Stack, redis_url: str | None = None) -> services.ServiceHandle:
     port = services.free_port()
-    env = {**os.environ, **stack.env}
+    env = {**os.environ, **stack.env, **({"REDIS_URL": redis_url} if redis_url else {})}
     return services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], stack.state_dir,
                                   env=env, address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}", timeout=60,
                                   ready=lambda: _get(f"http://127.0.0.1:{port}/healthz")[0] in (200, 503))

@@ -22,7 +22,7 @@ import pytest
 
 from pipeline import services
 
-from pipeline_support import alive, produce_synthetic as produce, released_events, wait_for
+from pipeline_support import admin_url, alive, produce_synthetic as produce, released_events, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +70,7 @@ def test_up_status_refuse_down_then_up_again(tmp_path: Path) -> None:
         assert set(st["processes"]) == {"kafka", "redis", "worker-0", "web"}
         assert all(alive(pid) for pid in st["processes"].values())
         assert st["kafka"].startswith("127.0.0.1:") and services.kafka_ready(st["kafka"])
-        assert st["redis"].startswith("redis://127.0.0.1:") and services.redis_ready(st["redis"])
+        assert st["redis"].startswith("redis://127.0.0.1:") and services.redis_ready(admin_url(state))
         assert st["http"].startswith("http://127.0.0.1:")
         assert healthz(st["http"]) in (200, 503)  # 503 "starting" before the first model
         assert st["workers"]["worker-0"]["partitions"] == [0, 1, 2, 3]
@@ -84,7 +84,7 @@ def test_up_status_refuse_down_then_up_again(tmp_path: Path) -> None:
         assert status_json(state)[1]["processes"] == st["processes"]  # nothing new, nothing stopped
 
         produce(st["kafka"], 400, seed=1)
-        wait_for(lambda: released_events(st["redis"], "privrec") == 400, 60, "400 events released")
+        wait_for(lambda: released_events(admin_url(state), "privrec") == 400, 60, "400 events released")
         wait_for(lambda: healthz(st["http"]) == 200, 30, "/healthz 200 once a model exists")
     finally:
         down = privrec("down", "--state-dir", str(state))
@@ -106,9 +106,9 @@ def test_up_status_refuse_down_then_up_again(tmp_path: Path) -> None:
         _, st2 = status_json(state)
         assert set(st2["processes"]) == {"kafka", "redis", "worker-0", "web"}
         assert not set(st2["processes"].values()) & set(st["processes"].values())
-        assert released_events(st2["redis"], "privrec") == 400
+        assert released_events(admin_url(state), "privrec") == 400
         produce(st2["kafka"], 300, seed=2)
-        wait_for(lambda: released_events(st2["redis"], "privrec") == 700, 60, "400 + 300 events released")
+        wait_for(lambda: released_events(admin_url(state), "privrec") == 700, 60, "400 + 300 events released")
     finally:
         down2 = privrec("down", "--state-dir", str(state))
     assert down2.returncode == 0
@@ -123,7 +123,8 @@ def test_external_services_start_no_broker_or_redis(tmp_path: Path, broker: serv
     services.create_topics(broker.address, {"interactions": 4})  # the session broker may already have it
     # external endpoints through the environment, as a deployment would set them
     env = {**_clean_env(), "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_server.url}
-    up = privrec("up", "--state-dir", str(state), "--namespace", ns, *WORLD_FLAGS, env=env)
+    up = privrec("up", "--state-dir", str(state), "--namespace", ns, "--redis-admin-url", redis_server.url, *WORLD_FLAGS,
+                 env=env)  # the administrator creates the stack's ACL users
     try:
         assert up.returncode == 0, up.stderr + up.stdout
         code, st = status_json(state)

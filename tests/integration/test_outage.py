@@ -31,7 +31,7 @@ from pipeline.outbox import OutboxKeys
 from pipeline.settings import Settings
 from privrec import ops
 
-from pipeline_support import alive, released_events, wait_for
+from pipeline_support import admin_url, alive, released_events, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -170,7 +170,7 @@ def _metric(http: str, name: str) -> float:
 def _outage(stack: Path, service: str) -> None:
     before = ops.status(stack)
     assert before["running"], before
-    http, url = before["http"], before["redis"]
+    http, url = before["http"], admin_url(stack)  # the stack's Redis as its administrator (ACL users by default)
     pid = before["processes"][service]
     repairs = before["restarts"].get(service, 0)
     wait_for(lambda: _outbox_len(url) == 0, 30, "an empty outbox before the replay")

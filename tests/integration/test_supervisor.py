@@ -27,7 +27,7 @@ from pipeline.settings import Settings
 from privrec import ops
 from privrec.ops.relaunch import SUPERVISOR
 
-from pipeline_support import alive, produce_synthetic as produce, released_events, wait_for
+from pipeline_support import admin_url, alive, produce_synthetic as produce, released_events, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -174,9 +174,9 @@ def test_up_repairs_a_degraded_stack_keeping_broker_and_redis(stack: Path) -> No
 
 def test_up_after_the_broker_died_starts_a_new_one_and_resets_the_offsets(stack: Path) -> None:
     before = ops.status(stack)
-    base = released_events(before["redis"], "sup")
+    base = released_events(admin_url(stack), "sup")
     produce(before["kafka"], 120, seed=1)
-    wait_for(lambda: released_events(before["redis"], "sup") == base + 120, 40, "120 events released")
+    wait_for(lambda: released_events(admin_url(stack), "sup") == base + 120, 40, "120 events released")
     # no supervisor (it would repair the broker itself: test_outage.py): `privrec up` repairs
     os.kill(services.read_handles(stack)[SUPERVISOR].pid, signal.SIGKILL)
     os.kill(before["processes"]["kafka"], signal.SIGKILL)
@@ -191,7 +191,7 @@ def test_up_after_the_broker_died_starts_a_new_one_and_resets_the_offsets(stack:
     assert info["processes"]["web"] == before["processes"]["web"]  # reconnects; its outbox kept the feedback
     assert info["running"] is True
     produce(info["kafka"], 80, seed=2)  # the new log starts at offset 0: nothing may be skipped
-    wait_for(lambda: released_events(info["redis"], "sup") == base + 200, 40, "the new broker's 80 events released")
+    wait_for(lambda: released_events(admin_url(stack), "sup") == base + 200, 40, "the new broker's 80 events released")
 
 
 def test_limit_then_down_stops_everything_and_nothing_restarts(tmp_path: Path) -> None:
