@@ -27,7 +27,7 @@ import redis
 from pipeline import acl
 from pipeline.settings import Settings
 
-from .stackfile import REDIS, OpsError
+from .stackfile import REDIS, OpsError, role_redis_url
 
 __all__ = ["prepare", "enable", "role_of", "role_redis_url"]
 
@@ -106,18 +106,3 @@ def role_of(name: str) -> str:
     return name
 
 
-def role_redis_url(stack: Mapping[str, Any], role: str) -> str:
-    """The Redis URL the stack's ``role`` connects with (``admin``: the ops commands), with its credentials."""
-    url = str(stack["redis"])
-    users = (stack.get("redis_acl") or {}).get("users")
-    if not users:
-        return url
-    creds = acl.load_credentials(Path(stack["state_dir"]))
-    if creds is None:
-        raise OpsError(f"{Path(stack['state_dir']) / acl.ROLES_FILE} is missing: the stack's Redis passwords are gone "
-                       f"(`privrec down`, then `privrec up` makes new ones)")
-    if role == "admin":
-        if not stack["redis_acl"].get("external"):
-            return acl.role_url(url, "default", creds["default"])
-        role = "worker" if "worker" in users else "web"
-    return acl.role_url(url, users[role], creds[role])

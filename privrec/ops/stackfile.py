@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline import services
+from pipeline import acl, services
 from pipeline.services import ServiceHandle
 from pipeline.settings import Settings, env_name
 
@@ -184,10 +184,25 @@ def http_probe(url: str, timeout: float = 2.0) -> tuple[int, dict[str, Any]] | N
 
 def admin_redis_url(stack: Mapping[str, Any]) -> str:
     """The Redis URL of the ops commands, with the administrator's credentials when ``privrec up`` set ACL users
-    (:func:`privrec.ops.redis_users.role_redis_url`)."""
-    from .redis_users import role_redis_url
-
+    (:func:`role_redis_url`)."""
     return role_redis_url(stack, "admin")
+
+
+def role_redis_url(stack: Mapping[str, Any], role: str) -> str:
+    """The Redis URL the stack's ``role`` connects with (``admin``: the ops commands), with its credentials."""
+    url = str(stack["redis"])
+    users = (stack.get("redis_acl") or {}).get("users")
+    if not users:
+        return url
+    creds = acl.load_credentials(Path(stack["state_dir"]))
+    if creds is None:
+        raise OpsError(f"{Path(stack['state_dir']) / acl.ROLES_FILE} is missing: the stack's Redis passwords are gone "
+                       f"(`privrec down`, then `privrec up` makes new ones)")
+    if role == "admin":
+        if not stack["redis_acl"].get("external"):
+            return acl.role_url(url, "default", creds["default"])
+        role = "worker" if "worker" in users else "web"
+    return acl.role_url(url, users[role], creds[role])
 
 
 def settings_dict(settings: Settings) -> dict[str, Any]:
