@@ -34,6 +34,7 @@ __all__ = [
     "decode_line",
     "default_data_dir",
     "resolve_data_dir",
+    "data_dir_or_reason",
     "read_raw",
 ]
 
@@ -154,6 +155,14 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
         raise DatasetNotFoundError(path, missing)
     return path
 
+
+
+def data_dir_or_reason(data_dir: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:
+    """``(directory, "")`` when the data is there, else ``(None, why)``: for callers that skip rather than fail."""
+    try:
+        return resolve_data_dir(data_dir), ""
+    except DatasetNotFoundError as exc:
+        return None, str(exc)
 
 def decode_line(raw: bytes) -> str:
     """Decode one line as UTF-8, falling back to latin-1 (which never fails)."""

@@ -11,14 +11,10 @@ from pipeline.catalog import LastFMCatalogAdapter, load_catalog
 from pipeline.catalog_open import LastFMOpenCatalog
 from pipeline.settings import Settings
 from producers.catalog import read_events
-from producers.lastfm import DatasetNotFoundError, load_catalog as load_lastfm
-from producers.lastfm.raw import resolve_data_dir
+from producers.lastfm import load_catalog as load_lastfm
+from producers.lastfm.raw import data_dir_or_reason
 
-try:
-    DATA_DIR: Path | None = resolve_data_dir()
-    WHY = ""
-except DatasetNotFoundError as exc:
-    DATA_DIR, WHY = None, str(exc)
+DATA_DIR, WHY = data_dir_or_reason()
 
 pytestmark = pytest.mark.skipif(DATA_DIR is None, reason=f"real LastFM data not available: {WHY}")
 

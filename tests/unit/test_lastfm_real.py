@@ -12,14 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from producers.lastfm import DatasetNotFoundError, compare_with_authors_sample, load_catalog
-from producers.lastfm.raw import resolve_data_dir
+from producers.lastfm import compare_with_authors_sample, load_catalog
+from producers.lastfm.raw import data_dir_or_reason
 
-try:
-    DATA_DIR: Path | None = resolve_data_dir()
-    WHY = ""
-except DatasetNotFoundError as exc:
-    DATA_DIR, WHY = None, str(exc)
+DATA_DIR, WHY = data_dir_or_reason()
 
 pytestmark = pytest.mark.skipif(DATA_DIR is None, reason=f"real LastFM data not available: {WHY}")
 
