@@ -7,7 +7,6 @@ protocol fixes, and the comparison with BanditLib's sample in ``bandit/``.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
