@@ -23,6 +23,7 @@ import time
 import faust
 import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
 
 from .kafkaconn import client_kwargs
 from .redisconn import connect
@@ -199,6 +200,10 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
                     reread = True  # this poll may have been read against the old offsets: read again
                     continue
             try:
+                # the offsets the Redis commits of this poll stored: exactly these go to Kafka, never the consumer's
+                # positions (a batch not committed to Redis must not look counted to the web's outbox forwarder,
+                # which drops an event once the group's committed offset passes it)
+                stored_to: dict[TopicPartition, OffsetAndMetadata] = {}
                 for tp, records in batches.items():
                     msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
                     batch = processor.prepare(tp.partition, msgs)
@@ -215,10 +220,11 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
                             reread = True
                             break
                     counted += batch.counted
+                    stored_to[tp] = OffsetAndMetadata(batch.next_offset, "")
                     if metrics is not None:
                         metrics.ingested.inc(batch.counted)
-                if batches:
-                    await consumer.commit()
+                if stored_to:
+                    await consumer.commit(stored_to)
                 now = time.monotonic()
                 if now - last_status > 1.0:
                     last_status = now

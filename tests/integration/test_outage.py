@@ -167,6 +167,32 @@ def _metric(http: str, name: str) -> float:
     return 0.0
 
 
+def _diagnosis(stack: Path, url: str, counted: Counter[str], per_user: Counter[str]) -> str:
+    """What a failed drain leaves behind: per partition the stored offset and broker, where the retired logs were
+    counted to, the dead letters and the users short of their acknowledged feedback; the logs' outbox lines."""
+    from pipeline.keys import partition_of
+    from pipeline.trusted import TrustedKeys
+
+    client = redis.Redis.from_url(url)
+    lines: list[str] = []
+    try:
+        keys, public = TrustedKeys(NS), PublicKeys(NS)
+        partitions = Settings().partitions
+        short = per_user - (_ledger(url) - counted)
+        for p in range(partitions):
+            lines.append(f"p{p}: offset {client.get(keys.offset(p))} broker {client.get(keys.broker(p))} "
+                         f"retired {client.hgetall(public.retired_logs(p))} "
+                         f"dead {client.hgetall(keys.deadletters(p))} "
+                         f"short {sum(n for u, n in short.items() if partition_of(u, partitions) == p)}")
+    finally:
+        client.close()
+    for log in sorted(stack.rglob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if any(w in line for w in ("outbox", "new broker", "stored offset", "re-reading", "Error")):
+                lines.append(f"{log.name}: {line[:300]}")
+    return "\n".join(lines[-80:])
+
+
 def _outage(stack: Path, service: str) -> None:
     before = ops.status(stack)
     assert before["running"], before
@@ -201,7 +227,8 @@ def _outage(stack: Path, service: str) -> None:
     while not (_outbox_len(url) == 0 and released_events(url, NS) >= want):
         assert time.monotonic() < deadline, (f"the outbox did not drain, or not every acknowledged event was "
                                              f"released: outbox {_outbox_len(url)}, released "
-                                             f"{released_events(url, NS)} of {want}")
+                                             f"{released_events(url, NS)} of {want}\n"
+                                             f"{_diagnosis(stack, url, counted, out.per_user)}")
         time.sleep(0.1)
     drained = time.monotonic()
     time.sleep(2.0)  # several more release ticks: nothing counted twice arrives late
