@@ -4,6 +4,10 @@
   the 2 cores, so BLAS threads are pinned before anything imports numpy.
 - Tests under ``tests/integration/`` get the ``integration`` marker automatically, so
   ``pytest -m 'not integration'`` runs the offline suite alone.
+- Tests marked ``slow`` (the 10,000-example fuzz and schemathesis twins, the privacy audit's larger twins) run
+  only when the ``-m`` expression names ``slow`` (``pytest -m slow tests/fuzz tests/privacy
+  tests/integration/test_api_contract.py``) or ``PRIVREC_FUZZ_SLOW=1`` is set; the default run
+  (``./scripts/test.sh``, whose ``-m`` is the configured ``not benchmark``) deselects them.
 - At the end of the session (in the controller, once every pytest-xdist worker has finished), the run
   **fails if a process the tests started still runs**: a broker, redis-server, worker, web server or
   supervisor recorded by :mod:`pipeline.services` anywhere under the session's temporary directory
@@ -25,10 +29,16 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 _INTEGRATION_DIR = Path(__file__).parent / "integration"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _INTEGRATION_DIR in item.path.parents:
             item.add_marker(pytest.mark.integration)
+    if "slow" in (config.getoption("markexpr", "") or "") or os.environ.get("PRIVREC_FUZZ_SLOW") == "1":
+        return  # pytest's own -m selection decides (`-m slow` keeps them, `-m 'not slow'` drops them)
+    drop = [item for item in items if item.get_closest_marker("slow") is not None]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
 
 
 def _leaked(root: Path) -> list[tuple[str, int, str]]:

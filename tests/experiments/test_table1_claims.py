@@ -1,4 +1,4 @@
-"""The Table-1 claims that the issue requires, re-measured on the full protocol (slow: ~2 min).
+"""The Table-1 claims that the issue requires, re-measured on the full protocol (~2 min: part of the default run).
 
 Deterministic: every run is seeded, so these are exact re-computations, not samples.
 """
@@ -8,12 +8,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 
 from privrec.experiments.runner import Job, run_jobs
 from privrec.experiments.table1 import NONPRIVATE, Table1Config, assemble, build_jobs
 
-pytestmark = pytest.mark.slow
 
 
 def test_d5_preset_orders_epsilon_and_ldp_and_nonprivate() -> None:

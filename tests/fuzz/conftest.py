@@ -8,7 +8,7 @@ Two hypothesis profiles (registered in :mod:`.strategies`, applied per test):
 
 Every target has a default test and a ``slow``-marked ``*_10k`` twin. The 10k twins run only when the
 ``-m`` expression names ``slow`` (``pytest -m slow tests/fuzz``) or ``PRIVREC_FUZZ_SLOW=1`` is set; the
-default run (``./scripts/test.sh``, whose ``-m`` is the configured ``not benchmark``) deselects them.
+default run deselects them (the rule of every ``slow`` test, in ``tests/conftest.py``).
 The HTTP targets are also marked ``integration`` (they need ``redis-server``).
 
 The HTTP fixture ``web`` starts a real ``redis-server`` (:func:`pipeline.services.start_redis`), seeds one
@@ -30,32 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .webapps import D, N_ARMS, N_USERS, WebApps
-
-_FUZZ_DIR = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the 10,000-example twins unless ``slow`` is asked for (see the module docstring)."""
-    markexpr = config.getoption("markexpr", "") or ""
-    if "slow" in markexpr or os.environ.get("PRIVREC_FUZZ_SLOW") == "1":
-        return  # pytest's own -m selection decides (`-m slow` keeps them, `-m 'not slow'` drops them)
-    keep, drop = [], []
-    for item in items:
-        in_fuzz = _FUZZ_DIR == item.path.parent or _FUZZ_DIR in item.path.parents
-        (drop if in_fuzz and item.get_closest_marker("slow") is not None else keep).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-
 
 def _seed(url: str, settings: Any, catalog: Any) -> None:
     """One release and its served model, as the worker makes them (in-process, no Kafka)."""

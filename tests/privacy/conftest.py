@@ -3,32 +3,18 @@
 The redis-server is started once per session on a free loopback port (no AOF: nothing here needs
 durability) and stopped by PID (:func:`pipeline.services.stop`). The larger ``slow`` versions of the audit
 run only when the ``-m`` expression names ``slow`` (``pytest -m slow tests/privacy``); the default run
-(``-m 'not benchmark'``) deselects them, as ``tests/fuzz`` does with its 10,000-example twins.
+deselects them (the rule of every ``slow`` test, in ``tests/conftest.py``).
 """
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
 from pipeline import services
-
-_HERE = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect this folder's ``slow`` tests unless ``-m`` asks for ``slow``."""
-    if "slow" in (config.getoption("markexpr", "") or ""):
-        return
-    drop = [i for i in items if _HERE in i.path.parents and i.get_closest_marker("slow") is not None]
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = [i for i in items if i not in drop]
-
 
 @pytest.fixture(scope="session")
 def audit_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
