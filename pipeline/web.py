@@ -203,10 +203,13 @@ async def _observe(request: web.Request, handler: Any) -> web.StreamResponse:
     return resp
 
 
+_RECOMMEND_PARAMETERS = frozenset({"user", "k", "candidates"})
+
+
 async def recommend(request: web.Request) -> web.Response:
     q = request.query
-    unknown = sorted(set(q) - {"user", "k", "candidates"})
-    if unknown:
+    if not _RECOMMEND_PARAMETERS.issuperset(q):
+        unknown = sorted(set(q) - _RECOMMEND_PARAMETERS)
         return _error(400, unknown[0], f"unknown parameter(s) {unknown}; use user, k, candidates")
     user = q.get("user")
     if not user:
