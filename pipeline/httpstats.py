@@ -74,8 +74,8 @@ class RequestStats:
         latency = HistogramMetricFamily("privrec_http_request_seconds", "HTTP request latency", labels=["endpoint"])
         for endpoint, row in sorted(self.latency.items()):
             cumulative, buckets = 0.0, []
-            for bound, n in zip((*(repr(b) for b in BUCKETS), "+Inf"), row[:-1]):
-                cumulative += n
+            for bound, count in zip((*(repr(b) for b in BUCKETS), "+Inf"), row[:-1]):
+                cumulative += count
                 buckets.append((bound, cumulative))
             latency.add_metric([endpoint], buckets, sum_value=row[-1])
         yield latency

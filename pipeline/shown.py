@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -131,24 +132,22 @@ class ShownLists:
 
     def flush(self) -> None:
         """Hand the queued lists to a write now."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        _cancel(self._timer)
+        self._timer = None
         batch, self._batch = self._batch, []
-        if batch:
-            task = asyncio.ensure_future(self._write(batch))
-            self._writes.add(task)  # keep a reference until it is done
-            task.add_done_callback(self._writes.discard)
+        self._spawn(self._write(batch) if batch else None)
 
     def flush_log(self) -> None:
         """Hand the log's queue to the producer now."""
-        if self._log_timer is not None:
-            self._log_timer.cancel()
-            self._log_timer = None
+        _cancel(self._log_timer)
+        self._log_timer = None
         batch, self._log_queue = self._log_queue, []
-        if batch:
-            task = asyncio.ensure_future(self._log(batch))
-            self._writes.add(task)
+        self._spawn(self._log(batch) if batch else None)
+
+    def _spawn(self, write: Coroutine[Any, Any, None] | None) -> None:
+        if write is not None:
+            task = asyncio.ensure_future(write)
+            self._writes.add(task)  # keep a reference until it is done
             task.add_done_callback(self._writes.discard)
 
     async def close(self) -> None:
@@ -212,6 +211,11 @@ class ShownLists:
                 await producer.send_batch(builder, self.topic, partition=p)
         except Exception as exc:  # the log is fire-and-forget, as it was: a broker outage drops these entries
             log.warning("could not log %d shown lists to %s: %s", len(batch), self.topic, exc)
+
+
+def _cancel(timer: asyncio.TimerHandle | None) -> None:
+    if timer is not None:
+        timer.cancel()
 
 
 SHOWN = web.AppKey("shown", ShownLists)
