@@ -203,14 +203,19 @@ class Recommender:
         # Python floats once (indexing numpy arrays item by item costs more than converting them whole)
         s_, m_, b_ = score.tolist(), mean.tolist(), bonus.tolist()
         p_ = None if popular is None else popular.tolist()
+        name = self.catalog.arm_name
+        if p_ is None and np.isfinite(score).all():  # a finite sum has finite terms: no _num per value
+            items = [{"item": pool[i], "name": name(pool[i]), "score": s_[i], "mean": m_[i], "bonus": b_[i]}
+                     for i in order]
+        else:
+            items = [{"item": pool[i], "name": name(pool[i]), "score": _num(s_[i]), "mean": _num(m_[i]),
+                      "bonus": _num(b_[i]), **({} if p_ is None else {"popularity": _num(p_[i])})} for i in order]
         return {
             "user": user,
             "unit": unit,
             "rec_id": os.urandom(16).hex(),  # 32 random hex digits, as uuid4().hex, at a quarter of its cost
             "model_version": model.version,
-            "items": [{"item": pool[i], "name": self.catalog.arm_name(pool[i]), "score": _num(s_[i]),
-                       "mean": _num(m_[i]), "bonus": _num(b_[i]),
-                       **({} if p_ is None else {"popularity": _num(p_[i])})} for i in order],
+            "items": items,
         }
 
     def _rank_all(self, user: str, unit: int, k: int) -> dict[str, Any]:

@@ -9,7 +9,9 @@ app's :class:`~pipeline.shown.ShownLists` at start-up) so that lists are certain
 * ``kill -9`` with lists pending: after a restart a feedback on one of them answers 404 (the list is lost,
   and absent from ``recommendations``), while the feedback acknowledged before the crash is on
   ``interactions``;
-* a clean stop (SIGTERM) writes the pending lists: after a restart they take feedback and are logged.
+* a clean stop (SIGTERM) writes the pending lists: after a restart they take feedback and are logged;
+* the log's own window (``log_seconds``, held open at 60 s too): ``kill -9`` after the lists were stored costs
+  only their log entries; they still take feedback.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ app = create_web_app(settings, load_catalog(settings))
 
 async def hold(app):
     app[SHOWN].flush_seconds = float(sys.argv[2])
+    app[SHOWN].log_seconds = float(sys.argv[3])
 
 app.on_startup.append(hold)  # after the clients' start-up, which made app[SHOWN]
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
@@ -65,7 +68,7 @@ class Web:
         (tmp / "launch.py").write_text(LAUNCHER)
         self.handle: Any = None
 
-    def start(self, window: float) -> None:
+    def start(self, window: float, log_window: float = 0.1) -> None:
         self.n += 1
         port = services.free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -78,7 +81,8 @@ class Web:
                 return False
 
         self.handle = services.start_process(f"web{self.n}", [sys.executable, str(self.tmp / "launch.py"), str(port),
-                                                              str(window)], self.tmp, env=self.env, ready=ready,
+                                                              str(window), str(log_window)], self.tmp, env=self.env,
+                                             ready=ready,
                                              timeout=60)
 
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -180,3 +184,21 @@ def test_a_clean_stop_writes_the_pending_lists(web: Web, broker: services.Servic
     status, acc = web.call("POST", "/feedback", {"rec_id": rec["rec_id"], "item": rec["items"][1]["item"],
                                                  "reward": 0.0})
     assert status == 202, acc
+
+
+def test_a_crash_after_the_store_costs_only_the_log_entries(web: Web, broker: services.ServiceHandle) -> None:
+    r: redis.Redis = web.redis  # type: ignore[attr-defined]
+    keys: PublicKeys = web.keys  # type: ignore[attr-defined]
+    web.start(window=0.01, log_window=60.0)  # stored at once, logged only after 60 s
+    recs = [web.recommend(str(u)) for u in range(2)]
+    wait_for(lambda: all(r.get(keys.recommendation(rec["rec_id"])) is not None for rec in recs), 10,
+             "the lists stored in Redis")
+    os.kill(web.handle.pid, signal.SIGKILL)  # a crash with both lists stored and their log entries queued
+    wait_for(lambda: not services.is_running(web.handle), 10, "the killed server to exit")
+    web.start(window=0.01)
+    ids = {rec["rec_id"] for rec in recs}
+    assert _on_topic(broker, "recommendations", ids, "rec_id") == set()  # the crash cost the log entries
+    rec = recs[0]
+    status, acc = web.call("POST", "/feedback", {"rec_id": rec["rec_id"], "item": rec["items"][0]["item"],
+                                                 "reward": 1.0})
+    assert status == 202, acc  # ... and nothing else: the stored list takes feedback

@@ -151,14 +151,15 @@ def test_compare_at_without_the_minimal_endpoint_is_refused() -> None:
 
 
 @pytest.mark.parametrize("ratio,p99,non_2xx,expected", [
-    (0.5, 5.0, 0, (True, True)),      # both bounds are inclusive
-    (0.499, 5.0, 0, (False, True)),
+    (0.4, 5.0, 0, (True, True)),      # both bounds are inclusive
+    (0.399, 5.0, 0, (False, True)),
     (0.8, 5.01, 0, (True, False)),
     (0.8, 1.0, 3, (True, False)),     # an error answer fails the latency target
 ])
 def test_peer_verdict_bounds(ratio: float, p99: float, non_2xx: int, expected: tuple[bool, bool]) -> None:
     v = serve.peer_verdict(ratio, p99, non_2xx)
     assert (v["ratio_k25"], v["p99_ms"]) == expected
+    assert v["both"] == all(expected)  # the whole target needs each condition
 
 
 def test_peer_summary_verdicts_come_from_k25_at_8_connections() -> None:
@@ -168,8 +169,8 @@ def test_peer_summary_verdicts_come_from_k25_at_8_connections() -> None:
     s = serve.peer_summary(runs)
     assert s["connections"] == 8
     assert s["ratio_k25"] == 0.1
-    assert s["met"] == {"ratio_k25": False, "p99_ms": True}
-    assert s["target"] == {"ratio_k25": 0.5, "p99_ms": 5.0}
+    assert s["met"] == {"ratio_k25": False, "p99_ms": True, "both": False}
+    assert s["target"] == {"ratio_k25": 0.4, "p99_ms": 5.0}
 
 
 def test_serve_headline_is_the_fastest_level_meeting_p99() -> None:
@@ -200,8 +201,10 @@ def test_summary_lines_show_every_server_at_every_level_and_the_verdicts() -> No
     assert len(rows) == 6  # three servers at two levels
     assert "0.250" in text and "0.100" in text  # req/s ratios K = 25 and K = 1,000
     assert "0.200" in text and "0.050" in text  # cpu ratios
-    assert "K = 25 0.250 (target >= 0.5: MISSED)" in text
+    assert "K = 25 0.250 (target >= 0.4: MISSED)" in text
     assert "p99 at K = 25 2.00 ms (target <= 5 ms: met)" in text
+    assert text.splitlines()[-1] == ("verdict (issue 24, K = 25 at 8 connections): ratio 0.250 >= 0.4 and p99 2.00 ms "
+                                     "<= 5 ms: MISSED (yardstick 9.0 µs)")  # the whole target: the ratio misses
     assert "machine yardstick sum(range(1000)) = 9.0 µs" in text
 
 
