@@ -243,6 +243,8 @@ class SealedShuffler(Shuffler):
 
     def __init__(self, config: LocalConfig) -> None:
         super().__init__(config)
+        #: The envelopes of the batches the last calls closed (the caller clears it; it deletes their copies).
+        self.just_closed: list[Envelope] = []
 
     def add_envelope(self, envelope: Envelope, *, unit: int) -> list[SealedBatch]:
         """Add one envelope (with its ``shown`` items); return the batches it completed."""
@@ -253,6 +255,7 @@ class SealedShuffler(Shuffler):
     def _close(self, unit: int, o: _Open) -> SealedBatch:  # type: ignore[override]
         held: list[Envelope] = list(o.reports.values())  # type: ignore[arg-type]  # envelopes, see add_envelope
         o.reports = type(o.reports)()
+        self.just_closed += held
         sealed = [e.sealed for e in held]
         items = [a for e in held for a in e.shown]
         _RNG.shuffle(sealed)
