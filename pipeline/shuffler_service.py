@@ -5,7 +5,8 @@ list they answer and their report's content sealed to the analyzer's key. The sh
 
 1. checks what it can see: the envelope's form and the sealed bytes' form (400 naming the field), the user
    (404), that the list was shown to this user (404 / 400; it reads the web's shown lists, which are public,
-   read-only), one report per list (409), a growing report counter (409: stale or repeated version);
+   read-only), one report per list (409), a growing report counter (409: stale or repeated version), the
+   lifetime budget's report limit (403, as ``POST /report`` does without a separate shuffler);
 2. keeps the envelope with the list's items in its own Redis keys (``{ns}-shuffler:*``, its own ACL user: the
    web and the worker cannot read them, and it can read nothing of theirs but the shown lists), then answers
    202 — accepted envelopes survive a restart;
@@ -41,6 +42,7 @@ from models.local.esa import Envelope, SealedShuffler, parse_envelope
 
 from .catalog import Catalog, UnknownUserError, load_catalog
 from .keys import PublicKeys
+from .local_http import report_limit
 from .kafkaconn import client_kwargs
 from .records import TOPICS
 from .redisconn import connect
@@ -64,7 +66,8 @@ class ShufflerStore:
     """The shuffler's durable state in Redis, all under one hash tag of its own prefix.
 
     ``open`` (hash: arrival number → stored envelope with its unit), ``versions`` (hash: user → latest version),
-    ``seq`` (hash: unit → batches sent), ``arrivals`` (counter), ``outbox`` (list of batches not yet produced),
+    ``seq`` (hash: unit → batches sent), ``accepted`` (hash: user → envelopes accepted, for the lifetime budget:
+    :func:`pipeline.local_http.report_limit`), ``arrivals`` (counter), ``outbox`` (list of batches not yet produced),
     ``answered:<rec_id>`` (strings with a TTL).
     """
 
@@ -73,7 +76,7 @@ class ShufflerStore:
         tag = f"{{{namespace}-shuffler}}"
         p = shuffler_prefix(namespace)
         self.open, self.versions, self.seq = f"{p}open:{tag}", f"{p}versions:{tag}", f"{p}seq:{tag}"
-        self.arrivals, self.outbox = f"{p}arrivals:{tag}", f"{p}outbox:{tag}"
+        self.arrivals, self.outbox, self.accepted = f"{p}arrivals:{tag}", f"{p}outbox:{tag}", f"{p}accepted:{tag}"
         self._answered = f"{p}answered:{tag}:"
 
     def answered(self, rec_id: str) -> str:
@@ -134,6 +137,11 @@ class ShufflerService:
             if env.version <= latest:
                 return 409, _err("version", f"stale or repeated version {env.version} of user {env.user!r} (latest "
                                             f"{latest}): the device's report counter must grow")
+            limit = report_limit(self.config, self.settings.lifetime_budget)
+            if limit is not None and int(self.r.hget(st.accepted, env.user) or 0) >= limit:
+                return 403, _err("user", f"user {env.user!r} has sent the {limit} reports their lifetime budget "
+                                         f"allows (user_budget epsilon {self.settings.lifetime_budget:g}): no further "
+                                         f"report is accepted")
             self.shuffler.just_closed = []
             batches = self.shuffler.add_envelope(env, unit=unit)
             arrival = int(self.r.incr(st.arrivals))
@@ -142,6 +150,7 @@ class ShufflerService:
             with self.r.pipeline(transaction=True) as pipe:
                 pipe.hset(st.open, name, json.dumps({"unit": unit, "envelope": env.to_dict()}))
                 pipe.hset(st.versions, env.user, env.version)
+                pipe.hincrby(st.accepted, env.user, 1)
                 pipe.set(st.answered(env.rec_id), "1", ex=ANSWERED_TTL)
                 gone = [self.field.pop((e.user, e.version)) for e in self.shuffler.just_closed]
                 if gone:
