@@ -373,3 +373,18 @@ def _healthy(url: str) -> bool:
 def _alive(st: Stack) -> bool:
     h = services.read_handles(st.state).get("shuffler")
     return h is not None and services.is_running(h)
+
+
+def test_the_lastfm_replay_reports_through_the_shuffler(stack: Stack, tmp_path: Path) -> None:
+    """``privrec replay lastfm --mode local`` notices the separate shuffler: every report is sealed and sent there
+    (none to the web server), and the batches that close reach the model."""
+    from privrec.cli import main
+
+    start = stack.count()
+    accepted_key = f"{NS}-shuffler:accepted:{{{NS}-shuffler}}"
+    before = sum(int(v) for v in stack.admin.hvals(accepted_key))
+    assert main(["replay", "lastfm", "--mode", "local", "--events", "150", "--http", stack.base, "--out",
+                 str(tmp_path / "out"), "--no-baselines", "--no-progress"]) == 0
+    # every report went to the shuffler (the web server answers /report with 400 here: the replay would have failed)
+    assert sum(int(v) for v in stack.admin.hvals(accepted_key)) - before == 150
+    wait_for(lambda: stack.count() > start, 60, "a batch of the replay released")
