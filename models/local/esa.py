@@ -216,7 +216,8 @@ class SealedBatch:
         if not isinstance(body, dict) or body.get("schema") != SEALED_BATCH_SCHEMA:
             raise ValueError(f"sealed batch: must be a JSON object with schema {SEALED_BATCH_SCHEMA!r}")
         unit, seq, items, sealed = body.get("unit"), body.get("seq"), body.get("items"), body.get("sealed")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (unit, seq)) or unit < 0 or seq < 1:
+        if not (isinstance(unit, int) and isinstance(seq, int)) or isinstance(unit, bool) or isinstance(seq, bool) \
+                or unit < 0 or seq < 1:
             raise ValueError("sealed batch: unit and seq must be integers (unit >= 0, seq >= 1)")
         if not isinstance(items, list) or not isinstance(sealed, list) or not sealed or len(items) < len(sealed):
             raise ValueError("sealed batch: items and sealed must be non-empty lists, items at least as long as "
