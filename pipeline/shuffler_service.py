@@ -38,7 +38,7 @@ import redis
 from aiohttp import web
 
 from models.local import LocalConfig, ReportError
-from models.local.esa import Envelope, SealedShuffler, parse_envelope
+from models.local.esa import SealedShuffler, parse_envelope
 
 from .catalog import Catalog, UnknownUserError, load_catalog
 from .keys import PublicKeys

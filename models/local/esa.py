@@ -41,7 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .config import LocalConfig
-from .reports import MAX_ABS, MAX_SHOWN, LocalReport, ReportError
+from .reports import MAX_ABS, MAX_SHOWN, LocalReport, ReportError, _string  # the reports' string rule
 from .seal import SealError, b64decode, b64encode, check_sealed, seal
 from .shuffle import Shuffler, _Open
 
@@ -98,15 +98,14 @@ def seal_report(report: LocalReport, public_key: bytes) -> Envelope:
     return Envelope(report.user, report.version, report.rec_id, seal(public_key, report_content(report)))
 
 
-def _text(body: dict[str, Any], key: str) -> str:
-    v = body.get(key)
-    if not isinstance(v, str) or not v or len(v) > 200:
-        raise ReportError(key, f"must be a non-empty string of at most 200 characters, got {v!r:.60}")
+def _json_object(raw: bytes | str, parameter: str) -> dict[str, Any]:
     try:
-        v.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ReportError(key, "must be valid Unicode text (no lone surrogates)") from None
-    return v
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
+        raise ReportError(parameter, f"not JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise ReportError(parameter, f"must be a JSON object, got {type(body).__name__}")
+    return body
 
 
 def parse_envelope(raw: bytes | str | dict[str, Any], *, stored: bool = False) -> Envelope:
@@ -115,15 +114,7 @@ def parse_envelope(raw: bytes | str | dict[str, Any], *, stored: bool = False) -
     ``stored``: the shuffler's own saved copy, which may carry ``shown``. The sealed bytes are checked as far
     as possible without the key (length, the ephemeral point on the curve).
     """
-    if isinstance(raw, dict):
-        body: Any = raw
-    else:
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise ReportError("body", f"not JSON ({e})") from None
-    if not isinstance(body, dict):
-        raise ReportError("body", f"must be a JSON object, got {type(body).__name__}")
+    body = raw if isinstance(raw, dict) else _json_object(raw, "body")
     for key in ("reward", "item", "m", "b"):
         if key in body:
             raise ReportError(key, "an envelope carries its report sealed to the analyzer ('sealed'); nothing of the "
@@ -134,7 +125,7 @@ def parse_envelope(raw: bytes | str | dict[str, Any], *, stored: bool = False) -
         raise ReportError(unknown[0] or "(empty)", f"unknown field (an envelope has {sorted(_ENVELOPE_FIELDS)})")
     if body.get("schema") != ENVELOPE_SCHEMA:
         raise ReportError("schema", f"must be {ENVELOPE_SCHEMA!r}, got {body.get('schema')!r:.60}")
-    user, rec_id = _text(body, "user"), _text(body, "rec_id")
+    user, rec_id = _string(body, "user"), _string(body, "rec_id")
     version = body.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**53:
         raise ReportError("version", f"must be an integer >= 1 (the device's report counter), got {version!r:.60}")
@@ -154,12 +145,7 @@ def parse_envelope(raw: bytes | str | dict[str, Any], *, stored: bool = False) -
 
 def parse_content(raw: bytes, *, d: int, algorithm: str) -> NDArray[np.float64]:
     """The noisy vector of an opened content; :class:`~models.local.reports.ReportError` naming the bad field."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise ReportError("content", f"not JSON ({e})") from None
-    if not isinstance(body, dict):
-        raise ReportError("content", f"must be a JSON object, got {type(body).__name__}")
+    body = _json_object(raw, "content")
     linking = [k for k in _LINKING if k in body]
     if linking:
         raise ReportError(linking[0], "a sealed content must not say who sent it, which report or list it answers "

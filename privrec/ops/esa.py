@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from pipeline import services
 from pipeline.esa import ESA_DIR, KEY_ENV, PUBLIC_ENV, create_keys

@@ -23,14 +23,12 @@ recommendations and send sealed envelopes to the shuffler. Then:
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import random
 import time
 import urllib.error
 import urllib.request
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,7 +50,8 @@ from privrec import ops
 from privrec.ops.redis_users import role_redis_url
 
 from pipeline_support import wait_for
-from test_local_mode import _all_messages, _assert_no_leak, _find, _redis_values, _walk
+from test_least_privilege import _get
+from test_local_mode import _all_messages, _arrays, _assert_no_leak, _find, _redis_values
 
 pytestmark = pytest.mark.integration
 
@@ -60,15 +59,8 @@ N = 3  # distinct users per batch
 NS = "esa"
 
 
-def _get(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-
-
 def _post(url: str, body: Any) -> tuple[int, Any]:
+    """POST JSON (or raw bytes: malformed bodies) and return the status and the answer."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
@@ -203,8 +195,6 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
     analyzer = ([(t, v) for t, v in messages if t in ("ldp-shuffled", "dead-letters")]
                 + [(k, v) for k, v in values if k.startswith(f"{NS}:")] + logs["worker-0"])
     for where, blob in analyzer:
-        from test_local_mode import _arrays
-
         for arr in _arrays(blob, st.config.d):
             assert not _find(arr, contents), f"a plaintext report in the analyzer's {where}"
     for _, blob in shuffled:
@@ -223,8 +213,6 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
     shuffler = ([(k, v) for k, v in values if k.startswith(f"{NS}-shuffler:")] + logs["shuffler"] + shuffled)
     assert any(k.startswith(f"{NS}-shuffler:") for k, _ in values)
     for where, blob in shuffler:
-        from test_local_mode import _arrays
-
         for arr in _arrays(blob, st.config.d):
             assert not _find(arr, contents), f"a decrypted report in the shuffler's {where}"
     # the shuffler holds the open envelopes: their sealed bytes, never the vectors

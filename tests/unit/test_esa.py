@@ -15,7 +15,7 @@ import pytest
 from models.local import LocalConfig, LocalReport, ReportError
 from models.local.esa import (SealedBatch, SealedShuffler, parse_content, parse_envelope, report_content,
                               seal_report)
-from models.local.seal import OVERHEAD, POINT_BYTES, AnalyzerKey, SealError, b64decode, b64encode, seal
+from models.local.seal import OVERHEAD, POINT_BYTES, AnalyzerKey, SealError, b64encode, seal
 from pipeline.esa import open_batch, parties
 
 KEY = AnalyzerKey.generate()
