@@ -40,16 +40,22 @@ ESA_DIR = "esa"
 
 
 def create_keys(state_dir: Path, *, shuffler_url: str) -> tuple[Path, Path]:
-    """A new analyzer key pair for a new stack: the private key (0600, in a 0700 directory) and ``public.json``."""
+    """The stack's analyzer key pair: the private key (0600, in a 0700 directory) and ``public.json``.
+
+    A key already in ``state_dir`` is kept (the shuffler's Redis, persisted, may hold envelopes sealed to it: a
+    new key would make them undecryptable); ``public.json`` is written again with ``shuffler_url``.
+    """
     d = state_dir / ESA_DIR
     d.mkdir(mode=0o700, exist_ok=True)
     os.chmod(d, 0o700)
-    key = AnalyzerKey.generate()
     priv = d / "analyzer-key.pem"
-    priv.unlink(missing_ok=True)
-    fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(key.to_pem())
+    if priv.exists():
+        key = AnalyzerKey.from_pem(priv.read_bytes())
+    else:
+        key = AnalyzerKey.generate()
+        fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key.to_pem())
     pub = d / "public.json"
     pub.write_text(json.dumps({"public_key": b64encode(key.public_bytes()), "shuffler": shuffler_url}))
     return priv, pub

@@ -1,7 +1,7 @@
 """``privrec up`` in local mode with shuffling: the shuffler as a party of its own (encode-shuffle-analyze).
 
-:func:`start_shuffler` runs before the workers: a new analyzer key pair for the stack
-(:func:`pipeline.esa.create_keys`: the private key 0600 in ``<state>/esa/``), then
+:func:`start_shuffler` runs before the workers: the stack's analyzer key pair, made on its first start and kept
+after (:func:`pipeline.esa.create_keys`: the private key 0600 in ``<state>/esa/``), then
 ``python -m pipeline.shuffler_service`` on a port of its own, connected to Redis as the ``shuffler`` user
 (:func:`pipeline.acl.global_rules`: its own keys ``{ns}-shuffler:*`` and read-only the shown lists). It returns
 what the workers' and the web server's environments get besides their settings: the worker (the analyzer) the
@@ -22,7 +22,7 @@ from pipeline.settings import Settings
 
 from .stackfile import child_env, http_probe
 
-__all__ = ["SHUFFLER", "uses_shuffler", "start_shuffler", "role_env"]
+__all__ = ["SHUFFLER", "uses_shuffler", "start_shuffler", "forget_shuffler", "role_env"]
 
 #: The shuffler's process name (its PID, handle and log files; its Redis role).
 SHUFFLER = "shuffler"
@@ -31,6 +31,11 @@ SHUFFLER = "shuffler"
 def uses_shuffler(settings: Settings) -> bool:
     """Local mode with shuffling: the stack runs the shuffler as its own service."""
     return settings.mode == "local" and bool(settings.shuffle_batch)
+
+
+def forget_shuffler(state: Path) -> None:
+    """A stack without a separate shuffler: no public description left from an earlier one (the key stays)."""
+    (state / ESA_DIR / "public.json").unlink(missing_ok=True)
 
 
 def role_env(state: Path, name: str) -> dict[str, str]:
@@ -48,7 +53,7 @@ def role_env(state: Path, name: str) -> dict[str, str]:
 def start_shuffler(settings: Settings, state: Path, *, urls: Mapping[str, str], record: Callable[[str], None],
                    started: list[ServiceHandle], note: Callable[[str], None], took: Callable[[], str],
                    loglevel: str | None, timeout: float) -> None:
-    """Create the stack's analyzer key and start the shuffler; return once it answers ``/healthz``."""
+    """Create (or keep) the stack's analyzer key and start the shuffler; return once it answers ``/healthz``."""
     host = services.LOOPBACK
     for attempt in range(5):
         port = services.free_port(host)
