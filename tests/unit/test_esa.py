@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from models.local import LocalConfig, LocalReport, ReportError
 from models.local.esa import (SealedBatch, SealedShuffler, parse_content, parse_envelope, report_content,
                               seal_report)
-from models.local.seal import OVERHEAD, POINT_BYTES, AnalyzerKey, SealError, b64encode, seal
+from models.local.seal import OVERHEAD, POINT_BYTES, AnalyzerKey, SealError, b64decode, b64encode, seal
 from pipeline.esa import open_batch, parties
 
 KEY = AnalyzerKey.generate()
@@ -143,3 +144,19 @@ def test_each_partys_guarantee() -> None:
     inside = parties(cfg, separate=False)
     assert inside["analyzer_operator"]["epsilon"] == pytest.approx(cfg.epsilon0)
     assert np.isclose(inside["everyone_else"]["epsilon"], 2.0)
+
+
+def test_the_stacks_key_is_made_once_owner_only_and_kept(tmp_path: Path) -> None:
+    from pipeline.esa import analyzer_key, create_keys, public_description
+
+    priv, pub = create_keys(tmp_path, shuffler_url="http://127.0.0.1:1")
+    assert priv.stat().st_mode & 0o077 == 0 and priv.parent.stat().st_mode & 0o077 == 0
+    first = analyzer_key({"PRIVREC_ANALYZER_KEY": str(priv)})
+    assert first is not None
+    create_keys(tmp_path, shuffler_url="http://127.0.0.1:2")  # a restart: the key stays, the URL is new
+    again = analyzer_key({"PRIVREC_ANALYZER_KEY": str(priv)})
+    assert again is not None and again.public_bytes() == first.public_bytes()
+    desc = public_description({"PRIVREC_ESA_PUBLIC": str(pub)})
+    assert desc is not None and desc["shuffler"] == "http://127.0.0.1:2/submit"
+    assert b64decode(desc["public_key"]) == first.public_bytes()
+    assert analyzer_key({}) is None and public_description({}) is None
