@@ -61,8 +61,19 @@ def with_parties(g: dict[str, Any], config: LocalConfig) -> dict[str, Any]:
         return g
     from .esa import parties, separate_shuffler
 
-    p = parties(config, separate=separate_shuffler())
-    return {**g, "parties": p, "against_operator": p["analyzer_operator"]}
+    separate = separate_shuffler()
+    p = parties(config, separate=separate)
+    out = {**g, "parties": p, "against_operator": p["analyzer_operator"]}
+    if separate:  # the device-level statement names the operator's own shuffler: say what runs instead
+        out["statement"] = (f"each report m = r x + Laplace({config.laplace_scale:.3g})^d is pure "
+                            f"{config.epsilon0:.4g}-LDP; the device seals it to the analyzer's key and sends it to a "
+                            f"shuffler that is a separate service. Against the operator of the analyzer (and of "
+                            f"this server) each batch of {config.shuffle_batch} distinct users is "
+                            f"({config.epsilon:g}, {config.delta:g})-DP centrally, while the shuffler is honest; the "
+                            f"shuffler's operator sees who reports but no content; both colluding see each report "
+                            f"at its local {config.epsilon0:.4g}-LDP; a user's reports in k batches compose "
+                            f"(docs/local-shuffler.md)")
+    return out
 
 
 def _error(status: int, parameter: str | None, message: str) -> web.Response:

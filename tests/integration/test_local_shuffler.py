@@ -230,6 +230,7 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
         st.config.epsilon0)
     assert p["shuffler_operator"]["epsilon"] == 0.0 and "separate service" in p["shuffler"]
     assert b["privacy"]["parties"]["analyzer_operator"]["epsilon"] == 2.0  # the worker's statement agrees
+    assert "separate service" in b["local"]["guarantee"]["statement"] and "separate service" in b["privacy"]["note"]
 
 
 def test_bad_envelopes_get_a_4xx_naming_the_field(stack: Stack) -> None:
