@@ -52,7 +52,7 @@ import redis
 
 __all__ = ["ROLES_FILE", "ACL_FILE", "TRUSTED_COMMANDS", "acl_rules", "global_rules", "stack_rules", "new_credentials",
            "save_credentials", "stack_credentials", "apply_acl", "acl_lines", "write_aclfile", "user_name",
-           "check_users", "role_url", "load_credentials"]
+           "check_users", "role_url", "load_credentials", "shuffler_rules"]
 
 #: Where ``privrec up`` keeps the generated passwords (mode 0600) in the state directory.
 ROLES_FILE = "redis-users.json"
@@ -96,7 +96,17 @@ def stack_rules(settings: Any) -> dict[str, list[str]]:
     """The roles of a stack with ``settings``: :func:`acl_rules` (federated) or :func:`global_rules`."""
     if settings.mode == "federated":
         return acl_rules(settings.namespace, sites=settings.sites, star=settings.topology == "star")
-    return global_rules(settings.namespace)
+    rules = global_rules(settings.namespace)
+    if settings.mode == "local" and settings.shuffle_batch:  # the shuffler, a party of its own (pipeline.esa)
+        rules["shuffler"] = shuffler_rules(settings.namespace)
+    return rules
+
+
+def shuffler_rules(namespace: str) -> list[str]:
+    """Local mode's separate shuffler: its own keys ``{ns}-shuffler:*`` (outside the worker's ``{ns}:*``, so
+    neither the worker nor the web can read them) and read-only the web's shown lists (public: which items
+    were shown to whom), to check that a report answers a list shown to its sender."""
+    return [f"~{namespace}-shuffler:*", f"%R~{namespace}:recs:*"]
 
 
 def _commands(role: str) -> tuple[str, ...]:

@@ -36,6 +36,9 @@ from .shown import SHOWN
 __all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED",
            "report_limit", "budget_counter"]
 
+#: A separate shuffler's public description (:func:`pipeline.esa.public_description`), ``None`` without one.
+ESA = web.AppKey("esa", object)
+
 #: Why ``/feedback`` and ``/listen`` answer 400 in local mode.
 RAW_REFUSED = ("this stack runs in local mode: the server never receives a raw reward. Build a noisy report on the "
                "device (models.local.LocalClient, or the web page) and POST it to /report; GET /local/config gives "
@@ -44,12 +47,33 @@ RAW_REFUSED = ("this stack runs in local mode: the server never receives a raw r
 
 def local_statement(config: LocalConfig) -> dict[str, Any]:
     """The privacy statement of a local-mode namespace (``/budget``, the serving models' meta)."""
-    g = config.guarantee()
+    g = with_parties(config.guarantee(), config)
     return {"private": True, **g, "note": g["statement"], "mechanism": g.get("mechanism", g.get("noise")),
             "neighbours": "event level, replace-one, on the device: two report streams of one user differing in "
                           "the reward of one interaction (rewards in [0, 1], contexts clipped to norm 1)",
             "scope": "every report a device ever sends; the server's sums, models and recommendations are "
                      "post-processing"}
+
+
+def with_parties(g: dict[str, Any], config: LocalConfig) -> dict[str, Any]:
+    """Shuffling: the guarantee against each party (:func:`pipeline.esa.parties`), ``against_operator`` to match."""
+    if not config.shuffled:
+        return g
+    from .esa import parties, separate_shuffler
+
+    separate = separate_shuffler()
+    p = parties(config, separate=separate)
+    out = {**g, "parties": p, "against_operator": p["analyzer_operator"]}
+    if separate:  # the device-level statement names the operator's own shuffler: say what runs instead
+        out["statement"] = (f"each report m = r x + Laplace({config.laplace_scale:.3g})^d is pure "
+                            f"{config.epsilon0:.4g}-LDP; the device seals it to the analyzer's key and sends it to a "
+                            f"shuffler that is a separate service. Against the operator of the analyzer (and of "
+                            f"this server) each batch of {config.shuffle_batch} distinct users is "
+                            f"({config.epsilon:g}, {config.delta:g})-DP centrally, while the shuffler is honest; the "
+                            f"shuffler's operator sees who reports but no content; both colluding see each report "
+                            f"at its local {config.epsilon0:.4g}-LDP; a user's reports in k batches compose "
+                            f"(docs/local-shuffler.md)")
+    return out
 
 
 def _error(status: int, parameter: str | None, message: str) -> web.Response:
@@ -78,6 +102,10 @@ def add_routes(app: web.Application) -> None:
     s: Settings = app[SETTINGS]
     if s.mode == "local":  # the calibration, computed once before the app starts
         app[LOCAL_CONFIG] = s.local_config(app[CATALOG].d)
+        if s.shuffle_batch:  # a separate shuffler: where devices send their sealed reports (pipeline.esa)
+            from .esa import public_description
+
+            app[ESA] = public_description()
     app.router.add_get("/local/config", config_view)
     app.router.add_post("/report", report)
 
@@ -116,7 +144,9 @@ async def config_view(request: web.Request) -> web.Response:
     s: Settings = request.app[SETTINGS]
     if s.mode != "local":
         return web.json_response({"mode": s.mode})
-    return web.json_response(_config(request).to_public())
+    public = _config(request).to_public()
+    esa = request.app.get(ESA)
+    return web.json_response(public if esa is None else {**public, "esa": esa})
 
 
 async def report(request: web.Request) -> web.Response:
@@ -125,6 +155,11 @@ async def report(request: web.Request) -> web.Response:
         return _error(400, None, f"this stack runs in {s.mode} mode: POST /report is for local mode; send feedback "
                                  f"to POST /feedback")
     cfg = _config(request)
+    esa = request.app.get(ESA)
+    if esa is not None:  # the web server must never see a report next to its user: the shuffler is a party apart
+        return _error(400, None, f"this stack's shuffler is a separate service: seal the report's content to the "
+                                 f"analyzer's key and POST the envelope to {esa['shuffler']} (GET /local/config: "
+                                 f"'esa'; docs/local-shuffler.md)")
     raw = await request.read()
     try:
         rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
@@ -177,7 +212,7 @@ def local_budget(settings: Settings, config: LocalConfig, user: str | None, repo
     from models.accounting.conversions import gdp_epsilon, gdp_mu
 
     limit = report_limit(config, settings.lifetime_budget)
-    out: dict[str, Any] = {"guarantee": config.guarantee(),
+    out: dict[str, Any] = {"guarantee": with_parties(config.guarantee(), config),
                            "user_budget": {"epsilon": None if limit is None else settings.lifetime_budget,
                                            "reports_allowed": limit}}  # None: no budget (JSON has no inf)
     if user is None:

@@ -39,6 +39,7 @@ import redis
 from models.accounting import NoNoiseEvent, event_to_dict
 from models.local import LocalConfig, LocalReport, ReportError, StaleReport, parse_report
 from models.local.aggregate import add_report, check_version, clip_context, unit_noise_std
+from models.local.seal import AnalyzerKey
 from models.local.shuffle import ShuffledBatch, Shuffler
 from models.streaming import ReleasedStats, UnitStats
 
@@ -46,6 +47,7 @@ from . import agents, timers
 from .kafkaconn import client_kwargs
 from .redisconn import connect
 from .catalog import Catalog, UnknownArmError, UnknownUserError
+from .esa import analyzer_key, is_sealed_batch, open_batch
 from .ingest import DeadLetterItem, IngestProcessor, PreparedBatch, fresh_messages
 from .records import TOPICS, dead_letter_value
 from .settings import Settings
@@ -213,7 +215,27 @@ class ReportIngestProcessor(_LocalIngestBase):
 
 
 class BatchIngestProcessor(_LocalIngestBase):
-    """``ldp-shuffled`` → per-unit sums; a batch whose sequence number was counted is a dead letter."""
+    """``ldp-shuffled`` → per-unit sums; a batch whose sequence number was counted is a dead letter.
+
+    With a separate shuffler (:mod:`pipeline.shuffler_service`) the batches are sealed: ``analyzer_key`` opens
+    each content (:func:`pipeline.esa.open_batch`); one that does not open is a dead letter (its sealed bytes and
+    the reason), the rest of the batch counts.
+    """
+
+    def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, config: LocalConfig,
+                 analyzer_key: AnalyzerKey | None = None) -> None:
+        super().__init__(client, namespace, catalog, config)
+        self.analyzer_key = analyzer_key
+
+    def parse_batch(self, offset: int, raw: bytes, dead: list[DeadLetterItem]) -> ShuffledBatch | None:
+        """The batch at ``offset`` (opened, if sealed); ``None`` when nothing of it counts (dead letters added)."""
+        if not is_sealed_batch(raw):
+            return ShuffledBatch.parse(raw, d=self.config.d)
+        if self.analyzer_key is None:
+            raise ValueError("a sealed batch, but this worker holds no analyzer key (PRIVREC_ANALYZER_KEY)")
+        opened = open_batch(raw, self.analyzer_key, self.config)
+        dead += [DeadLetterItem(offset, blob, reason) for blob, reason in opened.failed]
+        return opened.batch
 
     def prepare(self, partition: int, messages: Sequence[tuple[int, bytes]]) -> PreparedBatch:
         shard = self.shard(partition)
@@ -224,7 +246,9 @@ class BatchIngestProcessor(_LocalIngestBase):
         counted = 0
         for offset, raw in fresh:
             try:
-                b = ShuffledBatch.parse(raw, d=self.config.d)
+                b = self.parse_batch(offset, raw, dead)
+                if b is None:
+                    continue
                 if b.unit >= self.catalog.n_units:
                     raise ValueError(f"batch: unknown unit {b.unit}")
                 if b.seq <= new.seqs.get(b.unit, 0):
@@ -446,11 +470,13 @@ def register(app: Any, settings: Settings, catalog: Catalog, *, metrics: Any = N
     """Local mode's worker: the ingest task on the reports (or batches), the shuffler, the release timer."""
     config = local_config(settings, catalog.d)
     client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
-    make = BatchIngestProcessor if settings.shuffle_batch else ReportIngestProcessor
-    processor = make(client, settings.namespace, catalog, config)
+    key = analyzer_key()  # a separate shuffler: this worker is the analyzer, holding the key that opens reports
+    processor: _LocalIngestBase = (BatchIngestProcessor(client, settings.namespace, catalog, config, key)
+                                   if settings.shuffle_batch else
+                                   ReportIngestProcessor(client, settings.namespace, catalog, config))
     agents.register(app, settings, catalog, topic=report_topic(settings), metrics=metrics, metrics_url=metrics_url,
                     processor=processor)
-    if settings.shuffle_batch:
+    if settings.shuffle_batch and key is None:  # else the shuffler is its own service (pipeline.shuffler_service)
         @app.task
         async def shuffle_task() -> None:
             await shuffle_loop(settings, catalog)

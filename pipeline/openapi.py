@@ -150,7 +150,10 @@ COMPONENTS: dict[str, Any] = {"schemas": {
         "type": "object", "required": ["mode"],
         "description": "{\"mode\"} alone outside local mode; in local mode the devices' public calibration",
         "properties": {"mode": {"type": "string", "enum": ["global", "federated", "local"]},
-                       "algorithm": _STR, "d": _INT, "epsilon": _NUM, "delta": _NUM, "schema": _STR},
+                       "algorithm": _STR, "d": _INT, "epsilon": _NUM, "delta": _NUM, "schema": _STR,
+                       "esa": {"type": "object", "description": "a separate shuffler: where devices POST their "
+                               "sealed envelopes ('shuffler') and the analyzer's P-256 key ('public_key', base64 "
+                               "of the uncompressed point); docs/local-shuffler.md"}},
     },
 }}
 

@@ -235,7 +235,8 @@ class AsyncClient:
     async def _call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
         headers = {"Content-Type": "application/json"} if body is not None else None
         for attempt in range(self.retry.retries + 1):
-            async with self._sess().request(method, self.base_url + path, data=body, headers=headers) as resp:
+            url = path if path.startswith(("http://", "https://")) else self.base_url + path  # the shuffler: its own
+            async with self._sess().request(method, url, data=body, headers=headers) as resp:
                 raw = await resp.read()
                 if resp.status != 503 or attempt == self.retry.retries:
                     return resp.status, raw
@@ -260,6 +261,11 @@ class AsyncClient:
 
     async def report(self, report: bytes | _Reportable) -> ReportAccepted:
         d = _check("POST", "/report", *await self._call("POST", "/report", _report_body(report)), ok=(202,))
+        return ReportAccepted(user=d["user"], version=int(d["version"]))
+
+    async def submit(self, url: str, envelope: bytes) -> ReportAccepted:
+        """A sealed envelope to a separate shuffler at ``url`` (``/local/config``'s ``esa.shuffler``)."""
+        d = _check("POST", url, *await self._call("POST", url, envelope), ok=(202,))
         return ReportAccepted(user=d["user"], version=int(d["version"]))
 
     async def budget(self, user: str | None = None) -> Budget:

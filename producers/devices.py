@@ -32,8 +32,10 @@ def config_from_public(public: dict[str, Any]) -> LocalConfig:
 class Devices:
     """One :class:`LocalClient` per user, created on first use."""
 
-    def __init__(self, config: LocalConfig, state_dir: str | Path | None = None) -> None:
+    def __init__(self, config: LocalConfig, state_dir: str | Path | None = None, *,
+                 esa: dict[str, Any] | None = None) -> None:
         self.config = config
+        self.esa = esa  # a separate shuffler (GET /local/config's "esa"): reports are sealed and sent there
         self.state_dir = None if state_dir is None else Path(state_dir)
         self._clients: dict[str, LocalClient] = {}
 
@@ -50,6 +52,16 @@ class Devices:
 
     def report(self, user: str, *, rec_id: str, x: list[float], reward: float) -> LocalReport:
         return self.client(user).report(rec_id=rec_id, x=np.asarray(x, dtype=np.float64), reward=reward)
+
+    def outgoing(self, report: LocalReport) -> tuple[str | None, bytes]:
+        """Where ``report`` goes and its bytes: ``(None, report)`` for ``/report``, or the shuffler's URL and the
+        envelope with the content sealed to the analyzer (:mod:`models.local.esa`)."""
+        if self.esa is None:
+            return None, report.to_json()
+        from models.local.esa import seal_report
+        from models.local.seal import b64decode
+
+        return str(self.esa["shuffler"]), seal_report(report, b64decode(self.esa["public_key"])).to_json()
 
     def acknowledge(self, report: LocalReport) -> None:
         self.client(report.user).acknowledge(report.version)

@@ -93,7 +93,8 @@ async def _send_report(api: AsyncClient, devices: Devices, user: str, rec_id: st
     devices.report(user, rec_id=rec_id, x=list(item.x), reward=reward)
     for rep in devices.client(user).pending():
         try:
-            await api.report(rep)
+            url, body = devices.outgoing(rep)
+            await (api.report(rep) if url is None else api.submit(url, body))
         except APIError as exc:
             # 409: the server already has this list's report (sent before a crash): it counts as delivered
             if exc.status != 409:

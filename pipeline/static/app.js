@@ -307,10 +307,12 @@
       const rep = st.pending[0];
       let dropped = null;
       try {
-        await api("/report", {
+        // a separate shuffler: the report's content sealed to the analyzer, sent to the shuffler (seal.js)
+        const dest = await window.PrivrecSeal.destination(state.local, rep);
+        await api(dest.url, {
           method: "POST", retry503: 5,
           headers: { "Content-Type": "application/json", "Accept": "application/json" },
-          body: JSON.stringify(rep),
+          body: JSON.stringify(dest.body),
         });
         delivered += 1;
       } catch (e) {

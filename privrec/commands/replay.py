@@ -262,7 +262,7 @@ def _devices(base: str, mode: str, state_dir: Path | None) -> Any:
         mode = "local" if running == "local" else "global"
     if mode != ("local" if running == "local" else "global"):
         raise ValueError(f"--mode {mode}: the stack at {base} runs in {running} mode (privrec up --mode {mode})")
-    return Devices(config_from_public(public), state_dir) if mode == "local" else None
+    return Devices(config_from_public(public), state_dir, esa=public.get("esa")) if mode == "local" else None
 
 
 def _lastfm_events(args: argparse.Namespace, n: int) -> Any:

@@ -47,7 +47,7 @@ def supervised(name: str) -> bool:
     the offsets reset and every client restarted; :mod:`privrec.ops.supervise`); not the federated sites and
     coordinator.
     """
-    return name.startswith("worker-") or name == WEB
+    return name.startswith("worker-") or name in (WEB, "shuffler")
 
 
 def stack_settings(stack: Mapping[str, Any]) -> Settings:
@@ -57,10 +57,12 @@ def stack_settings(stack: Mapping[str, Any]) -> Settings:
 
 def process_env(stack: Mapping[str, Any], state: Path, name: str) -> dict[str, str]:
     """The environment ``privrec up`` gave the worker or web server ``name`` (its own Redis user's URL)."""
+    from .esa import role_env
     from .redis_users import role_of, role_redis_url
 
     settings = stack_settings(stack).replace(redis_url=role_redis_url(stack, role_of(name)))
     env = child_env(settings, state, loglevel=stack.get("loglevel"))
+    env.update(role_env(state, name))  # local mode's separate shuffler: the worker's key, the web's public file
     if name.startswith("worker-"):
         env["PRIVREC_WORKER_ID"] = name
     return env
@@ -78,7 +80,7 @@ def relaunch(state: Path, stack: Mapping[str, Any], handle: ServiceHandle, *, ti
         The process exited before it was ready, or was not ready in ``timeout`` seconds.
     """
     ready = None
-    if handle.name == WEB and handle.url:
+    if handle.name in (WEB, "shuffler") and handle.url:
         url = handle.url
 
         def ready() -> bool:

@@ -22,6 +22,7 @@ from .relaunch import SUPERVISION_DEFAULTS, SUPERVISOR_FILE, start_supervisor, s
 from .repair import check_same_settings, repair
 from .stackfile import (KAFKA, REDIS, STACK_FILE, STACK_SCHEMA, WEB, AlreadyRunningError, OpsError, child_env, http_probe, locked, read_stack, recorded_handles,
                         running_processes, settings_dict, worker_status_key, write_stack)
+from .esa import forget_shuffler, role_env, start_shuffler, uses_shuffler
 from .status import status
 from .workers import check_namespace, create_stack_topics, reset_after_new_broker, wait_workers
 
@@ -71,7 +72,13 @@ def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: d
         check_namespace(client, settings, catalog.fingerprint)
         if not external["kafka"]:
             reset_after_new_broker(client, settings, stack, note)
+        if uses_shuffler(settings):  # the shuffler first: the workers need the analyzer's key, the web its URL
+            start_shuffler(settings, state, urls=urls, record=record, started=started, note=note, took=took,
+                           loglevel=loglevel, timeout=timeout)
+        else:
+            forget_shuffler(state)
         env = child_env(settings.replace(redis_url=urls.get("worker", settings.redis_url)), state, loglevel=loglevel)
+        env.update(role_env(state, "worker-0"))
         wk: list[ServiceHandle] = []
         names = [f"worker-{i}" for i in range(workers)]
         client.hdel(worker_status_key(settings.namespace), *names)
@@ -86,7 +93,8 @@ def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: d
             note(f"{h.name:<8} pid {h.pid}  partitions {assigned[h.name]} {took()}")
     finally:
         client.close()
-    return child_env(settings.replace(redis_url=urls.get("web", settings.redis_url)), state, loglevel=loglevel)
+    return {**child_env(settings.replace(redis_url=urls.get("web", settings.redis_url)), state, loglevel=loglevel),
+            **role_env(state, WEB)}
 
 
 def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 1, http_port: int = 0,

@@ -1,0 +1,252 @@
+"""Encode, shuffle, analyze: what a device sends the shuffler, and what the shuffler sends the analyzer.
+
+Prochlo's split (Bittau et al. 2017) for local mode with shuffling. Three records:
+
+* the **content** (:data:`CONTENT_SCHEMA`, sealed by the device to the analyzer's key, :mod:`.seal`):
+  only the noisy vector ``m`` — no user, version, request or shown list. Anything that reached the analyzer
+  next to a content and that the operator's web server can map to a user (a ``rec_id``, the list of items
+  it showed in one answer) would re-identify it, so none of it is inside; :func:`parse_content` refuses a
+  content that carries such a field.
+* the **envelope** (:data:`ENVELOPE_SCHEMA`, device → shuffler): who sends (``user``), their report counter
+  (``version``, the cap check), the list answered (``rec_id``: the shuffler checks it was shown to this user
+  and takes its items from the web's shown lists, which are public) and the sealed content. The shuffler
+  sees identities and this metadata, never the content.
+* the **sealed batch** (:data:`SEALED_BATCH_SCHEMA`, shuffler → analyzer): a batch label (the model unit), a
+  sequence number, the multiset of the shown items of every report (public; for the Gram), and the sealed
+  contents — both lists shuffled, independently, with the operating system's randomness. No identity.
+
+:class:`SealedShuffler` batches envelopes with the batching policy of :class:`.shuffle.Shuffler` (one
+report per distinct user per batch) and closes a batch into a :class:`SealedBatch`.
+
+Examples
+--------
+>>> from models.local.seal import AnalyzerKey
+>>> from models.local.reports import LocalReport
+>>> key = AnalyzerKey.generate()
+>>> env = seal_report(LocalReport("7", 1, "round", "r1", [0.5, -1.0]), key.public_bytes())
+>>> sorted(env.to_dict())
+['rec_id', 'schema', 'sealed', 'user', 'version']
+>>> parse_content(key.open(env.sealed), d=2, algorithm="round").tolist()
+[0.5, -1.0]
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .config import LocalConfig
+from .reports import MAX_ABS, MAX_SHOWN, LocalReport, ReportError, _string  # the reports' string rule
+from .seal import SealError, b64decode, b64encode, check_sealed, seal
+from .shuffle import Shuffler, _Open
+
+__all__ = ["CONTENT_SCHEMA", "ENVELOPE_SCHEMA", "SEALED_BATCH_SCHEMA", "MAX_SEALED_BYTES", "Envelope", "SealedBatch",
+           "SealedShuffler", "report_content", "seal_report", "parse_envelope", "parse_content"]
+
+CONTENT_SCHEMA = "privrec.ReportContent/1"
+ENVELOPE_SCHEMA = "privrec.Envelope/1"
+SEALED_BATCH_SCHEMA = "privrec.SealedBatch/1"
+#: Largest sealed content accepted (a d = 25 vector of JSON floats is about 700 bytes).
+MAX_SEALED_BYTES = 1 << 14
+_ENVELOPE_FIELDS = {"schema", "user", "version", "rec_id", "sealed"}
+_CONTENT_FIELDS = {"schema", "algorithm", "m"}
+#: Fields that would tie a content to a person or a request: refused inside a content.
+_LINKING = ("user", "version", "rec_id", "shown", "item", "reward")
+_RNG = random.SystemRandom()
+
+
+def report_content(report: LocalReport) -> bytes:
+    """The plaintext a device seals: the algorithm and the noisy vector, nothing that names the user or the list."""
+    return json.dumps({"schema": CONTENT_SCHEMA, "algorithm": report.algorithm,
+                       "m": [float(v) for v in report.vector]}, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Device → shuffler: identity and metadata in the clear, the content sealed to the analyzer.
+
+    ``shown``: the answered list's items, added by the shuffler from the web's shown lists (never sent).
+    """
+
+    user: str
+    version: int
+    rec_id: str
+    sealed: bytes
+    shown: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema": ENVELOPE_SCHEMA, "user": self.user, "version": self.version,
+                               "rec_id": self.rec_id, "sealed": b64encode(self.sealed)}
+        if self.shown:
+            out["shown"] = list(self.shown)
+        return out
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+
+    def with_shown(self, shown: tuple[str, ...]) -> Envelope:
+        return replace(self, shown=shown)
+
+
+def seal_report(report: LocalReport, public_key: bytes) -> Envelope:
+    """The envelope of ``report``: its content sealed to ``public_key``, its identity and metadata in the clear."""
+    return Envelope(report.user, report.version, report.rec_id, seal(public_key, report_content(report)))
+
+
+def _json_object(raw: bytes | str, parameter: str) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nesting too deep
+        raise ReportError(parameter, f"not JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise ReportError(parameter, f"must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def parse_envelope(raw: bytes | str | dict[str, Any], *, stored: bool = False) -> Envelope:
+    """Parse a device's envelope; :class:`~models.local.reports.ReportError` naming the first bad field.
+
+    ``stored``: the shuffler's own saved copy, which may carry ``shown``. The sealed bytes are checked as far
+    as possible without the key (length, the ephemeral point on the curve).
+    """
+    body = raw if isinstance(raw, dict) else _json_object(raw, "body")
+    for key in ("reward", "item", "m", "b"):
+        if key in body:
+            raise ReportError(key, "an envelope carries its report sealed to the analyzer ('sealed'); nothing of the "
+                                   "report's contents may travel in the clear")
+    allowed = _ENVELOPE_FIELDS | ({"shown"} if stored else set())
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ReportError(unknown[0] or "(empty)", f"unknown field (an envelope has {sorted(_ENVELOPE_FIELDS)})")
+    if body.get("schema") != ENVELOPE_SCHEMA:
+        raise ReportError("schema", f"must be {ENVELOPE_SCHEMA!r}, got {body.get('schema')!r:.60}")
+    user, rec_id = _string(body, "user"), _string(body, "rec_id")
+    version = body.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**53:
+        raise ReportError("version", f"must be an integer >= 1 (the device's report counter), got {version!r:.60}")
+    text = body.get("sealed")
+    if not isinstance(text, str) or len(text) > 2 * MAX_SEALED_BYTES:
+        raise ReportError("sealed", f"must be a base64 string of at most {MAX_SEALED_BYTES} bytes")
+    try:
+        sealed = b64decode(text)
+        check_sealed(sealed, max_bytes=MAX_SEALED_BYTES)
+    except SealError as e:
+        raise ReportError("sealed", str(e).removeprefix("sealed: ").removeprefix("public key: ")) from None
+    shown = body.get("shown", [])
+    if not isinstance(shown, list) or len(shown) > MAX_SHOWN or not all(isinstance(a, str) and a for a in shown):
+        raise ReportError("shown", "must be a list of item ids")
+    return Envelope(user, version, rec_id, sealed, tuple(shown))
+
+
+def parse_content(raw: bytes, *, d: int, algorithm: str) -> NDArray[np.float64]:
+    """The noisy vector of an opened content; :class:`~models.local.reports.ReportError` naming the bad field."""
+    body = _json_object(raw, "content")
+    linking = [k for k in _LINKING if k in body]
+    if linking:
+        raise ReportError(linking[0], "a sealed content must not say who sent it, which report or list it answers "
+                                      "or the raw answer: next to the contents it would re-identify the user")
+    unknown = sorted(set(body) - _CONTENT_FIELDS)
+    if unknown:
+        raise ReportError(unknown[0] or "(empty)", f"unknown field (a content has {sorted(_CONTENT_FIELDS)})")
+    if body.get("schema") != CONTENT_SCHEMA:
+        raise ReportError("schema", f"must be {CONTENT_SCHEMA!r}, got {body.get('schema')!r:.60}")
+    if body.get("algorithm") != algorithm:
+        raise ReportError("algorithm", f"this namespace runs local algorithm {algorithm!r}, got "
+                                       f"{body.get('algorithm')!r:.60}")
+    vec = body.get("m")
+    if not isinstance(vec, list) or len(vec) != d or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in vec):
+        raise ReportError("m", f"must be a list of {d} numbers")
+    try:
+        arr = np.asarray(vec, dtype=np.float64)
+    except OverflowError:
+        raise ReportError("m", f"holds a value beyond +-{MAX_ABS:g}") from None
+    if not np.isfinite(arr).all() or np.abs(arr).max(initial=0.0) > MAX_ABS:
+        raise ReportError("m", f"must hold finite values within +-{MAX_ABS:g}")
+    return arr
+
+
+@dataclass(frozen=True)
+class SealedBatch:
+    """Shuffler → analyzer: a batch label, its sequence number, the shown items and the sealed contents, shuffled."""
+
+    unit: int
+    seq: int
+    items: list[str]
+    sealed: list[bytes]
+    epsilon: float
+    delta: float
+    bound: str = ""
+
+    @property
+    def n(self) -> int:
+        return len(self.sealed)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"schema": SEALED_BATCH_SCHEMA, "unit": self.unit, "seq": self.seq, "items": self.items,
+                           "sealed": [b64encode(s) for s in self.sealed], "epsilon": self.epsilon,
+                           "delta": self.delta, "bound": self.bound}, separators=(",", ":")).encode()
+
+    @classmethod
+    def parse(cls, raw: bytes | dict[str, Any]) -> SealedBatch:
+        """Parse a sealed batch (``ValueError`` naming what is wrong; the contents are opened by the analyzer)."""
+        try:
+            body = raw if isinstance(raw, dict) else json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise ValueError(f"sealed batch: not JSON ({e})") from None
+        if not isinstance(body, dict) or body.get("schema") != SEALED_BATCH_SCHEMA:
+            raise ValueError(f"sealed batch: must be a JSON object with schema {SEALED_BATCH_SCHEMA!r}")
+        unit, seq, items, sealed = body.get("unit"), body.get("seq"), body.get("items"), body.get("sealed")
+        if not (isinstance(unit, int) and isinstance(seq, int)) or isinstance(unit, bool) or isinstance(seq, bool) \
+                or unit < 0 or seq < 1:
+            raise ValueError("sealed batch: unit and seq must be integers (unit >= 0, seq >= 1)")
+        if not isinstance(items, list) or not isinstance(sealed, list) or not sealed or len(items) < len(sealed):
+            raise ValueError("sealed batch: items and sealed must be non-empty lists, items at least as long as "
+                             "sealed (every item of every answered list)")
+        if not all(isinstance(i, str) and i for i in items) or not all(isinstance(s, str) for s in sealed):
+            raise ValueError("sealed batch: items must be non-empty strings and sealed base64 strings")
+        eps, delta = body.get("epsilon", 0.0), body.get("delta", 0.0)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (eps, delta)):
+            raise ValueError("sealed batch: epsilon and delta must be numbers")
+        blobs = []
+        for s in sealed:
+            try:
+                blobs.append(b64decode(s))
+            except SealError:
+                blobs.append(b"")  # the analyzer dead-letters this one content, with the reason, and keeps the rest
+        return cls(unit, seq, list(items), blobs, float(eps), float(delta), str(body.get("bound", "")))
+
+
+class SealedShuffler(Shuffler):
+    """:class:`.shuffle.Shuffler`'s batching policy over envelopes; a closed batch is a :class:`SealedBatch`.
+
+    The policy reads a report's ``user`` only; this class never sees a content (it cannot open one).
+    """
+
+    def __init__(self, config: LocalConfig) -> None:
+        super().__init__(config)
+        #: The envelopes of the batches the last calls closed (the caller clears it; it deletes their copies).
+        self.just_closed: list[Envelope] = []
+
+    def add_envelope(self, envelope: Envelope, *, unit: int) -> list[SealedBatch]:
+        """Add one envelope (with its ``shown`` items); return the batches it completed."""
+        # the policy needs only `.user` (and hands the held records back to `_close` and `state`)
+        out: list[Any] = self.add(envelope, unit=unit)  # type: ignore[arg-type]
+        return out
+
+    def _close(self, unit: int, o: _Open) -> SealedBatch:  # type: ignore[override]
+        held: list[Envelope] = list(o.reports.values())  # type: ignore[arg-type]  # envelopes, see add_envelope
+        o.reports = type(o.reports)()
+        self.just_closed += held
+        sealed = [e.sealed for e in held]
+        items = [a for e in held for a in e.shown]
+        _RNG.shuffle(sealed)
+        _RNG.shuffle(items)
+        self.seq[unit] = self.seq.get(unit, 0) + 1
+        eps, delta, bound = self.guarantee()
+        return SealedBatch(unit, self.seq[unit], items, sealed, eps, delta, bound)

@@ -1,0 +1,388 @@
+"""Local mode with a shuffler the server does not control (encode-shuffle-analyze), against a real stack.
+
+``privrec up --mode local --shuffle-batch 3`` on LastFM (model units are friend-graph clusters, so a unit's batch
+holds several users) starts the embedded broker, redis-server with ACL users, the shuffler as its own process
+(own port, own Redis user and keys), the worker (the analyzer, the only holder of the private key), the web
+server and the supervisor. Simulated devices (:class:`models.local.LocalClient`) ask the web server for
+recommendations and send sealed envelopes to the shuffler. Then:
+
+* the analyzer's process never holds a user id next to a report's contents: its topics (``ldp-shuffled``,
+  ``dead-letters``), its Redis keys and its log hold no plaintext report vector at all (only sums), no user, version
+  or request id comes with a batch, and no sealed content appears anywhere the operator sees identities (the web's
+  log, keys and topics) — so the analyzer cannot link an opened content back to its sender;
+* the shuffler's process never holds a decrypted report: its keys, its log and its output topic hold no plaintext
+  report vector and no raw reward;
+* the local-mode boundary scan (no raw reward, no exact per-user statistic on any topic, Redis value or log) passes;
+* the released sums are exactly the sums of the reports of the closed batches (the analyzer decrypted them all);
+* bad input: a malformed envelope gets a 4xx naming the field; a ciphertext under another key, changed bytes or a
+  content that names its user are dead-lettered by the analyzer with the reason, and the rest of the batch counts;
+* the Redis ACL: neither the worker nor the web can read the shuffler's keys; the shuffler can read no trusted key
+  and cannot write the shown lists; only the worker's environment names the private key;
+* kill -9 of the shuffler mid-batch: the supervisor starts it again and the accepted envelopes are still there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from models.local import LocalClient, LocalConfig, LocalReport
+from models.local.esa import seal_report
+from models.local.seal import AnalyzerKey, b64decode, b64encode, seal
+from models.local.shuffle import Shuffler
+from models.streaming import ReleasedStats
+from pipeline import services
+from pipeline.catalog import load_catalog
+from pipeline.esa import KEY_ENV, PUBLIC_ENV
+from pipeline.settings import Settings
+from privrec import ops
+from privrec.ops.redis_users import role_redis_url
+
+from pipeline_support import wait_for
+from test_least_privilege import _get
+from test_local_mode import _all_messages, _arrays, _assert_no_leak, _find, _redis_values
+
+pytestmark = pytest.mark.integration
+
+N = 3  # distinct users per batch
+NS = "esa"
+
+
+def _post(url: str, body: Any) -> tuple[int, Any]:
+    """POST JSON (or raw bytes: malformed bodies) and return the status and the answer."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+class Stack:
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.info = ops.read_stack(state)
+        self.base = self.info["http"]
+        self.admin = redis.Redis.from_url(role_redis_url(self.info, "admin"))
+        status, public = wait_for(lambda: (r := _get(f"{self.base}/local/config"))[0] == 200 and r, 30, "config")
+        self.public = public
+        from producers.devices import config_from_public
+
+        self.config: LocalConfig = config_from_public(public)
+        self.pk = b64decode(public["esa"]["public_key"])
+        self.submit = public["esa"]["shuffler"]
+        self.catalog = load_catalog(Settings.from_mapping(self.info["settings"], environ={}))
+        self.devices: dict[str, LocalClient] = {}
+
+    def released(self) -> ReleasedStats:
+        return ReleasedStats.from_mapping(self.admin.hgetall(f"{NS}:released:{{{NS}:rel}}:stats"))
+
+    def count(self) -> int:
+        try:
+            return int(self.released().count.sum())
+        except Exception:  # noqa: BLE001 - nothing released yet
+            return 0
+
+    def wait_count(self, count: int) -> ReleasedStats:
+        wait_for(lambda: self.count() >= count, 60, f"a release covering {count} reports")
+        time.sleep(0.8)  # anything more would be released by now
+        assert self.count() == count
+        return self.released()
+
+    def users_of(self, unit: int, k: int) -> list[str]:
+        return sorted((u for u in self.catalog.users if self.catalog.unit_of(u) == unit), key=int)[:k]
+
+    def recommend(self, user: str) -> dict[str, Any]:
+        status, rec = wait_for(lambda: (r := _get(f"{self.base}/recommend?user={user}&k=3"))[0] == 200 and r, 30,
+                               "/recommend")
+        return dict(rec)
+
+    def report(self, user: str, reward: float, rng: random.Random) -> tuple[LocalReport, Any, dict[str, Any]]:
+        """One interaction: recommend, the device's report, its envelope; returns (report, envelope, the list)."""
+        dev = self.devices.setdefault(user, LocalClient(user, self.config))
+        rec = self.recommend(user)
+        item = rec["items"][rng.randrange(len(rec["items"]))]
+        rep = dev.report(rec_id=rec["rec_id"], x=np.asarray(item["x"]), reward=reward)
+        return rep, seal_report(rep, self.pk), rec
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from producers.lastfm.raw import resolve_data_dir
+
+    try:
+        data = resolve_data_dir(None)
+    except (OSError, ValueError):
+        pytest.skip("the HetRec LastFM data directory is not available (set PRIVREC_DATA_DIR)")
+    state = tmp_path_factory.mktemp("esa") / "stack"
+    settings = Settings(mode="local", namespace=NS, catalog="lastfm", data_dir=str(data), local_algorithm="round",
+                        shuffle_batch=N, epsilon=2.0, algorithm="linucb", tick_seconds=0.3, partitions=2)
+    ops.up(settings, state, timeout=120, loglevel="INFO")
+    try:
+        yield Stack(state)
+    finally:
+        ops.down(state)
+
+
+def _expected_sums(reports: list[LocalReport], unit_of: Any, d: int, n_units: int) -> tuple[np.ndarray, int]:
+    """The per-unit sums of the reports that closed batches, by the same batching policy (membership is
+    deterministic; only the order inside a batch is random)."""
+    cfg = LocalConfig(algorithm="round", d=d, epsilon=2.0, shuffle_batch=N)
+    sh = Shuffler(cfg)
+    sums, count = np.zeros((n_units, d)), 0
+    for rep in reports:
+        for b in sh.add(rep, unit=unit_of(rep.user)):
+            sums[b.unit] += np.asarray(b.vectors).sum(axis=0)
+            count += b.n
+    return sums, count
+
+
+def _sealed_forms(envelopes: list[Any]) -> list[bytes]:
+    return [e.sealed for e in envelopes] + [b64encode(e.sealed).encode() for e in envelopes]
+
+
+def test_each_party_sees_only_its_part(stack: Stack) -> None:
+    st = stack
+    rng = random.Random(11)
+    assert st.public["esa"]["curve"] == "P-256" and st.submit.startswith("http://127.0.0.1:")
+    users = st.users_of(1, 4) + st.users_of(2, 4)
+    start = st.count()
+    reports: list[LocalReport] = []
+    envelopes, rewards, exact, rec_ids = [], [], [], []
+    for _ in range(66):
+        user = rng.choice(users)
+        reward = rng.random() if rng.random() < 0.5 else float(rng.randrange(2))  # fractions: distinctive digits
+        rep, env, rec = st.report(user, reward, rng)
+        status, body = _post(st.submit, env.to_dict())
+        assert status == 202, body
+        st.devices[user].acknowledge(rep.version)
+        reports.append(rep)
+        envelopes.append(env)
+        rewards.append(reward)
+        exact.append(st.devices[user].exact_b)
+        rec_ids.append(rec["rec_id"])
+    # the web server refuses a report: it must never see one next to its user
+    status, body = _post(f"{st.base}/report", reports[-1].to_dict())
+    assert status == 400 and st.submit in body["error"]["message"]
+    sums, count = _expected_sums(reports, st.catalog.unit_of, st.config.d, st.catalog.n_units)
+    assert count >= 12  # several batches closed
+    rel = st.wait_count(start + count)
+    np.testing.assert_allclose(rel.b_tilde.reshape(-1, st.config.d)[[1, 2]], sums[[1, 2]], rtol=0, atol=1e-9)
+    time.sleep(1.0)  # let the logs flush
+
+    messages = _all_messages(st.info["kafka"])
+    values = _redis_values(role_redis_url(st.info, "admin"))
+    logs = {name: [(f"{name}.log", line) for line in (st.state / f"{name}.log").read_bytes().splitlines()]
+            for name in ("worker-0", "web", "shuffler")}
+    assert all(logs.values())
+    contents = np.stack([r.vector for r in reports])  # the plaintext report vectors (each noisy, each distinctive)
+    shuffled = [(t, v) for t, v in messages if t == "ldp-shuffled"]
+    assert len(shuffled) >= count // N
+
+    # the analyzer: its topics, its keys and its log hold no plaintext report vector, and no batch an identity
+    analyzer = ([(t, v) for t, v in messages if t in ("ldp-shuffled", "dead-letters")]
+                + [(k, v) for k, v in values if k.startswith(f"{NS}:")] + logs["worker-0"])
+    for where, blob in analyzer:
+        for arr in _arrays(blob, st.config.d):
+            assert not _find(arr, contents), f"a plaintext report in the analyzer's {where}"
+    for _, blob in shuffled:
+        doc = json.loads(blob)
+        assert not {"user", "version", "rec_id", "shown"} & set(doc), "a batch carries an identity"
+        assert not any(r.encode() in blob for r in rec_ids), "a request id reached the analyzer"
+    assert not any(rid.encode() in line for _, line in logs["worker-0"] for rid in rec_ids)
+    # ... and no sealed content appears where the operator sees identities (the web's log, keys and topics)
+    forms = _sealed_forms(envelopes)
+    operator = ([(t, v) for t, v in messages if t not in ("ldp-shuffled", "dead-letters")]
+                + [(k, v) for k, v in values if k.startswith(f"{NS}:")] + logs["web"] + logs["worker-0"])
+    for where, blob in operator:
+        assert not any(f in blob for f in forms), f"a sealed content next to identities in {where}"
+
+    # the shuffler: its keys, its log and its output hold no plaintext report and no raw reward
+    shuffler = ([(k, v) for k, v in values if k.startswith(f"{NS}-shuffler:")] + logs["shuffler"] + shuffled)
+    assert any(k.startswith(f"{NS}-shuffler:") for k, _ in values)
+    for where, blob in shuffler:
+        for arr in _arrays(blob, st.config.d):
+            assert not _find(arr, contents), f"a decrypted report in the shuffler's {where}"
+    # the shuffler holds the open envelopes: their sealed bytes, never the vectors
+    assert any(b64encode(e.sealed).encode() in v for e in envelopes[-3:] for k, v in values
+               if k.startswith(f"{NS}-shuffler:open")) or count == len(reports)
+
+    # the local-mode boundary: no raw reward, no exact per-user statistic anywhere
+    blobs = messages + values + [x for lines in logs.values() for x in lines]
+    _assert_no_leak(blobs, rewards, exact, st.config.d)
+
+    # /budget states the guarantee against each party
+    status, b = _get(f"{st.base}/budget?user={users[0]}")
+    p = b["local"]["guarantee"]["parties"]
+    assert p["analyzer_operator"]["epsilon"] == 2.0 and p["colluding"]["epsilon"] == pytest.approx(
+        st.config.epsilon0)
+    assert p["shuffler_operator"]["epsilon"] == 0.0 and "separate service" in p["shuffler"]
+    assert b["privacy"]["parties"]["analyzer_operator"]["epsilon"] == 2.0  # the worker's statement agrees
+    assert "separate service" in b["local"]["guarantee"]["statement"] and "separate service" in b["privacy"]["note"]
+
+
+def test_bad_envelopes_get_a_4xx_naming_the_field(stack: Stack) -> None:
+    st = stack
+    rng = random.Random(3)
+    (user, other), = [st.users_of(3, 2)]
+    rep, env, rec = st.report(user, 1.0, rng)
+    good = env.to_dict()
+    cases = [
+        (b"not json", 400, "body"),
+        ({**good, "sealed": "%%%"}, 400, "sealed"),
+        ({**good, "sealed": b64encode(b"\x04" + bytes(120))}, 400, "sealed"),
+        ({**good, "m": rep.vector.tolist()}, 400, "m"),
+        ({**good, "user": "no-such-user"}, 404 if _unknown(st, "no-such-user") else 400, "user"),
+        ({**good, "rec_id": "no-such-list"}, 404, "rec_id"),
+        ({**good, "user": other}, 400, "user"),
+    ]
+    for body, status, parameter in cases:
+        got, answer = _post(st.submit, body)
+        assert (got, answer["error"]["parameter"]) == (status, parameter), (body, answer)
+    assert _post(st.submit, good)[0] == 202
+    got, answer = _post(st.submit, good)
+    assert got == 409 and answer["error"]["parameter"] == "rec_id"
+    rep2, env2, _ = st.report(user, 0.0, rng)
+    stale = {**env2.to_dict(), "version": rep.version}
+    got, answer = _post(st.submit, stale)
+    assert got == 409 and "stale or repeated version" in answer["error"]["message"]
+
+
+def test_contents_that_do_not_open_are_dead_lettered_and_the_rest_counts(stack: Stack) -> None:
+    st = stack
+    rng = random.Random(4)
+    users = st.users_of(5, N)
+    start = st.count()
+    wrong_key = AnalyzerKey.generate().public_bytes()
+    sent = []
+    for i, user in enumerate(users):
+        rep, env, _ = st.report(user, 0.5, rng)
+        if i == 0:  # sealed to another key
+            env = seal_report(rep, wrong_key)
+        elif i == 1:  # a content that names its user (it would re-identify the report)
+            content = json.dumps({"schema": "privrec.ReportContent/1", "algorithm": "round",
+                                  "m": rep.vector.tolist(), "user": user}).encode()
+            env = type(env)(env.user, env.version, env.rec_id, seal(st.pk, content))
+        assert _post(st.submit, env.to_dict())[0] == 202
+        sent.append((rep, env))
+    rel = st.wait_count(start + 1)  # the one good content of the batch of three
+    np.testing.assert_allclose(rel.b_tilde.reshape(-1, st.config.d)[5], sent[2][0].vector, rtol=0, atol=1e-9)
+    dead = [json.loads(v) for t, v in _all_messages(st.info["kafka"]) if t == "dead-letters"]
+    reasons = {d["reason"] for d in dead}
+    assert any("authentication failed" in r for r in reasons), reasons
+    assert any("malformed" in r and "user" in r for r in reasons), reasons
+
+
+def test_the_shuffler_is_a_party_apart_in_redis_and_in_its_environment(stack: Stack) -> None:
+    st = stack
+    url = st.info["redis"]
+    from pipeline import acl
+
+    creds = acl.load_credentials(st.state)
+    assert creds is not None and "shuffler" in creds
+    conn = {role: redis.Redis.from_url(acl.role_url(url, role, creds[role])) for role in ("worker", "web", "shuffler")}
+    shuffler_key = next(k for k in st.admin.scan_iter(match=f"{NS}-shuffler:*"))
+    for role in ("worker", "web"):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            conn[role].type(shuffler_key)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        conn["shuffler"].get(f"{NS}:trusted:{{{NS}:p0}}:offset")
+    rec_key = next(k for k in st.admin.scan_iter(match=f"{NS}:recs:*"))
+    assert conn["shuffler"].get(rec_key) is not None  # it reads the shown lists ...
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        conn["shuffler"].set(rec_key, b"x")  # ... and cannot change them
+    for c in conn.values():
+        c.close()
+    procs = ops.status(st.state, probe=False)["processes"]
+
+    def environ(name: str) -> dict[str, str]:
+        pid = procs[name]["pid"] if isinstance(procs[name], dict) else procs[name]
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return dict(x.decode().split("=", 1) for x in raw if b"=" in x)
+
+    assert KEY_ENV in environ("worker-0")
+    assert KEY_ENV not in environ("web") and KEY_ENV not in environ("shuffler")
+    assert PUBLIC_ENV in environ("web")
+    key_file = Path(environ("worker-0")[KEY_ENV])
+    assert key_file.stat().st_mode & 0o077 == 0  # owner only
+
+
+def test_kill9_of_the_shuffler_keeps_accepted_envelopes(stack: Stack) -> None:
+    st = stack
+    rng = random.Random(6)
+    users = st.users_of(4, N)
+    start = st.count()
+    reps = []
+    for user in users[:2]:
+        rep, env, _ = st.report(user, 1.0, rng)
+        assert _post(st.submit, env.to_dict())[0] == 202
+        reps.append(rep)
+    handle = services.read_handles(st.state)["shuffler"]
+    os.kill(handle.pid, 9)
+    wait_for(lambda: not services.is_running(handle), 10, "the killed shuffler to exit")
+    wait_for(lambda: _alive(st) and _healthy(st.submit.rsplit("/", 1)[0] + "/healthz"), 60,
+             "the supervisor to start the shuffler again")
+    assert services.read_handles(st.state)["shuffler"].pid != handle.pid
+    rep, env, _ = st.report(users[2], 1.0, rng)
+    assert _post(st.submit, env.to_dict())[0] == 202
+    reps.append(rep)
+    rel = st.wait_count(start + N)
+    np.testing.assert_allclose(rel.b_tilde.reshape(-1, st.config.d)[4], sum(r.vector for r in reps), rtol=0,
+                               atol=1e-9)
+
+
+def _unknown(st: Stack, user: str) -> bool:
+    """Whether the catalog refuses ``user`` (LastFM's maps any id to a unit: then the list's owner differs)."""
+    try:
+        st.catalog.unit_of(user)
+    except Exception:  # noqa: BLE001 - UnknownUserError
+        return True
+    return False
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return _get(url)[0] == 200
+    except urllib.error.URLError:  # not listening yet
+        return False
+
+
+def _alive(st: Stack) -> bool:
+    h = services.read_handles(st.state).get("shuffler")
+    return h is not None and services.is_running(h)
+
+
+def test_the_lastfm_replay_reports_through_the_shuffler(stack: Stack, tmp_path: Path) -> None:
+    """``privrec replay lastfm --mode local`` notices the separate shuffler: every report is sealed and sent there
+    (none to the web server), and the batches that close reach the model."""
+    from privrec.cli import main
+
+    start = stack.count()
+    accepted_key = f"{NS}-shuffler:accepted:{{{NS}-shuffler}}"
+    versions_key = f"{NS}-shuffler:versions:{{{NS}-shuffler}}"
+    before = sum(int(v) for v in stack.admin.hvals(accepted_key))
+    versions_before = {k.decode(): int(v) for k, v in stack.admin.hgetall(versions_key).items()}
+    assert main(["replay", "lastfm", "--mode", "local", "--events", "150", "--http", stack.base, "--out",
+                 str(tmp_path / "out"), "--no-baselines", "--no-progress"]) == 0
+    # every report went to the shuffler (the web server answers /report with 400 here: the replay would have
+    # failed). The replay's fresh devices start at version 1: a user who reported in an earlier test has their
+    # first versions refused as stale (409, which the replay counts as delivered), so each user's accepted
+    # envelopes are exactly how far their latest version moved, and only such users can have a refusal.
+    accepted = sum(int(v) for v in stack.admin.hvals(accepted_key)) - before
+    versions_after = {k.decode(): int(v) for k, v in stack.admin.hgetall(versions_key).items()}
+    assert accepted == sum(v - versions_before.get(u, 0) for u, v in versions_after.items())
+    assert 0 <= 150 - accepted <= sum(versions_before.values())
+    assert accepted > 100
+    wait_for(lambda: stack.count() > start, 60, "a batch of the replay released")
