@@ -20,6 +20,7 @@ only once their batch is complete.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 from numpy.typing import NDArray
@@ -135,18 +136,21 @@ class LocalItemUCB:
     def __init__(self, *, d: int, n_items: int, epsilon: float, batch: int, cap: int, seed: int,
                  delta: float = 1e-5, share: float = 0.5, weight: float = 1.0, noise_scale: float = 2.0,
                  threshold_stds: float = 2.0, lambda_: float = 1.0, alpha: float = 0.3, noise_ridge: float = 0.0,
-                 tick: int = 100) -> None:
+                 tick: int = 100, private: bool = True) -> None:
         from .items import ItemBlanket
 
-        if not 0.0 <= share <= 1.0:
+        if not private:  # the non-private twin of the same model: exact listens and counts, no batch, no cap
+            epsilon, batch, cap = math.inf, 1, 1 << 62
+        elif not 0.0 <= share <= 1.0:
             raise ValueError(f"`share` must be in [0, 1], got {share!r}.")
         self.d, self.n_items, self.batch, self.cap, self.tick = d, n_items, batch, cap, tick
         self.weight, self.noise_scale, self.threshold_stds = weight, noise_scale, threshold_stds
         self.lambda_, self.alpha, self.noise_ridge = lambda_, alpha, noise_ridge
+        self.private = private
         self.items = (ItemBlanket(n_items=n_items, batch=batch, epsilon=share * epsilon, delta=delta / 2, cap=cap)
-                      if share > 0 else None)
+                      if share > 0 and private else None)
         self.config = (LocalConfig(algorithm="round", d=d, epsilon=(1.0 - share) * epsilon / cap,
-                                   delta=delta / (2 * cap), shuffle_batch=batch) if share < 1 else None)
+                                   delta=delta / (2 * cap), shuffle_batch=batch) if share < 1 and private else None)
         self._rng = np.random.default_rng(seed)
         self._clients: dict[str, LocalClient] = {}
         self._open: dict[str, tuple[int, FloatArray | None]] = {}
@@ -173,7 +177,7 @@ class LocalItemUCB:
     def select(self, unit: int, X: FloatArray, user: str | None = None, items: NDArray[np.int64] | None = None) -> int:
         mean, bonus = ucb_scores(self.theta, self.M, X, self.alpha)
         score = mean + bonus
-        if items is not None and self.items is not None:
+        if items is not None and (self.items is not None or not self.private):
             score = score + self.item_weight * self._pop[np.asarray(items)]
         best = np.flatnonzero(score >= score.max() - 1e-12)
         return int(best[0] if len(best) == 1 else self._rng.choice(best))
@@ -192,7 +196,7 @@ class LocalItemUCB:
             return
         self._counts[name] = used + 1
         self.reports += 1
-        vec = None
+        vec = None if self.private else clip_context(np.asarray(x_item))
         if self.config is not None:
             dev = self._clients.get(name)
             if dev is None:
@@ -210,11 +214,16 @@ class LocalItemUCB:
 
     def _close(self) -> None:
         n = len(self._open)
-        if self.config is not None:
-            vectors = [v for _, v in self._open.values() if v is not None]
+        vectors = [v for _, v in self._open.values() if v is not None]
+        if vectors:
             self.b += np.sum(vectors, axis=0)
+        if self.config is not None:
             self.b_var += len(vectors) * self.config.report_variance(1)
-        if self.items is not None:
+        if not self.private:
+            for item, _ in self._open.values():
+                self.sums[item] += 1.0
+            self._pop = popularity_feature(self.sums, total=self.item_reports + n)
+        elif self.items is not None:
             msgs = [self.items.randomize(item, reward=1.0, rng=self._rng) for item, _ in self._open.values()]
             hist = self.items.histogram(np.concatenate(msgs))
             self.sums += self.items.estimate(hist, n)
