@@ -74,6 +74,8 @@ class ModesConfig:
     kappa: float = 0.5
     shuffle_batch: int = 200            # local-shuffle: distinct users per batch of a unit (LastFM clusters)
     scaling_users: tuple[int, ...] = (10, 40, 160)  # local vs global added regret as N grows (epsilon = 2)
+    population_sizes: tuple[int, ...] = ()   # the population axis (privrec.experiments.population); CLI: 1k, 10k, 100k
+    population_items: int = 1_000
     delta: float = 1e-5
     seed: int = 0
     rows: tuple[str, ...] = ()
@@ -313,6 +315,8 @@ def run_modes(cfg: ModesConfig, out: Path, *, jobs: int | None = None, progress:
                 results.append(res)
                 bar.update()
     bar.close()
+    if cfg.population_sizes:
+        _CTX["population"] = _population(cfg, n)
     if cfg.lastfm:
         lf = _CTX["lastfm"]
         _CTX["lastfm_untrained"] = [untrained_lastfm_reward(lf, derive_seed("modes-untrained", k), cfg)
@@ -323,6 +327,42 @@ def run_modes(cfg: ModesConfig, out: Path, *, jobs: int | None = None, progress:
     (out / "modes.md").write_text(_markdown(doc))
     _plot(doc, out / "modes.png")
     return doc
+
+
+def _population_one(job: tuple[int, int]) -> dict[str, Any]:
+    from .population import population_gain
+
+    return population_gain(job[0], _population_config(_CTX["cfg"]), job[1])
+
+
+def _population_config(cfg: ModesConfig) -> Any:
+    from .population import PopulationConfig
+
+    return PopulationConfig(sizes=cfg.population_sizes, epsilon=2.0, delta=cfg.delta, n_items=cfg.population_items,
+                            seed=cfg.seed)
+
+
+def _population(cfg: ModesConfig, jobs: int) -> dict[str, Any]:
+    """The population axis: the share of the non-private gain local + shuffling keeps at central epsilon = 2 (user
+    level), per population size (largest first, in parallel when ``jobs`` > 1)."""
+    pc = _population_config(cfg)
+    work = sorted(((n, r) for n in pc.sizes for r in range(pc.runs)), reverse=True)
+    if jobs == 1 or len(work) == 1:
+        rows = [_population_one(j) for j in work]
+    else:
+        with mp.get_context("fork").Pool(min(jobs, len(work))) as pool:
+            rows = pool.map(_population_one, work, chunksize=1)
+    gains: list[float | None] = []
+    for size in pc.sizes:
+        vals = [r["gain"] for r in rows if r["n_users"] == size and r["gain"] is not None]
+        gains.append(float(np.mean(vals)) if vals else None)
+    conf = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(pc).items()}
+    return {"n_users": list(pc.sizes), "gain": gains, "epsilon": pc.epsilon, "mode": "local-shuffle",
+            "what": "share of the non-private gain kept: (reward - random) / (non-private - random), same events",
+            "runs": sorted(rows, key=lambda r: r["n_users"]), "config": conf,
+            "target": {"what": "local + shuffling keeps >= 50 % of the non-private gain at 100,000 users",
+                       "met": bool(100_000 in pc.sizes and (gains[list(pc.sizes).index(100_000)] or 0) >= 0.5)
+                       if 100_000 in pc.sizes else None}}
 
 
 def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], seconds: float) -> dict[str, Any]:
@@ -401,6 +441,8 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
                          "ratio": st / g if g > 0 else None, "met": bool(g > 0 and st <= 1.5 * g)}
     if doc_scaling is not None:
         doc["scaling"] = doc_scaling
+    if _CTX.get("population"):
+        doc["population"] = _CTX["population"]
     if "local-shuffle" in modes and 2.0 in cfg.epsilons and lf:
         i = list(cfg.epsilons).index(2.0)
         sh = modes["local-shuffle"]
@@ -497,6 +539,15 @@ def _markdown(doc: dict[str, Any]) -> str:
                       "the comparison left.)"]
     lines += ["", "`local-shuffle` has no synthetic row: there every user is a unit of their own, so no batch of "
                   "distinct users of one unit can form.", ""] if "local-shuffle" in doc["modes"] else []
+    pop = doc.get("population")
+    if pop:
+        lines += ["", f"## Population axis: share of the non-private gain kept at central ε = {pop['epsilon']:g}, user "
+                      f"level (synthetic, local + shuffling, population-wide batches)", "",
+                  "| users | events | random | non-private | local + shuffling | gain kept | batch | reports reached |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in pop["runs"]:
+            lines.append(f"| {r['n_users']:,} | {r['events']:,} | {_fmt(r['random'])} | {_fmt(r['nonprivate'])} | "
+                         f"{_fmt(r['local_shuffle'])} | {_fmt(r['gain'], 2)} | {r['batch']:,} | {_fmt(r['reached'], 2)} |")
     lines += ["", f"Machine yardstick: sum(range(1000)) = {doc['machine']['python_speed_us']} µs.", ""]
     return "\n".join(lines)
 
@@ -505,8 +556,19 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     has_lf = any(m["lastfm_ratio"] for m in doc["modes"].values())
     sc = doc.get("scaling")
-    panels = 1 + int(has_lf) + int(bool(sc))
+    pop = doc.get("population")
+    panels = 1 + int(has_lf) + int(bool(sc)) + int(bool(pop))
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), squeeze=False)
+    if pop:
+        ax = axes[0][panels - 1 - int(bool(sc))]
+        ax.plot(pop["n_users"], [g if g is not None else float("nan") for g in pop["gain"]], marker="o",
+                label="local + shuffling")
+        ax.axhline(0.5, color="k", ls="--", lw=1, label="target 50 %")
+        ax.set_xscale("log")
+        ax.set_xlabel("users")
+        ax.set_ylabel(f"share of the non-private gain at ε = {pop['epsilon']:g}")
+        ax.set_title("population axis (synthetic)")
+        ax.legend()
     if sc:
         ax = axes[0][panels - 1]
         ax.plot(sc["n_users"], sc["global_added"], marker="o", label="global")

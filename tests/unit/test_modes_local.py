@@ -158,3 +158,19 @@ def test_the_json_has_the_issues_shape_with_local_rows_and_scaling(tmp_path: Pat
     md = (tmp_path / "modes.md").read_text()
     assert "local-shuffle" in md and "never refreshes" in md and "N = 6" in md
     assert (tmp_path / "modes.png").stat().st_size > 0
+
+
+def test_population_axis_in_modes_json(tmp_path: Path) -> None:
+    """The population axis (a small population: the 100,000-user run is an experiment, not a test): modes.json
+    holds per size the gain kept, (reward - random) / (non-private - random) recomputed here from its parts."""
+    cfg = ModesConfig(epsilons=(2.0,), runs=1, horizon=200, tick=100, d=4, n_users=2, lastfm=False, scaling_users=(),
+                      rows=("global",), population_sizes=(600,), population_items=100)
+    doc = run_modes(cfg, tmp_path, jobs=1, progress=False)
+    pop = json.loads((tmp_path / "modes.json").read_text())["population"]
+    assert pop["n_users"] == [600] and pop["epsilon"] == 2.0 and len(pop["gain"]) == 1
+    (row,) = pop["runs"]
+    assert row["events"] == 1_800 and row["random"] == pytest.approx(1_800 / 25)
+    assert row["nonprivate"] > row["random"]  # the non-private twin learns the synthetic world
+    assert pop["gain"][0] == pytest.approx((row["local_shuffle"] - row["random"]) / (row["nonprivate"] - row["random"]))
+    assert 0.0 < row["reached"] <= row["reported"] <= 1.0
+    assert "Population axis" in (tmp_path / "modes.md").read_text() and doc["population"]["target"]["met"] is None
