@@ -41,7 +41,7 @@ Examples
 --------
 >>> blanket = ItemBlanket(n_items=1000, batch=500, epsilon=2.0, delta=1e-5, cap=1)
 >>> round(blanket.p * blanket.batch, 1)        # fake messages per item per batch (the blanket's mean)
-7.4
+14.5
 >>> g = blanket.guarantee()
 >>> g.epsilon <= 2.0, g.delta
 (True, 1e-05)
@@ -60,7 +60,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import signal, stats
 
-__all__ = ["ItemBlanket", "BlanketGuarantee", "blanket_delta", "blanket_epsilon", "calibrate_blanket",
+__all__ = ["ItemBlanket", "BlanketGuarantee", "blanket_delta", "blanket_epsilon", "calibrate_blanket", "codebook", "nearest_code",
            "pair_losses", "ITEM_STREAM"]
 
 FloatArray = NDArray[np.float64]
@@ -319,3 +319,37 @@ class ItemBlanket:
 @lru_cache(maxsize=64)
 def _calibrated(epsilon: float, delta: float, n: int, cap: int) -> float:
     return calibrate_blanket(epsilon, delta, n, compositions=cap)
+
+
+def codebook(features: FloatArray, size: int, *, iterations: int = 20, seed: int = 0) -> FloatArray:
+    """``size`` codewords of the catalog's (public) item features: k-means (Lloyd) centroids, each of norm ``<= 1``.
+
+    A device reports the codeword of the item it listened to (:func:`nearest_code`) through an
+    :class:`ItemBlanket` over ``size`` codes; the analyzer's ``b = sum_c count_c * codeword_c`` then carries
+    the blanket's noise on ``size`` values instead of the catalog's ``K`` (post-processing of public data: the
+    codebook depends on the catalog only).
+
+    >>> F = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    >>> np.round(codebook(F, 2), 2).tolist()
+    [[0.95, 0.05], [0.05, 0.95]]
+    """
+    X = np.asarray(features, dtype=np.float64)
+    norms = np.linalg.norm(X, axis=1, keepdims=True)
+    X = X / np.maximum(norms, 1.0)
+    rng = np.random.default_rng(seed)
+    C = X[rng.choice(len(X), size=min(size, len(X)), replace=False)].copy()
+    for _ in range(iterations):
+        code = nearest_code(C, X)
+        for c in range(len(C)):
+            members = X[code == c]
+            if len(members):
+                C[c] = members.mean(axis=0)
+    return C[np.argsort(-C[:, 0], kind="stable")]  # a canonical order: by the first coordinate, largest first
+
+
+def nearest_code(codewords: FloatArray, x: FloatArray) -> NDArray[np.int64]:
+    """Index of the nearest codeword (Euclidean) of each row of ``x`` (or of ``x`` itself)."""
+    X = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    d2 = (X**2).sum(1)[:, None] - 2.0 * X @ codewords.T + (codewords**2).sum(1)[None, :]
+    out: NDArray[np.int64] = np.argmin(d2, axis=1).astype(np.int64)
+    return out

@@ -136,9 +136,14 @@ class LocalItemUCB:
     def __init__(self, *, d: int, n_items: int, epsilon: float, batch: int, cap: int, seed: int,
                  delta: float = 1e-5, share: float = 0.5, weight: float = 1.0, noise_scale: float = 2.0,
                  threshold_stds: float = 2.0, lambda_: float = 1.0, alpha: float = 0.3, noise_ridge: float = 0.0,
-                 tick: int = 100, private: bool = True) -> None:
+                 tick: int = 100, private: bool = True, codewords: FloatArray | None = None, n_units: int = 1,
+                 pool_weight: float = 0.0, groups: NDArray[np.int64] | None = None) -> None:
         from .items import ItemBlanket
 
+        # groups: model unit -> the model (group) its users share (public; default: each unit its own, or one)
+        self.group_of = (np.zeros(n_units, dtype=np.int64) if groups is None and n_units == 1 else
+                         np.arange(n_units) if groups is None else np.asarray(groups, dtype=np.int64))
+        n_units = int(self.group_of.max()) + 1 if len(self.group_of) else 1
         if not private:  # the non-private twin of the same model: exact listens and counts, no batch, no cap
             epsilon, batch, cap = math.inf, 1, 1 << 62
         elif not 0.0 <= share <= 1.0:
@@ -149,15 +154,23 @@ class LocalItemUCB:
         self.private = private
         self.items = (ItemBlanket(n_items=n_items, batch=batch, epsilon=share * epsilon, delta=delta / 2, cap=cap)
                       if share > 0 and private else None)
-        self.config = (LocalConfig(algorithm="round", d=d, epsilon=(1.0 - share) * epsilon / cap,
-                                   delta=delta / (2 * cap), shuffle_batch=batch) if share < 1 and private else None)
+        self.codewords = None if codewords is None else np.asarray(codewords, dtype=np.float64)
+        self.codes: ItemBlanket | None = None
+        self.config: LocalConfig | None = None
+        if share < 1 and private and self.codewords is not None:  # listens as codewords, through a blanket
+            self.codes = ItemBlanket(n_items=n_units * len(self.codewords), batch=batch, epsilon=(1.0 - share) * epsilon,
+                                     delta=delta / 2, cap=cap)
+        elif share < 1 and private:  # listens as Laplace vectors
+            self.config = LocalConfig(algorithm="round", d=d, epsilon=(1.0 - share) * epsilon / cap,
+                                      delta=delta / (2 * cap), shuffle_batch=batch)
         self._rng = np.random.default_rng(seed)
         self._clients: dict[str, LocalClient] = {}
         self._open: dict[str, tuple[int, FloatArray | None]] = {}
         self._waiting: list[tuple[str, int, FloatArray | None]] = []
         self._counts: dict[str, int] = {}
-        self.gram = np.zeros((d, d))
-        self.b = np.zeros(d)
+        self.n_units, self.pool_weight = n_units, pool_weight
+        self.gram = np.zeros((n_units, d, d))
+        self.b = np.zeros((n_units, d))
         self.b_var = 0.0
         self.sums = np.zeros(n_items)
         self.variance = 0.0
@@ -166,16 +179,20 @@ class LocalItemUCB:
         self.reports = 0
         self.events = 0
         self._pop = np.zeros(n_items)
-        self.theta = np.zeros(d)
-        self.M = np.eye(d) / lambda_
+        self.theta = np.zeros((n_units, d))
+        self.M = np.broadcast_to(np.eye(d) / lambda_, (n_units, d, d)).copy()
 
     @property
     def item_weight(self) -> float:
         """``weight / (1 + (std / noise_scale)**2)`` with the public noise std of the released sums."""
         return self.weight / (1.0 + self.variance / self.noise_scale**2)
 
+    def _group(self, unit: int) -> int:
+        return int(self.group_of[unit]) if self.n_units > 1 else 0
+
     def select(self, unit: int, X: FloatArray, user: str | None = None, items: NDArray[np.int64] | None = None) -> int:
-        mean, bonus = ucb_scores(self.theta, self.M, X, self.alpha)
+        g = self._group(unit)
+        mean, bonus = ucb_scores(self.theta[g], self.M[g], X, self.alpha)
         score = mean + bonus
         if items is not None and (self.items is not None or not self.private):
             score = score + self.item_weight * self._pop[np.asarray(items)]
@@ -186,7 +203,7 @@ class LocalItemUCB:
                x_item: FloatArray | None = None) -> None:
         """One interaction of ``user``: ``x`` was shown (public: the Gram); they listened to ``item`` (context
         ``x_item``), which their device reports (``reward`` is the bandit feedback; the listen carries it)."""
-        self.gram += np.outer(clip_context(x), clip_context(x))
+        self.gram[self._group(unit)] += np.outer(clip_context(x), clip_context(x))
         self.events += 1
         if self.events % self.tick == 0:
             self._solve()
@@ -196,7 +213,13 @@ class LocalItemUCB:
             return
         self._counts[name] = used + 1
         self.reports += 1
-        vec = None if self.private else clip_context(np.asarray(x_item))
+        vec = None if self.private else np.concatenate([[self._group(unit)],
+                                                        clip_context(np.asarray(x_item))])
+        if self.codes is not None:
+            from .items import nearest_code
+
+            code = int(nearest_code(self.codewords, clip_context(np.asarray(x_item)))[0])
+            vec = np.array([float((self._group(unit)) * len(self.codewords) + code)])  # the message
         if self.config is not None:
             dev = self._clients.get(name)
             if dev is None:
@@ -215,8 +238,16 @@ class LocalItemUCB:
     def _close(self) -> None:
         n = len(self._open)
         vectors = [v for _, v in self._open.values() if v is not None]
-        if vectors:
-            self.b += np.sum(vectors, axis=0)
+        if self.codes is not None and self.codewords is not None:
+            msgs = [self.codes.randomize(int(v[0]), reward=1.0, rng=self._rng) for v in vectors]
+            est = self.codes.estimate(self.codes.histogram(np.concatenate(msgs)), n)
+            self.b += est.reshape(self.n_units, -1) @ self.codewords
+            self.b_var += self.codes.variance(n) * float((self.codewords**2).sum(axis=0).max())
+        elif vectors and not self.private:
+            for v in vectors:
+                self.b[int(v[0])] += v[1:]
+        elif vectors:
+            self.b[0] += np.sum(vectors, axis=0)
         if self.config is not None:
             self.b_var += len(vectors) * self.config.report_variance(1)
         if not self.private:
@@ -242,5 +273,7 @@ class LocalItemUCB:
 
     def _solve(self) -> None:
         ridge = self.lambda_ + self.noise_ridge * float(np.sqrt(self.b_var))
-        self.M = np.linalg.inv(self.gram + ridge * np.eye(self.d))
-        self.theta = self.M @ self.b
+        w = self.pool_weight
+        G = self.gram + w * self.gram.sum(axis=0) + ridge * np.eye(self.d)
+        self.M = np.linalg.inv(G)
+        self.theta = np.einsum("uij,uj->ui", self.M, self.b + w * self.b.sum(axis=0))
