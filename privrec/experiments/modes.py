@@ -39,6 +39,7 @@ import numpy as np
 
 from models.ground.environment import SyntheticEnvironment
 from models.local import LocalConfig, LocalUCB
+from models.local.policy import LocalItemUCB
 from models.policies import make_policy
 from models.streaming.federated import FederatedUCB, assign_sites
 
@@ -73,6 +74,9 @@ class ModesConfig:
     tree_levels: int = 14               # the pipeline's tree: 2**14 - 1 release ticks per epoch
     kappa: float = 0.5
     shuffle_batch: int = 200            # local-shuffle: distinct users per batch of a unit (LastFM clusters)
+    population_batch: int = 150         # local-shuffle-pop: distinct users per population-wide batch
+    population_cap: int = 2             # local-shuffle-pop: reports per device per epoch (user level)
+    population_codewords: int = 64      # local-shuffle-pop: size of the public codebook of item features
     scaling_users: tuple[int, ...] = (10, 40, 160)  # local vs global added regret as N grows (epsilon = 2)
     population_sizes: tuple[int, ...] = ()   # the population axis (privrec.experiments.population); CLI: 1k, 10k, 100k
     population_items: int = 1_000
@@ -130,6 +134,23 @@ def _local(algorithm: str) -> Callable[..., Any]:
     return make
 
 
+def _local_population(V: np.ndarray, d: int, epsilon: float, seed: int, cfg: ModesConfig, *, tick: int, lam: float,
+                      kappa: float, horizon: int) -> Any:
+    """Local mode with population-wide shuffled batches (models.local.policy.LocalItemUCB): listens as codewords of a
+    public codebook of the catalog's features, through a blanket of fake messages, user level (cap reports per
+    device); epsilon = inf: the non-private twin of the same model (exact listens, no batch, no cap)."""
+    from models.local.items import codebook
+
+    lf = _CTX["lastfm"]
+    cw = _CTX.get("codebook")
+    if cw is None:
+        cw = _CTX["codebook"] = codebook(lf["features"], cfg.population_codewords, seed=0)
+    return LocalItemUCB(d=d, n_items=len(lf["features"]), epsilon=2.0 if math.isinf(epsilon) else epsilon,
+                        batch=cfg.population_batch, cap=cfg.population_cap, seed=seed, delta=cfg.delta, share=0.0,
+                        lambda_=lam, alpha=cfg.alpha, noise_ridge=0.0, tick=tick, private=not math.isinf(epsilon),
+                        codewords=cw)
+
+
 #: The modes, in report order.
 ROWS: list[Row] = [
     Row("global", "trusted server, default mechanism (user-blt-exact + noise ridge)", _global),
@@ -144,11 +165,14 @@ ROWS: list[Row] = [
     Row("local-shuffle", "pure eps0-LDP Laplace reports, shuffled in batches of distinct users of a unit; "
                          "epsilon is the central guarantee of a batch (Feldman, McMillan & Talwar)",
         _local("shuffle")),
+    Row("local-shuffle-pop", "population-wide shuffled batches of distinct users: listens as codewords of a public "
+                             "codebook with a blanket of fake messages; user level (cap per device per epoch); epsilon "
+                             "is the central guarantee of a user's batches", _local_population),
 ]
 
 #: Rows that cannot run on the synthetic world: there each user is their own unit, so a unit's batch can never
 #: hold several distinct users (nothing to hide among).
-NEEDS_POOLED_UNITS = {"local-shuffle"}
+NEEDS_POOLED_UNITS = {"local-shuffle", "local-shuffle-pop"}
 
 
 def register_row(row: Row) -> None:
@@ -224,6 +248,10 @@ def _local_stats(policy: Any) -> dict[str, float] | None:
     """A local row's cost beyond the noise: the share of reports in the server's sums when the run ended (with
     shuffling only completed batches count; the rest wait in open batches), the batches completed, the public
     noise std of the sums at the end, and the devices (users) that reported."""
+    if isinstance(policy, LocalItemUCB) and policy.reports:
+        return {"applied_fraction": policy.item_reports / policy.events, "batches": float(policy.batches),
+                "noise_std": math.sqrt(policy.b_var), "devices": float(len(policy._counts)),
+                "reported_fraction": policy.reports / policy.events}
     if not isinstance(policy, LocalUCB) or not policy.reports:
         return None
     batches = sum(policy.shuffler.seq.values()) if policy.shuffler is not None else 0
@@ -251,6 +279,15 @@ def lastfm_reward(policy: Any, units: np.ndarray, pools: np.ndarray, features: n
     reward = 0.0
     per_user = users is not None and getattr(policy, "per_user", False)
     by_user = users is not None and getattr(policy, "select_by_user", False)
+    if users is not None and getattr(policy, "with_items", False):  # the pool's items and the listened one
+        for i in range(len(units)):
+            X = features[pools[i]]
+            k = policy.select(int(units[i]), X, user=str(users[i]), items=pools[i])
+            r = 1.0 if k == int(correct[i]) else 0.0
+            a = int(pools[i][int(correct[i])])
+            policy.update(int(units[i]), X[k], r, user=str(users[i]), item=a, x_item=features[a])
+            reward += r
+        return reward
     for i in range(len(units)):
         X = features[pools[i]]
         k = policy.select(int(units[i]), X, user=str(users[i])) if by_user else policy.select(int(units[i]), X)  # type: ignore[index]
@@ -456,6 +493,16 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
                                "applied_fraction": (sh.get("lastfm_applied_fraction") or [None] * (i + 1))[i],
                                "batches": (sh.get("lastfm_batches") or [None] * (i + 1))[i],
                                "shuffle_batch": cfg.shuffle_batch}
+    if "local-shuffle-pop" in modes and 2.0 in cfg.epsilons and lf:
+        i = list(cfg.epsilons).index(2.0)
+        pm = modes["local-shuffle-pop"]
+        got = pm["lastfm_ratio"][i]
+        doc["local_pop_target"] = {
+            "what": "local mode with population-wide shuffling at central epsilon = 2, user level: LastFM ratio >= 2.0",
+            "reached": got, "met": bool(isinstance(got, float) and not math.isnan(got) and got >= 2.0),
+            "nonprivate": pm.get("lastfm_ratio_nonprivate"),
+            "applied_fraction": (pm.get("lastfm_applied_fraction") or [None] * (i + 1))[i],
+            "batch": cfg.population_batch, "cap": cfg.population_cap}
     return doc
 
 
@@ -522,6 +569,12 @@ def _markdown(doc: dict[str, Any]) -> str:
             lines += [f"(Against the never-refreshed policy's {_fmt(lt['untrained_ratio'], 2)}: "
                       f"{_fmt(lt.get('applied_fraction'), 2)} of the reports reached the sums in "
                       f"{_fmt(lt.get('batches'))} batch(es) of {lt['shuffle_batch']}.)"]
+    lp = doc.get("local_pop_target")
+    if lp:
+        lines += ["", f"Target — {lp['what']}: reached {_fmt(lp['reached'], 2)} (non-private twin "
+                      f"{_fmt(lp['nonprivate'], 2)}; {_fmt(lp['applied_fraction'], 2)} of the events reached the "
+                      f"model in batches of {lp['batch']} distinct users, cap {lp['cap']}): "
+                      f"**{'met' if lp['met'] else 'missed'}**."]
     sc = doc.get("scaling")
     if sc:
         lines += ["", f"## Local against global as the users grow (synthetic, ε = {sc['epsilon']:g}, added regret "
@@ -586,7 +639,8 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     epsilon_axis(ax, doc["epsilons"])
     ax.set_ylabel("cumulative regret (synthetic)")
     ax.set_title("regret against ε")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     if has_lf:
         ax = axes[0][1]
         for name, m in doc["modes"].items():

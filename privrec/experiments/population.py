@@ -9,7 +9,9 @@ random others, the replay's protocol) and earns 1 iff its top item is the listen
 Each mode runs on the same events; its **gain** is ``(reward - random) / (non-private - random)`` with random play's
 expected reward (``events / pool``) and the non-private twin of the same model (exact listens and counts, no batch,
 no cap). Modes: ``local-shuffle`` (:class:`models.local.policy.LocalItemUCB`: population-wide shuffled batches of
-one-hot item reports with a blanket and Laplace listen reports, user level with the device's cap) at central
+one-hot item reports with a blanket of fake messages, and listens as Laplace vectors — the synthetic features are
+random, so a codebook of them quantizes away the direction the LastFM row's codewords keep —, user level with the
+device's cap) at central
 ``epsilon`` (default 2).
 
 >>> pop = SyntheticPopulation(n_users=50, n_units=5, n_items=40, events_per_user=2, seed=0)
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from models.local.items import codebook
 from models.local.policy import LocalItemUCB
 
 __all__ = ["SyntheticPopulation", "PopulationConfig", "population_gain", "run_population"]
@@ -99,6 +102,7 @@ class PopulationConfig:
     batch_fraction: float = 0.2     # a batch holds this share of the population (distinct users)
     min_batch: int = 400
     share: float = 0.5              # the item reports' part of epsilon
+    codewords: int = 0              # listens as codewords of a public codebook (k-means of the features); 0: Laplace
     seed: int = 0
 
 
@@ -121,8 +125,10 @@ def population_gain(n_users: int, cfg: PopulationConfig, run: int = 0) -> dict[s
     pop = SyntheticPopulation(n_users=n_users, n_units=cfg.n_units, n_items=cfg.n_items,
                               events_per_user=cfg.events_per_user, seed=cfg.seed + run)
     batch = max(cfg.min_batch, int(cfg.batch_fraction * n_users))
+    cw = codebook(pop.features, cfg.codewords, seed=cfg.seed) if cfg.codewords else None
     common = {"d": pop.d, "n_items": pop.n_items, "epsilon": cfg.epsilon, "delta": cfg.delta, "batch": batch,
-              "cap": cfg.cap, "share": cfg.share, "lambda_": 1.0, "noise_ridge": 100.0, "seed": 1_000 + run}
+              "cap": cfg.cap, "share": cfg.share, "lambda_": 1.0, "noise_ridge": 0.0 if cfg.codewords else 100.0,
+              "seed": 1_000 + run, "codewords": cw}
     nonprivate = _reward(LocalItemUCB(**{**common, "private": False}), pop)
     local = LocalItemUCB(**common)
     reward = _reward(local, pop)
