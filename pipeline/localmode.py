@@ -169,7 +169,7 @@ class _LocalIngestBase(IngestProcessor):
                 fields += [f"s:{u}", str(new.seqs[u])]
         for user in sorted(batch.touched_users):  # type: ignore[attr-defined]
             fields += [f"l:{user}", _latest_value(*new.latest[user])]
-        if new.items is not None and getattr(batch, "touched_items", False):
+        if new.items is not None and getattr(batch, "item_batches", False):
             fields += ["i:sums", new.items.astype("<f8").tobytes(), "i:var", repr(new.items_var), "i:n",
                        str(new.items_n)]
         args: list[Any] = ["" if batch.expected_offset is None else str(batch.expected_offset),
@@ -279,7 +279,7 @@ class BatchIngestProcessor(_LocalIngestBase):
         batch.shard = new  # type: ignore[attr-defined]
         batch.touched_units = units  # type: ignore[attr-defined]
         batch.touched_users = set()  # type: ignore[attr-defined]
-        batch.touched_items = items_touched  # type: ignore[attr-defined]
+        batch.item_batches = items_touched  # type: ignore[attr-defined]
         return batch
 
 

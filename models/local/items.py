@@ -115,9 +115,9 @@ def pair_losses(n: int, p: float) -> tuple[FloatArray, FloatArray, FloatArray, F
 
 def _grid_pmf(losses: FloatArray, weights: FloatArray, grid: float) -> tuple[int, FloatArray]:
     """``(offset, pmf)``: the losses rounded up to the grid, as a pmf over ``offset + i`` grid steps."""
-    idx = np.ceil(losses / grid - 1e-9).astype(np.int64)
+    idx = np.ceil(losses / grid).astype(np.int64)
     off = int(idx.min())
-    pmf = np.bincount(idx - off, weights=weights)
+    pmf: FloatArray = np.bincount(idx - off, weights=weights).astype(np.float64)
     return off, pmf
 
 
@@ -344,7 +344,8 @@ def codebook(features: FloatArray, size: int, *, iterations: int = 20, seed: int
             members = X[code == c]
             if len(members):
                 C[c] = members.mean(axis=0)
-    return C[np.argsort(-C[:, 0], kind="stable")]  # a canonical order: by the first coordinate, largest first
+    out: FloatArray = C[np.argsort(-C[:, 0], kind="stable")]  # a canonical order: by the first coordinate
+    return out
 
 
 def nearest_code(codewords: FloatArray, x: FloatArray) -> NDArray[np.int64]:

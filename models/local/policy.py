@@ -215,7 +215,7 @@ class LocalItemUCB:
         self.reports += 1
         vec = None if self.private else np.concatenate([[self._group(unit)],
                                                         clip_context(np.asarray(x_item))])
-        if self.codes is not None:
+        if self.codes is not None and self.codewords is not None:
             from .items import nearest_code
 
             code = int(nearest_code(self.codewords, clip_context(np.asarray(x_item)))[0])

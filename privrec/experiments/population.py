@@ -126,9 +126,9 @@ def population_gain(n_users: int, cfg: PopulationConfig, run: int = 0) -> dict[s
                               events_per_user=cfg.events_per_user, seed=cfg.seed + run)
     batch = max(cfg.min_batch, int(cfg.batch_fraction * n_users))
     cw = codebook(pop.features, cfg.codewords, seed=cfg.seed) if cfg.codewords else None
-    common = {"d": pop.d, "n_items": pop.n_items, "epsilon": cfg.epsilon, "delta": cfg.delta, "batch": batch,
-              "cap": cfg.cap, "share": cfg.share, "lambda_": 1.0, "noise_ridge": 0.0 if cfg.codewords else 100.0,
-              "seed": 1_000 + run, "codewords": cw}
+    common: dict[str, Any] = {"d": pop.d, "n_items": pop.n_items, "epsilon": cfg.epsilon, "delta": cfg.delta,
+                              "batch": batch, "cap": cfg.cap, "share": cfg.share, "lambda_": 1.0,
+                              "noise_ridge": 0.0 if cfg.codewords else 100.0, "seed": 1_000 + run, "codewords": cw}
     nonprivate = _reward(LocalItemUCB(**{**common, "private": False}), pop)
     local = LocalItemUCB(**common)
     reward = _reward(local, pop)
