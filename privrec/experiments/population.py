@@ -73,12 +73,17 @@ class SyntheticPopulation:
         cdf = np.cumsum(probs, axis=1)
         u = rng.random(len(users))
         self.listened = np.minimum((cdf[self.units] < u[:, None]).sum(axis=1), self.n_items - 1)
-        pools = np.empty((len(users), self.pool), dtype=np.int64)
+        # the pool: the listened item and pool - 1 others, drawn independently among the other items (an item may
+        # repeat among the others: vectorized, and harmless — the listened item is in the pool once)
+        others = rng.integers(0, self.n_items - 1, size=(len(users), self.pool - 1))
+        others[others >= self.listened[:, None]] += 1  # every item but the listened one
         self.correct = rng.integers(0, self.pool, size=len(users))
-        for i, a in enumerate(self.listened):
-            others = rng.choice(self.n_items - 1, size=self.pool - 1, replace=False)
-            others[others >= a] += 1  # every item but a
-            pools[i] = np.insert(others, self.correct[i], a)
+        pools = np.empty((len(users), self.pool), dtype=np.int64)
+        rows = np.arange(len(users))
+        mask = np.ones((len(users), self.pool), dtype=bool)
+        mask[rows, self.correct] = False
+        pools[mask] = others.ravel()
+        pools[rows, self.correct] = self.listened
         self.pools = pools
 
     @property
