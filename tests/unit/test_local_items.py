@@ -142,3 +142,22 @@ def test_population_batches_fill() -> None:
     for u in range(2_000):
         pol.update(u % 100, X[0], 0.0, user=str(u), item=u % 10, x_item=X[0])
     assert pol.batches == 4 and pol.item_reports == 2_000
+
+
+def test_shuffler_carries_every_message_once_and_keeps_the_open_ones() -> None:
+    """A batch's msgs are the multiset of its reports' messages (no report of another batch); an open report's
+    messages are in the state the shuffler persists, under its user and version; ShuffledBatch round-trips them."""
+    from models.local import LocalConfig, LocalReport
+    from models.local.shuffle import POPULATION, ShuffledBatch, Shuffler
+
+    sh = Shuffler(LocalConfig(algorithm="round", d=1, epsilon=2.0, shuffle_batch=2))
+    rep = lambda user, v: LocalReport(user, v, "round", f"r{user}{v}", [0.0], ("i1",))  # noqa: E731
+    assert sh.add(rep("a", 1), unit=POPULATION, messages=[3, 9]) == []
+    assert sh.add(rep("a", 2), unit=POPULATION, messages=[4]) == []  # waits: "a" is in the open batch
+    (batch,) = sh.add(rep("b", 1), unit=POPULATION, messages=[9, 11])
+    assert sorted(batch.messages) == [3, 9, 9, 11]
+    assert sh.state()["messages"] == {POPULATION: {"a\n2": [4]}}
+    again = ShuffledBatch.parse(batch.to_json(), d=1)
+    assert sorted(again.messages) == [3, 9, 9, 11]
+    with pytest.raises(ValueError, match="msgs must be a list of catalog rows"):
+        ShuffledBatch.parse(batch.to_json().replace(b'"msgs":[', b'"msgs":[-1,'), d=1)
