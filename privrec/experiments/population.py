@@ -30,7 +30,7 @@ import numpy as np
 from models.local.items import codebook
 from models.local.policy import LocalItemUCB
 
-__all__ = ["SyntheticPopulation", "PopulationConfig", "population_gain", "run_population"]
+__all__ = ["SyntheticPopulation", "PopulationConfig", "population_gain"]
 
 
 @dataclass
@@ -145,13 +145,3 @@ def population_gain(n_users: int, cfg: PopulationConfig, run: int = 0) -> dict[s
             "reported": local.reports / pop.n, "item_noise_std": math.sqrt(local.variance),
             "messages_per_report": None if local.items is None else local.items.messages_per_report}
 
-
-def run_population(cfg: PopulationConfig) -> dict[str, Any]:
-    """Every size and run; the mean gain per size (``modes.json``'s ``population``)."""
-    rows = [population_gain(n, cfg, r) for n in cfg.sizes for r in range(cfg.runs)]
-    gains = []
-    for n in cfg.sizes:
-        vals = [r["gain"] for r in rows if r["n_users"] == n and r["gain"] is not None]
-        gains.append(float(np.mean(vals)) if vals else None)
-    return {"n_users": list(cfg.sizes), "gain": gains, "epsilon": cfg.epsilon, "runs": rows,
-            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()}}
