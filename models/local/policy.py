@@ -121,6 +121,13 @@ class LocalItemUCB:
     by basic composition. Score: ``x theta + alpha ||x||_M + w pop_a`` with the global mode's item term
     (:func:`~models.ground.items.popularity_feature`, threshold ``2`` noise stds, ``w`` fading with the noise).
 
+    Options: ``codewords`` (a public codebook, :func:`~models.local.items.codebook`) reports a listen as the
+    codeword of ``x_a`` through a blanket over the codes instead of a Laplace vector (the ``(1 - share) epsilon``
+    part is then an exact blanket guarantee too); ``n_units`` with ``groups`` (unit -> model group, public) keeps
+    one LinUCB per group, the messages labelled by group (the blanket covers every group's codes; ``pool_weight``
+    adds that share of the population's sums to each group's); ``private=False`` is the non-private twin of the
+    same model (exact listens and counts, no batch, no cap).
+
     >>> import numpy as np
     >>> pol = LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, share=0.5)
     >>> X = np.eye(2)[[0, 1, 0, 1]]
