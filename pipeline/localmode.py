@@ -39,8 +39,10 @@ import redis
 from models.accounting import NoNoiseEvent, event_to_dict
 from models.local import LocalConfig, LocalReport, ReportError, StaleReport, parse_report
 from models.local.aggregate import add_report, check_version, clip_context, unit_noise_std
+from models.local.items import ItemBlanket
 from models.local.seal import AnalyzerKey
 from models.local.shuffle import ShuffledBatch, Shuffler
+from models.ground.items import ReleasedItems
 from models.streaming import ReleasedStats, UnitStats
 
 from . import agents, timers
@@ -81,6 +83,9 @@ class _Shard:
     latest: dict[str, tuple[int, np.ndarray | None]]
     seqs: dict[int, int]
     offset: int | None
+    items: np.ndarray | None = None  # item reports: the sum of the batches' unbiased estimates h - n p (noisy)
+    items_var: float = 0.0           # its public noise variance per item, sum of n p (1 - p)
+    items_n: int = 0                 # item reports counted
 
 
 def _latest_value(version: int, vector: np.ndarray | None) -> bytes:
@@ -108,7 +113,11 @@ def _decode_shard(raw: dict[bytes, bytes], off: Any, n_units: int, d: int) -> _S
         elif kind == "l":
             version = struct.unpack("<q", v[:8])[0]
             latest[name] = (version, np.frombuffer(v[8:], dtype="<f8").copy() if len(v) > 8 else None)
-    return _Shard(stats, var, latest, seqs, None if off is None else int(off))
+    shard = _Shard(stats, var, latest, seqs, None if off is None else int(off))
+    if b"i:sums" in raw:
+        shard.items = np.frombuffer(raw[b"i:sums"], dtype="<f8").copy()
+        shard.items_var, shard.items_n = float(raw[b"i:var"]), int(raw[b"i:n"])
+    return shard
 
 
 class _LocalIngestBase(IngestProcessor):
@@ -162,6 +171,9 @@ class _LocalIngestBase(IngestProcessor):
                 fields += [f"s:{u}", str(new.seqs[u])]
         for user in sorted(batch.touched_users):  # type: ignore[attr-defined]
             fields += [f"l:{user}", _latest_value(*new.latest[user])]
+        if new.items is not None and getattr(batch, "item_batches", False):
+            fields += ["i:sums", new.items.astype("<f8").tobytes(), "i:var", repr(new.items_var), "i:n",
+                       str(new.items_n)]
         args: list[Any] = ["" if batch.expected_offset is None else str(batch.expected_offset),
                            str(batch.next_offset), len(fields) // 2, *fields, len(batch.reasons)]
         for reason, count in batch.reasons.items():
@@ -180,7 +192,8 @@ class _LocalIngestBase(IngestProcessor):
 
 
 def _copy(shard: _Shard) -> _Shard:
-    return _Shard(shard.stats.copy(), shard.var.copy(), dict(shard.latest), dict(shard.seqs), shard.offset)
+    return _Shard(shard.stats.copy(), shard.var.copy(), dict(shard.latest), dict(shard.seqs), shard.offset,
+                  None if shard.items is None else shard.items.copy(), shard.items_var, shard.items_n)
 
 
 class ReportIngestProcessor(_LocalIngestBase):
@@ -220,12 +233,17 @@ class BatchIngestProcessor(_LocalIngestBase):
     With a separate shuffler (:mod:`pipeline.shuffler_service`) the batches are sealed: ``analyzer_key`` opens
     each content (:func:`pipeline.esa.open_batch`); one that does not open is a dead letter (its sealed bytes and
     the reason), the rest of the batch counts.
+
+    With ``items`` (the public calibration of the item reports, :class:`models.local.items.ItemBlanket`), a
+    batch's item messages (``msgs``: catalog rows, real items and fakes shuffled together) add their histogram's
+    unbiased estimate ``h - n p`` to the partition's item sums, with its public variance ``n p (1 - p)``.
     """
 
     def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, config: LocalConfig,
-                 analyzer_key: AnalyzerKey | None = None) -> None:
+                 analyzer_key: AnalyzerKey | None = None, items: ItemBlanket | None = None) -> None:
         super().__init__(client, namespace, catalog, config)
         self.analyzer_key = analyzer_key
+        self.items = items
 
     def parse_batch(self, offset: int, raw: bytes, dead: list[DeadLetterItem]) -> ShuffledBatch | None:
         """The batch at ``offset`` (opened, if sealed); ``None`` when nothing of it counts (dead letters added)."""
@@ -244,6 +262,7 @@ class BatchIngestProcessor(_LocalIngestBase):
         dead: list[DeadLetterItem] = []
         units: set[int] = set()
         counted = 0
+        items_touched = False
         for offset, raw in fresh:
             try:
                 b = self.parse_batch(offset, raw, dead)
@@ -254,9 +273,19 @@ class BatchIngestProcessor(_LocalIngestBase):
                 if b.seq <= new.seqs.get(b.unit, 0):
                     raise ValueError(f"batch: repeated batch {b.seq} of unit {b.unit} (latest {new.seqs[b.unit]})")
                 X = np.stack([self.context(i) for i in b.items])
+                if b.messages and self.items is None:
+                    raise ValueError("batch: item messages, but this namespace has no item reports")
+                if b.messages and max(b.messages) >= self.items.n_items:  # type: ignore[union-attr]
+                    raise ValueError(f"batch: msgs must be catalog rows below {self.items.n_items}")  # type: ignore[union-attr]
             except (ValueError, UnknownArmError) as e:
                 dead.append(DeadLetterItem(offset, raw, f"shuffled batch: {e}"))
                 continue
+            if b.messages and self.items is not None:
+                est = self.items.estimate(self.items.histogram(np.asarray(b.messages)), b.n)
+                new.items = est if new.items is None else new.items + est
+                new.items_var += self.items.variance(b.n)
+                new.items_n += b.n
+                items_touched = True
             new.stats.gram[b.unit] += X.T @ X
             new.stats.b[b.unit] += np.asarray(b.vectors).sum(axis=0)
             new.stats.count[b.unit] += b.n
@@ -269,6 +298,7 @@ class BatchIngestProcessor(_LocalIngestBase):
         batch.shard = new  # type: ignore[attr-defined]
         batch.touched_units = units  # type: ignore[attr-defined]
         batch.touched_users = set()  # type: ignore[attr-defined]
+        batch.item_batches = items_touched  # type: ignore[attr-defined]
         return batch
 
 
@@ -299,6 +329,8 @@ class LocalReleaseStage:
         self.recover()
         c = self.catalog
         stats, var, offsets = UnitStats.zeros(n_units=c.n_units, d=c.d), np.zeros(c.n_units), []
+        item_sums: np.ndarray | None = None
+        item_var, item_n = 0.0, 0
         for p in range(self.settings.partitions):
             self._reader.forget(p)
             shard = self._reader.shard(p)
@@ -307,6 +339,9 @@ class LocalReleaseStage:
             stats.count += shard.stats.count
             var += shard.var
             offsets.append(0 if shard.offset is None else shard.offset)
+            if shard.items is not None:
+                item_sums = shard.items.copy() if item_sums is None else item_sums + shard.items
+                item_var, item_n = item_var + shard.items_var, item_n + shard.items_n
         last = self.client.hget(self.store.keys.pending, "count")
         if not force and last is not None and int(last) == int(stats.count.sum()):
             return None
@@ -315,7 +350,10 @@ class LocalReleaseStage:
         released = ReleasedStats(self.structure, self.V, stats.gram, b_tilde, stats.count, version, NoNoiseEvent(),
                                  unit_noise_std(var, None if self.structure == "linucb" else self.V))
         event = json.dumps(event_to_dict(NoNoiseEvent()))  # the server spends nothing: the devices add the noise
-        self.store.persist_release(None, released, event, offsets)
+        # the item term: the sums of the item reports' estimates, released as they are (the devices added the noise)
+        items = None if item_sums is None else (None, ReleasedItems(item_sums, total=item_n,
+                                                                    noise_std=float(np.sqrt(item_var))).to_mapping())
+        self.store.persist_release(None, released, event, offsets, items=items)
         self.store.publish()
         return version
 
@@ -352,14 +390,17 @@ class ShufflerTask:
         self.offsets = {int(k): int(v) for k, v in data["offsets"].items()}
         self.shuffler.seq = {int(k): int(v) for k, v in data["seq"].items()}
         self.outbox = [b.encode() for b in data.get("outbox", [])]
+        msgs = data.get("messages", {})
         for unit, reps in data["open"].items():
             for body in reps:
-                self.shuffler.add(parse_report(body, d=self.config.d), unit=int(unit))
+                rep = parse_report(body, d=self.config.d)
+                self.shuffler.add(rep, unit=int(unit), messages=msgs.get(unit, {}).get(f"{rep.user}\n{rep.version}", ()))
 
     def save(self) -> None:
         state = self.shuffler.state()
         self.r.set(self.key, json.dumps({"versions": self.versions, "offsets": self.offsets, "seq": state["seq"],
-                                         "open": state["open"], "outbox": [b.decode() for b in self.outbox]}))
+                                         "open": state["open"], "messages": state["messages"],
+                                         "outbox": [b.decode() for b in self.outbox]}))
 
     def process(self, partition: int, messages: Sequence[tuple[int, bytes]]
                 ) -> tuple[list[ShuffledBatch], list[DeadLetterItem]]:

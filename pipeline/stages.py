@@ -586,7 +586,10 @@ class SolveStage:
         s = self.settings
         item_model: dict[str, Any] | None = None
         if items is not None:  # the item term: post-processing of the released item sums only
-            weight, pop = item_term(items, s.item_term_weight)
+            # local mode: released item sums exist only when devices send item reports; they are served with
+            # item_weight (default 1) — the global mode's rule, applied to the sums of the devices' noisy messages
+            setting = s.item_term_weight if s.mode != "local" else (1.0 if s.item_weight is None else s.item_weight)
+            weight, pop = item_term(items, setting)
             item_model = {"pop": pop.astype("<f8").tobytes(), "weight": repr(weight), "version": str(version),
                           "noise_std": repr(items.noise_std), "total": str(items.total)}
             extra = {**extra, "item_weight": repr(weight)}

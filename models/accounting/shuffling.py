@@ -407,6 +407,7 @@ def shuffled_epsilon(eps0: float, n: int, delta: float) -> ShuffleGuarantee:
                                  f"({name}, Feldman-McMillan-Talwar 2021); {condition}")
 
 
+@lru_cache(maxsize=1024)  # pure, and asked once per report by every device's calibration (LocalConfig.epsilon0)
 def local_epsilon_for_central(target_eps: float, n: int, delta: float) -> float:
     """Largest ``eps0`` whose shuffled guarantee is at most ``target_eps`` (bisection to ``1e-6``).
 

@@ -20,11 +20,13 @@ only once their batch is complete.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 from numpy.typing import NDArray
 
 from models.accounting import NoNoiseEvent
+from models.ground.items import popularity_feature
 from models.ground.linalg import ucb_scores
 from models.streaming import ReleasedStats, solve
 
@@ -33,7 +35,7 @@ from .client import LocalClient, MemoryStorage
 from .config import LocalConfig
 from .shuffle import Shuffler
 
-__all__ = ["LocalUCB"]
+__all__ = ["LocalUCB", "LocalItemUCB"]
 
 FloatArray = NDArray[np.float64]
 
@@ -98,3 +100,187 @@ class LocalUCB:
                                  a.count.copy(), self.solves + 1, NoNoiseEvent(), a.noise_std())
         self.theta, self.M = solve(released, lambda_=self.lambda_, noise_ridge=self.noise_ridge)
         self.solves += 1
+
+
+class LocalItemUCB:
+    """Local mode with shuffling, population-wide: a shared LinUCB learnt from listens, and the item term.
+
+    Every interaction is one report of the user's device about the item the user listened to (the logged
+    item: their choice, protected): the round report ``x_a + Laplace`` (pure ``epsilon0``-LDP, the real
+    :class:`~models.local.LocalClient`), which trains one LinUCB shared by everyone (as the global mode's
+    organic listens train ``b``, never the Gram), and — with ``share > 0`` — the item ``a`` one-hot through
+    :class:`~models.local.items.ItemBlanket` (the item term). The Gram takes the recommended item's public
+    context. A batch holds ``batch`` *distinct* users of the whole population (no unit label: both
+    statistics are population-wide), so batches fill at the pace of the whole stream; a user's next report
+    waits for the next batch. A device reports at most ``cap`` times (one epoch: the user-level cap).
+
+    Privacy (user level, against everyone who sees only the shuffled batches): the item messages of a
+    user's ``cap`` batches are ``(share * epsilon, delta / 2)``-DP (exact blanket analysis); the round
+    reports, each batch ``((1 - share) epsilon / cap, delta / (2 cap))``-DP (Feldman, McMillan & Talwar),
+    compose over ``cap`` batches to ``((1 - share) epsilon, delta / 2)``; together ``(epsilon, delta)``
+    by basic composition. Score: ``x theta + alpha ||x||_M + w pop_a`` with the global mode's item term
+    (:func:`~models.ground.items.popularity_feature`, threshold ``2`` noise stds, ``w`` fading with the noise).
+
+    Options: ``codewords`` (a public codebook, :func:`~models.local.items.codebook`) reports a listen as the
+    codeword of ``x_a`` through a blanket over the codes instead of a Laplace vector (the ``(1 - share) epsilon``
+    part is then an exact blanket guarantee too); ``n_units`` with ``groups`` (unit -> model group, public) keeps
+    one LinUCB per group, the messages labelled by group (the blanket covers every group's codes; ``pool_weight``
+    adds that share of the population's sums to each group's); ``private=False`` is the non-private twin of the
+    same model (exact listens and counts, no batch, no cap).
+
+    >>> import numpy as np
+    >>> pol = LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, share=0.5)
+    >>> X = np.eye(2)[[0, 1, 0, 1]]
+    >>> for u in range(200):
+    ...     pol.update(0, X[pol.select(0, X, items=np.arange(4))], 0.0, user=str(u), item=2, x_item=X[2])
+    >>> pol.batches, pol.item_reports, int(np.argmax(pol.sums))   # 200 listens of item 2 stand out
+    (1, 200, 2)
+    """
+
+    per_user = True
+    with_items = True
+
+    def __init__(self, *, d: int, n_items: int, epsilon: float, batch: int, cap: int, seed: int,
+                 delta: float = 1e-5, share: float = 0.5, weight: float = 1.0, noise_scale: float = 2.0,
+                 threshold_stds: float = 2.0, lambda_: float = 1.0, alpha: float = 0.3, noise_ridge: float = 0.0,
+                 tick: int = 100, private: bool = True, codewords: FloatArray | None = None, n_units: int = 1,
+                 pool_weight: float = 0.0, groups: NDArray[np.int64] | None = None) -> None:
+        from .items import ItemBlanket
+
+        # groups: model unit -> the model (group) its users share (public; default: each unit its own, or one)
+        self.group_of = (np.zeros(n_units, dtype=np.int64) if groups is None and n_units == 1 else
+                         np.arange(n_units) if groups is None else np.asarray(groups, dtype=np.int64))
+        n_units = int(self.group_of.max()) + 1 if len(self.group_of) else 1
+        if not private:  # the non-private twin of the same model: exact listens and counts, no batch, no cap
+            epsilon, batch, cap = math.inf, 1, 1 << 62
+        elif not 0.0 <= share <= 1.0:
+            raise ValueError(f"`share` must be in [0, 1], got {share!r}.")
+        self.d, self.n_items, self.batch, self.cap, self.tick = d, n_items, batch, cap, tick
+        self.weight, self.noise_scale, self.threshold_stds = weight, noise_scale, threshold_stds
+        self.lambda_, self.alpha, self.noise_ridge = lambda_, alpha, noise_ridge
+        self.private = private
+        self.items = (ItemBlanket(n_items=n_items, batch=batch, epsilon=share * epsilon, delta=delta / 2, cap=cap)
+                      if share > 0 and private else None)
+        self.codewords = None if codewords is None else np.asarray(codewords, dtype=np.float64)
+        self.codes: ItemBlanket | None = None
+        self.config: LocalConfig | None = None
+        if share < 1 and private and self.codewords is not None:  # listens as codewords, through a blanket
+            self.codes = ItemBlanket(n_items=n_units * len(self.codewords), batch=batch, epsilon=(1.0 - share) * epsilon,
+                                     delta=delta / 2, cap=cap)
+        elif share < 1 and private:  # listens as Laplace vectors
+            self.config = LocalConfig(algorithm="round", d=d, epsilon=(1.0 - share) * epsilon / cap,
+                                      delta=delta / (2 * cap), shuffle_batch=batch)
+        self._rng = np.random.default_rng(seed)
+        self._clients: dict[str, LocalClient] = {}
+        self._open: dict[str, tuple[int, FloatArray | None]] = {}
+        self._waiting: list[tuple[str, int, FloatArray | None]] = []
+        self._counts: dict[str, int] = {}
+        self.n_units, self.pool_weight = n_units, pool_weight
+        self.gram = np.zeros((n_units, d, d))
+        self.b = np.zeros((n_units, d))
+        self.b_var = 0.0
+        self.sums = np.zeros(n_items)
+        self.variance = 0.0
+        self.item_reports = 0
+        self.batches = 0
+        self.reports = 0
+        self.events = 0
+        self._pop = np.zeros(n_items)
+        self.theta = np.zeros((n_units, d))
+        self.M = np.broadcast_to(np.eye(d) / lambda_, (n_units, d, d)).copy()
+
+    @property
+    def item_weight(self) -> float:
+        """``weight / (1 + (std / noise_scale)**2)`` with the public noise std of the released sums."""
+        return self.weight / (1.0 + self.variance / self.noise_scale**2)
+
+    def _group(self, unit: int) -> int:
+        return int(self.group_of[unit]) if self.n_units > 1 else 0
+
+    def select(self, unit: int, X: FloatArray, user: str | None = None, items: NDArray[np.int64] | None = None) -> int:
+        g = self._group(unit)
+        mean, bonus = ucb_scores(self.theta[g], self.M[g], X, self.alpha)
+        score = mean + bonus
+        if items is not None and (self.items is not None or not self.private):
+            score = score + self.item_weight * self._pop[np.asarray(items)]
+        best = np.flatnonzero(score >= score.max() - 1e-12)
+        return int(best[0] if len(best) == 1 else self._rng.choice(best))
+
+    def update(self, unit: int, x: FloatArray, reward: float, user: str | None = None, item: int | None = None,
+               x_item: FloatArray | None = None) -> None:
+        """One interaction of ``user``: ``x`` was shown (public: the Gram); they listened to ``item`` (context
+        ``x_item``), which their device reports (``reward`` is the bandit feedback; the listen carries it)."""
+        self.gram[self._group(unit)] += np.outer(clip_context(x), clip_context(x))
+        self.events += 1
+        if self.events % self.tick == 0:
+            self._solve()
+        name = str(unit) if user is None else str(user)
+        used = self._counts.get(name, 0)
+        if used >= self.cap or item is None:
+            return
+        self._counts[name] = used + 1
+        self.reports += 1
+        vec = None if self.private else np.concatenate([[self._group(unit)],
+                                                        clip_context(np.asarray(x_item))])
+        if self.codes is not None and self.codewords is not None:
+            from .items import nearest_code
+
+            code = int(nearest_code(self.codewords, clip_context(np.asarray(x_item)))[0])
+            vec = np.array([float((self._group(unit)) * len(self.codewords) + code)])  # the message
+        if self.config is not None:
+            dev = self._clients.get(name)
+            if dev is None:
+                dev = self._clients[name] = LocalClient(name, self.config, MemoryStorage(),
+                                                        seed=int(self._rng.integers(2**62)))
+            rep = dev.report(rec_id="listen", x=clip_context(np.asarray(x_item)), reward=1.0)
+            dev.acknowledge(rep.version)
+            vec = rep.vector
+        if name in self._open:
+            self._waiting.append((name, int(item), vec))
+            return
+        self._open[name] = (int(item), vec)
+        while len(self._open) >= self.batch:
+            self._close()
+
+    def _close(self) -> None:
+        n = len(self._open)
+        vectors = [v for _, v in self._open.values() if v is not None]
+        if self.codes is not None and self.codewords is not None:
+            msgs = [self.codes.randomize(int(v[0]), reward=1.0, rng=self._rng) for v in vectors]
+            est = self.codes.estimate(self.codes.histogram(np.concatenate(msgs)), n)
+            self.b += est.reshape(self.n_units, -1) @ self.codewords
+            self.b_var += self.codes.variance(n) * float((self.codewords**2).sum(axis=0).max())
+        elif vectors and not self.private:
+            for v in vectors:
+                self.b[int(v[0])] += v[1:]
+        elif vectors:
+            self.b[0] += np.sum(vectors, axis=0)
+        if self.config is not None:
+            self.b_var += len(vectors) * self.config.report_variance(1)
+        if not self.private:
+            for item, _ in self._open.values():
+                self.sums[item] += 1.0
+            self._pop = popularity_feature(self.sums, total=self.item_reports + n)
+        elif self.items is not None:
+            msgs = [self.items.randomize(item, reward=1.0, rng=self._rng) for item, _ in self._open.values()]
+            hist = self.items.histogram(np.concatenate(msgs))
+            self.sums += self.items.estimate(hist, n)
+            self.variance += self.items.variance(n)
+            self._pop = popularity_feature(self.sums, total=self.item_reports + n,
+                                           threshold=self.threshold_stds * float(np.sqrt(self.variance)))
+        self.item_reports += n
+        self.batches += 1
+        self._open = {}
+        pending, self._waiting = self._waiting, []
+        for name, item, vec in pending:
+            if name in self._open:
+                self._waiting.append((name, item, vec))
+            else:
+                self._open[name] = (item, vec)
+
+    def _solve(self) -> None:
+        ridge = self.lambda_ + self.noise_ridge * float(np.sqrt(self.b_var))
+        w = self.pool_weight
+        G = self.gram + w * self.gram.sum(axis=0) + ridge * np.eye(self.d)
+        self.M = np.linalg.inv(G)
+        self.theta = np.einsum("uij,uj->ui", self.M, self.b + w * self.b.sum(axis=0))

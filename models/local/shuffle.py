@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import random
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,9 +37,11 @@ import numpy as np
 from .config import LocalConfig
 from .reports import LocalReport
 
-__all__ = ["ShuffledBatch", "Shuffler", "BATCH_SCHEMA"]
+__all__ = ["ShuffledBatch", "Shuffler", "BATCH_SCHEMA", "POPULATION"]
 
 BATCH_SCHEMA = "privrec.ShuffledBatch/1"
+#: Batch label of population-wide statistics (no model unit): unit 0 of a one-unit aggregate.
+POPULATION = 0
 _RNG = random.SystemRandom()
 
 
@@ -53,15 +56,20 @@ class ShuffledBatch:
     epsilon: float
     delta: float
     bound: str = ""
+    #: item reports' messages of every report of the batch (catalog rows, the real items and the blanket's fakes),
+    #: shuffled together: the analyzer sees only their multiset (models.local.items)
+    messages: list[int] = field(default_factory=list)
 
     @property
     def n(self) -> int:
         return len(self.vectors)
 
     def to_json(self) -> bytes:
-        return json.dumps({"schema": BATCH_SCHEMA, "unit": self.unit, "seq": self.seq, "items": self.items,
-                           "m": self.vectors, "epsilon": self.epsilon, "delta": self.delta, "bound": self.bound},
-                          separators=(",", ":")).encode()
+        body: dict[str, Any] = {"schema": BATCH_SCHEMA, "unit": self.unit, "seq": self.seq, "items": self.items,
+                                "m": self.vectors, "epsilon": self.epsilon, "delta": self.delta, "bound": self.bound}
+        if self.messages:
+            body["msgs"] = self.messages
+        return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
     def parse(cls, raw: bytes, *, d: int) -> ShuffledBatch:
@@ -100,13 +108,18 @@ class ShuffledBatch:
             raise ValueError("batch: epsilon and delta must be numbers a float can hold") from None
         if not (eps >= 0.0 and 0.0 <= delta <= 1.0):  # NaN fails every comparison
             raise ValueError(f"batch: epsilon must be >= 0 and delta in [0, 1], got {eps!r} and {delta!r}")
-        return cls(unit, seq, list(items), arr.tolist(), eps, delta, str(body.get("bound", "")))
+        msgs = body.get("msgs", [])
+        if not isinstance(msgs, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                 for v in msgs):
+            raise ValueError("batch: msgs must be a list of catalog rows (integers >= 0)")
+        return cls(unit, seq, list(items), arr.tolist(), eps, delta, str(body.get("bound", "")), list(msgs))
 
 
 @dataclass
 class _Open:
     reports: OrderedDict[str, LocalReport] = field(default_factory=OrderedDict)
     waiting: deque[LocalReport] = field(default_factory=deque)
+    messages: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (user, version) -> item messages
 
 
 class Shuffler:
@@ -134,9 +147,15 @@ class Shuffler:
         o = self._open.get(unit)
         return [] if o is None else list(o.reports)
 
-    def add(self, report: LocalReport, *, unit: int) -> list[ShuffledBatch]:
-        """Add one report; return the batches it completed (zero or more)."""
+    def add(self, report: LocalReport, *, unit: int, messages: Sequence[int] = ()) -> list[ShuffledBatch]:
+        """Add one report (with its item ``messages``, if any); return the batches it completed (zero or more).
+
+        ``unit`` is the batch label: a model unit, or :data:`POPULATION` for population-wide statistics (the item
+        term, a shared model): such batches take distinct users of every unit and fill at the whole stream's pace.
+        """
         o = self._open.setdefault(unit, _Open())
+        if messages:
+            o.messages[(report.user, report.version)] = [int(m) for m in messages]
         if report.user in o.reports:
             o.waiting.append(report)
             return []
@@ -157,13 +176,17 @@ class Shuffler:
         o.reports = OrderedDict()
         vectors = [r.vector.tolist() for r in reports]
         items = [a for r in reports for a in r.shown]  # every shown item (public): the batch's Gram rows
+        messages = [m for r in reports for m in o.messages.pop((r.user, r.version), [])]
         _RNG.shuffle(vectors)
         _RNG.shuffle(items)
+        _RNG.shuffle(messages)  # every message on its own: the real item and the fakes are indistinguishable
         self.seq[unit] = self.seq.get(unit, 0) + 1
         eps, delta, bound = self.guarantee()
-        return ShuffledBatch(unit, self.seq[unit], items, vectors, eps, delta, bound)
+        return ShuffledBatch(unit, self.seq[unit], items, vectors, eps, delta, bound, messages)
 
     def state(self) -> dict[str, Any]:
         """What is held (for persistence by the caller): open reports per unit and sequence numbers."""
         return {"seq": dict(self.seq),
-                "open": {u: [r.to_dict() for r in [*o.reports.values(), *o.waiting]] for u, o in self._open.items()}}
+                "open": {u: [r.to_dict() for r in [*o.reports.values(), *o.waiting]] for u, o in self._open.items()},
+                "messages": {u: {f"{user}\n{version}": m for (user, version), m in o.messages.items()}
+                             for u, o in self._open.items() if o.messages}}

@@ -132,6 +132,9 @@ def register(sub: Any) -> None:
                    help="local-shuffle: distinct users of a unit per shuffled batch (default 200)")
     o.add_argument("--scaling-users", default="10,40,160",
                    help="comma-separated user counts for local vs global as N grows ('' to skip; default 10,40,160)")
+    o.add_argument("--population", default=None,
+                   help="comma-separated population sizes for the population axis ('' to skip; default "
+                        "1000,10000,100000; --quick: 1000)")
     o.add_argument("--seed", type=int, default=0, help="seed of synthetic run 0 (run r uses seed+r)")
     o.add_argument("--rows", default=None,
                    help="comma-separated subset of modes (default all): " + ", ".join(r.name for r in MODE_ROWS))
@@ -233,6 +236,11 @@ def _modes(args: argparse.Namespace) -> int:
         kw["scaling_users"] = tuple(int(v) for v in args.scaling_users.split(",") if v.strip())
     except ValueError:
         raise ValueError(f"`--scaling-users` must be comma-separated integers, got {args.scaling_users!r}.") from None
+    sizes = args.population if args.population is not None else ("1000" if args.quick else "1000,10000,100000")
+    try:
+        kw["population_sizes"] = tuple(int(v) for v in sizes.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"`--population` must be comma-separated integers, got {sizes!r}.") from None
     for name in ("runs", "horizon", "tick", "lastfm_events", "lastfm_runs"):
         value = getattr(args, name)
         if value is not None:

@@ -39,6 +39,7 @@ import numpy as np
 
 from models.ground.environment import SyntheticEnvironment
 from models.local import LocalConfig, LocalUCB
+from models.local.policy import LocalItemUCB
 from models.policies import make_policy
 from models.streaming.federated import FederatedUCB, assign_sites
 
@@ -73,7 +74,12 @@ class ModesConfig:
     tree_levels: int = 14               # the pipeline's tree: 2**14 - 1 release ticks per epoch
     kappa: float = 0.5
     shuffle_batch: int = 200            # local-shuffle: distinct users per batch of a unit (LastFM clusters)
+    population_batch: int = 150         # local-shuffle-pop: distinct users per population-wide batch
+    population_cap: int = 2             # local-shuffle-pop: reports per device per epoch (user level)
+    population_codewords: int = 64      # local-shuffle-pop: size of the public codebook of item features
     scaling_users: tuple[int, ...] = (10, 40, 160)  # local vs global added regret as N grows (epsilon = 2)
+    population_sizes: tuple[int, ...] = ()   # the population axis (privrec.experiments.population); CLI: 1k, 10k, 100k
+    population_items: int = 1_000
     delta: float = 1e-5
     seed: int = 0
     rows: tuple[str, ...] = ()
@@ -128,6 +134,23 @@ def _local(algorithm: str) -> Callable[..., Any]:
     return make
 
 
+def _local_population(V: np.ndarray, d: int, epsilon: float, seed: int, cfg: ModesConfig, *, tick: int, lam: float,
+                      kappa: float, horizon: int) -> Any:
+    """Local mode with population-wide shuffled batches (models.local.policy.LocalItemUCB): listens as codewords of a
+    public codebook of the catalog's features, through a blanket of fake messages, user level (cap reports per
+    device); epsilon = inf: the non-private twin of the same model (exact listens, no batch, no cap)."""
+    from models.local.items import codebook
+
+    lf = _CTX["lastfm"]
+    cw = _CTX.get("codebook")
+    if cw is None:
+        cw = _CTX["codebook"] = codebook(lf["features"], cfg.population_codewords, seed=0)
+    return LocalItemUCB(d=d, n_items=len(lf["features"]), epsilon=2.0 if math.isinf(epsilon) else epsilon,
+                        batch=cfg.population_batch, cap=cfg.population_cap, seed=seed, delta=cfg.delta, share=0.0,
+                        lambda_=lam, alpha=cfg.alpha, noise_ridge=0.0, tick=tick, private=not math.isinf(epsilon),
+                        codewords=cw)
+
+
 #: The modes, in report order.
 ROWS: list[Row] = [
     Row("global", "trusted server, default mechanism (user-blt-exact + noise ridge)", _global),
@@ -142,11 +165,14 @@ ROWS: list[Row] = [
     Row("local-shuffle", "pure eps0-LDP Laplace reports, shuffled in batches of distinct users of a unit; "
                          "epsilon is the central guarantee of a batch (Feldman, McMillan & Talwar)",
         _local("shuffle")),
+    Row("local-shuffle-pop", "population-wide shuffled batches of distinct users: listens as codewords of a public "
+                             "codebook with a blanket of fake messages; user level (cap per device per epoch); epsilon "
+                             "is the central guarantee of a user's batches", _local_population),
 ]
 
 #: Rows that cannot run on the synthetic world: there each user is their own unit, so a unit's batch can never
 #: hold several distinct users (nothing to hide among).
-NEEDS_POOLED_UNITS = {"local-shuffle"}
+NEEDS_POOLED_UNITS = {"local-shuffle", "local-shuffle-pop"}
 
 
 def register_row(row: Row) -> None:
@@ -222,6 +248,10 @@ def _local_stats(policy: Any) -> dict[str, float] | None:
     """A local row's cost beyond the noise: the share of reports in the server's sums when the run ended (with
     shuffling only completed batches count; the rest wait in open batches), the batches completed, the public
     noise std of the sums at the end, and the devices (users) that reported."""
+    if isinstance(policy, LocalItemUCB) and policy.reports:
+        return {"applied_fraction": policy.item_reports / policy.events, "batches": float(policy.batches),
+                "noise_std": math.sqrt(policy.b_var), "devices": float(len(policy._counts)),
+                "reported_fraction": policy.reports / policy.events}
     if not isinstance(policy, LocalUCB) or not policy.reports:
         return None
     batches = sum(policy.shuffler.seq.values()) if policy.shuffler is not None else 0
@@ -249,6 +279,15 @@ def lastfm_reward(policy: Any, units: np.ndarray, pools: np.ndarray, features: n
     reward = 0.0
     per_user = users is not None and getattr(policy, "per_user", False)
     by_user = users is not None and getattr(policy, "select_by_user", False)
+    if users is not None and getattr(policy, "with_items", False):  # the pool's items and the listened one
+        for i in range(len(units)):
+            X = features[pools[i]]
+            k = policy.select(int(units[i]), X, user=str(users[i]), items=pools[i])
+            r = 1.0 if k == int(correct[i]) else 0.0
+            a = int(pools[i][int(correct[i])])
+            policy.update(int(units[i]), X[k], r, user=str(users[i]), item=a, x_item=features[a])
+            reward += r
+        return reward
     for i in range(len(units)):
         X = features[pools[i]]
         k = policy.select(int(units[i]), X, user=str(users[i])) if by_user else policy.select(int(units[i]), X)  # type: ignore[index]
@@ -313,6 +352,8 @@ def run_modes(cfg: ModesConfig, out: Path, *, jobs: int | None = None, progress:
                 results.append(res)
                 bar.update()
     bar.close()
+    if cfg.population_sizes:
+        _CTX["population"] = _population(cfg, n)
     if cfg.lastfm:
         lf = _CTX["lastfm"]
         _CTX["lastfm_untrained"] = [untrained_lastfm_reward(lf, derive_seed("modes-untrained", k), cfg)
@@ -323,6 +364,42 @@ def run_modes(cfg: ModesConfig, out: Path, *, jobs: int | None = None, progress:
     (out / "modes.md").write_text(_markdown(doc))
     _plot(doc, out / "modes.png")
     return doc
+
+
+def _population_one(job: tuple[int, int]) -> dict[str, Any]:
+    from .population import population_gain
+
+    return population_gain(job[0], _population_config(_CTX["cfg"]), job[1])
+
+
+def _population_config(cfg: ModesConfig) -> Any:
+    from .population import PopulationConfig
+
+    return PopulationConfig(sizes=cfg.population_sizes, epsilon=2.0, delta=cfg.delta, n_items=cfg.population_items,
+                            seed=cfg.seed)
+
+
+def _population(cfg: ModesConfig, jobs: int) -> dict[str, Any]:
+    """The population axis: the share of the non-private gain local + shuffling keeps at central epsilon = 2 (user
+    level), per population size (largest first, in parallel when ``jobs`` > 1)."""
+    pc = _population_config(cfg)
+    work = sorted(((n, r) for n in pc.sizes for r in range(pc.runs)), reverse=True)
+    if jobs == 1 or len(work) == 1:
+        rows = [_population_one(j) for j in work]
+    else:
+        with mp.get_context("fork").Pool(min(jobs, len(work))) as pool:
+            rows = pool.map(_population_one, work, chunksize=1)
+    gains: list[float | None] = []
+    for size in pc.sizes:
+        vals = [r["gain"] for r in rows if r["n_users"] == size and r["gain"] is not None]
+        gains.append(float(np.mean(vals)) if vals else None)
+    conf = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(pc).items()}
+    return {"n_users": list(pc.sizes), "gain": gains, "epsilon": pc.epsilon, "mode": "local-shuffle",
+            "what": "share of the non-private gain kept: (reward - random) / (non-private - random), same events",
+            "runs": sorted(rows, key=lambda r: r["n_users"]), "config": conf,
+            "target": {"what": "local + shuffling keeps >= 50 % of the non-private gain at 100,000 users",
+                       "met": bool(100_000 in pc.sizes and (gains[list(pc.sizes).index(100_000)] or 0) >= 0.5)
+                       if 100_000 in pc.sizes else None}}
 
 
 def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], seconds: float) -> dict[str, Any]:
@@ -401,6 +478,8 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
                          "ratio": st / g if g > 0 else None, "met": bool(g > 0 and st <= 1.5 * g)}
     if doc_scaling is not None:
         doc["scaling"] = doc_scaling
+    if _CTX.get("population"):
+        doc["population"] = _CTX["population"]
     if "local-shuffle" in modes and 2.0 in cfg.epsilons and lf:
         i = list(cfg.epsilons).index(2.0)
         sh = modes["local-shuffle"]
@@ -414,6 +493,16 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
                                "applied_fraction": (sh.get("lastfm_applied_fraction") or [None] * (i + 1))[i],
                                "batches": (sh.get("lastfm_batches") or [None] * (i + 1))[i],
                                "shuffle_batch": cfg.shuffle_batch}
+    if "local-shuffle-pop" in modes and 2.0 in cfg.epsilons and lf:
+        i = list(cfg.epsilons).index(2.0)
+        pm = modes["local-shuffle-pop"]
+        got = pm["lastfm_ratio"][i]
+        doc["local_pop_target"] = {
+            "what": "local mode with population-wide shuffling at central epsilon = 2, user level: LastFM ratio >= 2.0",
+            "reached": got, "met": bool(isinstance(got, float) and not math.isnan(got) and got >= 2.0),
+            "nonprivate": pm.get("lastfm_ratio_nonprivate"),
+            "applied_fraction": (pm.get("lastfm_applied_fraction") or [None] * (i + 1))[i],
+            "batch": cfg.population_batch, "cap": cfg.population_cap}
     return doc
 
 
@@ -480,6 +569,12 @@ def _markdown(doc: dict[str, Any]) -> str:
             lines += [f"(Against the never-refreshed policy's {_fmt(lt['untrained_ratio'], 2)}: "
                       f"{_fmt(lt.get('applied_fraction'), 2)} of the reports reached the sums in "
                       f"{_fmt(lt.get('batches'))} batch(es) of {lt['shuffle_batch']}.)"]
+    lp = doc.get("local_pop_target")
+    if lp:
+        lines += ["", f"Target — {lp['what']}: reached {_fmt(lp['reached'], 2)} (non-private twin "
+                      f"{_fmt(lp['nonprivate'], 2)}; {_fmt(lp['applied_fraction'], 2)} of the events reached the "
+                      f"model in batches of {lp['batch']} distinct users, cap {lp['cap']}): "
+                      f"**{'met' if lp['met'] else 'missed'}**."]
     sc = doc.get("scaling")
     if sc:
         lines += ["", f"## Local against global as the users grow (synthetic, ε = {sc['epsilon']:g}, added regret "
@@ -497,6 +592,15 @@ def _markdown(doc: dict[str, Any]) -> str:
                       "the comparison left.)"]
     lines += ["", "`local-shuffle` has no synthetic row: there every user is a unit of their own, so no batch of "
                   "distinct users of one unit can form.", ""] if "local-shuffle" in doc["modes"] else []
+    pop = doc.get("population")
+    if pop:
+        lines += ["", f"## Population axis: share of the non-private gain kept at central ε = {pop['epsilon']:g}, user "
+                      f"level (synthetic, local + shuffling, population-wide batches)", "",
+                  "| users | events | random | non-private | local + shuffling | gain kept | batch | reports reached |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in pop["runs"]:
+            lines.append(f"| {r['n_users']:,} | {r['events']:,} | {_fmt(r['random'])} | {_fmt(r['nonprivate'])} | "
+                         f"{_fmt(r['local_shuffle'])} | {_fmt(r['gain'], 2)} | {r['batch']:,} | {_fmt(r['reached'], 2)} |")
     lines += ["", f"Machine yardstick: sum(range(1000)) = {doc['machine']['python_speed_us']} µs.", ""]
     return "\n".join(lines)
 
@@ -505,8 +609,19 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     has_lf = any(m["lastfm_ratio"] for m in doc["modes"].values())
     sc = doc.get("scaling")
-    panels = 1 + int(has_lf) + int(bool(sc))
+    pop = doc.get("population")
+    panels = 1 + int(has_lf) + int(bool(sc)) + int(bool(pop))
     fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), squeeze=False)
+    if pop:
+        ax = axes[0][panels - 1 - int(bool(sc))]
+        ax.plot(pop["n_users"], [g if g is not None else float("nan") for g in pop["gain"]], marker="o",
+                label="local + shuffling")
+        ax.axhline(0.5, color="k", ls="--", lw=1, label="target 50 %")
+        ax.set_xscale("log")
+        ax.set_xlabel("users")
+        ax.set_ylabel(f"share of the non-private gain at ε = {pop['epsilon']:g}")
+        ax.set_title("population axis (synthetic)")
+        ax.legend()
     if sc:
         ax = axes[0][panels - 1]
         ax.plot(sc["n_users"], sc["global_added"], marker="o", label="global")
@@ -524,7 +639,8 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     epsilon_axis(ax, doc["epsilons"])
     ax.set_ylabel("cumulative regret (synthetic)")
     ax.set_title("regret against ε")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     if has_lf:
         ax = axes[0][1]
         for name, m in doc["modes"].items():

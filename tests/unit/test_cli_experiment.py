@@ -65,7 +65,7 @@ def test_bad_alpha_is_an_argparse_error(tmp_path: Path) -> None:
 def test_modes_writes_every_output_with_the_schema(tmp_path: Path) -> None:
     out = tmp_path / "modes"
     rc = main(["experiment", "modes", "--out", str(out), "--runs", "1", "--horizon", "400", "--tick", "100",
-               "--no-lastfm", "--jobs", "1", "--no-progress", "--scaling-users", "3,6"])
+               "--no-lastfm", "--jobs", "1", "--no-progress", "--scaling-users", "3,6", "--population", ""])
     assert rc == 0
     doc = json.loads((out / "modes.json").read_text())
     assert doc["epsilons"] == [0.5, 1.0, 2.0, 5.0, 10.0]
@@ -73,7 +73,7 @@ def test_modes_writes_every_output_with_the_schema(tmp_path: Path) -> None:
         doc["modes"])
     for name, m in doc["modes"].items():
         assert len(m["regret"]) == 5 and m["lastfm_ratio"] == []
-        if name == "local-shuffle":  # per-user units on the synthetic world: no batch can form, nothing measured
+        if name in ("local-shuffle", "local-shuffle-pop"):  # no synthetic row: nothing measured
             assert m["regret"] == [None] * 5
             continue
         assert all(r >= 0 for r in m["regret"])

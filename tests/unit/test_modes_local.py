@@ -158,3 +158,43 @@ def test_the_json_has_the_issues_shape_with_local_rows_and_scaling(tmp_path: Pat
     md = (tmp_path / "modes.md").read_text()
     assert "local-shuffle" in md and "never refreshes" in md and "N = 6" in md
     assert (tmp_path / "modes.png").stat().st_size > 0
+
+
+def test_population_axis_in_modes_json(tmp_path: Path) -> None:
+    """The population axis (a small population: the 100,000-user run is an experiment, not a test): modes.json
+    holds per size the gain kept, (reward - random) / (non-private - random) recomputed here from its parts."""
+    cfg = ModesConfig(epsilons=(2.0,), runs=1, horizon=200, tick=100, d=4, n_users=2, lastfm=False, scaling_users=(),
+                      rows=("global",), population_sizes=(600,), population_items=100)
+    doc = run_modes(cfg, tmp_path, jobs=1, progress=False)
+    pop = json.loads((tmp_path / "modes.json").read_text())["population"]
+    assert pop["n_users"] == [600] and pop["epsilon"] == 2.0 and len(pop["gain"]) == 1
+    (row,) = pop["runs"]
+    assert row["events"] == 1_800 and row["random"] == pytest.approx(1_800 / 25)
+    assert row["nonprivate"] > row["random"]  # the non-private twin learns the synthetic world
+    assert pop["gain"][0] == pytest.approx((row["local_shuffle"] - row["random"]) / (row["nonprivate"] - row["random"]))
+    assert 0.0 < row["reached"] <= row["reported"] <= 1.0
+    assert "Population axis" in (tmp_path / "modes.md").read_text() and doc["population"]["target"]["met"] is None
+
+
+def test_population_row_reaches_the_model_and_states_its_target(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """local-shuffle-pop on a stand-in for LastFM with 400 users: population-wide batches of distinct users fill
+    (every capped report but the last open batch's reaches the model), and modes.json states the 2.0x target."""
+    lf = _fake_lastfm(n_events=1_200)
+    rng = np.random.default_rng(4)
+    lf["users"] = np.array([f"u{i}" for i in rng.integers(0, 400, size=1_200)])
+    lf["units"] = np.array([0 if int(u[1:]) < 300 else 1 for u in lf["users"]], dtype=np.int64)
+    monkeypatch.setattr(modes, "_lastfm_arrays", lambda n, data_dir: lf)
+    cfg = ModesConfig(epsilons=(2.0,), runs=1, horizon=200, tick=100, d=6, n_users=2, lastfm_events=1_200,
+                      lastfm_runs=1, lastfm_tick=50, scaling_users=(), rows=("local-shuffle-pop",),
+                      population_batch=150, population_cap=2, population_codewords=8)
+    doc = run_modes(cfg, tmp_path, jobs=1, progress=False)
+    m = doc["modes"]["local-shuffle-pop"]
+    assert m["regret"] == [None]  # no synthetic row: the synthetic world has no item ids
+    reported = sum(min(2, c) for c in np.unique(lf["users"], return_counts=True)[1])
+    applied = m["lastfm_applied_fraction"][0] * 1_200
+    assert reported - 150 < applied <= reported and applied % 150 == 0  # whole batches; the last one waits
+    lp = doc["local_pop_target"]
+    assert lp["batch"] == 150 and lp["cap"] == 2 and isinstance(lp["met"], bool)
+    assert lp["nonprivate"] > 1.0  # the non-private twin learns the planted taste
+    assert "population-wide shuffling" in (tmp_path / "modes.md").read_text()

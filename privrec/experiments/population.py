@@ -1,0 +1,147 @@
+"""The population axis of ``privrec experiment modes``: how much of the learning gain local mode keeps as users grow.
+
+A synthetic world shaped like the LastFM replay (:class:`SyntheticPopulation`): ``n_users`` users clustered into
+units of skewed sizes (as the friend-graph clusters), a catalog of ``n_items`` items with unit-norm ``d``-dim
+features and a Zipf popularity, each unit a taste vector. Every event is one user listening to an item drawn from
+``softmax(beta * x_a . theta_unit + log popularity_a)``; the policy ranks a pool of 25 items (the listened one and 24
+random others, the replay's protocol) and earns 1 iff its top item is the listened one.
+
+Each mode runs on the same events; its **gain** is ``(reward - random) / (non-private - random)`` with random play's
+expected reward (``events / pool``) and the non-private twin of the same model (exact listens and counts, no batch,
+no cap). Modes: ``local-shuffle`` (:class:`models.local.policy.LocalItemUCB`: population-wide shuffled batches of
+one-hot item reports with a blanket of fake messages, and listens as Laplace vectors — the synthetic features are
+random, so a codebook of them quantizes away the direction the LastFM row's codewords keep —, user level with the
+device's cap) at central
+``epsilon`` (default 2).
+
+>>> pop = SyntheticPopulation(n_users=50, n_units=5, n_items=40, events_per_user=2, seed=0)
+>>> pop.users.shape, pop.pools.shape, bool((pop.pools[np.arange(pop.n), pop.correct] == pop.listened).all())
+((100,), (100, 25), True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from models.local.items import codebook
+from models.local.policy import LocalItemUCB
+
+__all__ = ["SyntheticPopulation", "PopulationConfig", "population_gain"]
+
+
+@dataclass
+class SyntheticPopulation:
+    """Users in units, items with features and popularity, and the event stream (see the module docstring)."""
+
+    n_users: int
+    n_units: int = 100
+    n_items: int = 1_000
+    d: int = 25
+    events_per_user: int = 3
+    pool: int = 25
+    beta: float = 3.0
+    zipf: float = 1.0
+    seed: int = 0
+    features: np.ndarray = field(init=False, repr=False)
+    users: np.ndarray = field(init=False, repr=False)
+    units: np.ndarray = field(init=False, repr=False)
+    listened: np.ndarray = field(init=False, repr=False)
+    pools: np.ndarray = field(init=False, repr=False)
+    correct: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        rng = np.random.default_rng(self.seed)
+        F = rng.normal(size=(self.n_items, self.d))
+        self.features = F / np.linalg.norm(F, axis=1, keepdims=True)
+        # unit sizes skewed like the friend-graph clusters: Zipf weights over units
+        w_units = 1.0 / np.arange(1, self.n_units + 1)
+        unit_of_user = rng.choice(self.n_units, size=self.n_users, p=w_units / w_units.sum())
+        tastes = rng.normal(size=(self.n_units, self.d))
+        tastes /= np.linalg.norm(tastes, axis=1, keepdims=True)
+        log_pop = -self.zipf * np.log(np.arange(1, self.n_items + 1))
+        rng.shuffle(log_pop)
+        logits = self.beta * tastes @ self.features.T + log_pop  # (units, items)
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        users = np.repeat(np.arange(self.n_users), self.events_per_user)
+        rng.shuffle(users)
+        self.users, self.units = users, unit_of_user[users]
+        cdf = np.cumsum(probs, axis=1)
+        u = rng.random(len(users))
+        self.listened = np.minimum((cdf[self.units] < u[:, None]).sum(axis=1), self.n_items - 1)
+        # the pool: the listened item and pool - 1 others, drawn independently among the other items (an item may
+        # repeat among the others: vectorized, and harmless — the listened item is in the pool once)
+        others = rng.integers(0, self.n_items - 1, size=(len(users), self.pool - 1))
+        others[others >= self.listened[:, None]] += 1  # every item but the listened one
+        self.correct = rng.integers(0, self.pool, size=len(users))
+        pools = np.empty((len(users), self.pool), dtype=np.int64)
+        rows = np.arange(len(users))
+        mask = np.ones((len(users), self.pool), dtype=bool)
+        mask[rows, self.correct] = False
+        pools[mask] = others.ravel()
+        pools[rows, self.correct] = self.listened
+        self.pools = pools
+
+    @property
+    def n(self) -> int:
+        """Events in the stream."""
+        return len(self.users)
+
+
+@dataclass(frozen=True)
+class PopulationConfig:
+    """Settings of the population axis (``--quick``: 1,000 users only)."""
+
+    sizes: tuple[int, ...] = (1_000, 10_000, 100_000)
+    epsilon: float = 2.0
+    delta: float = 1e-5
+    cap: int = 2
+    events_per_user: int = 3
+    n_items: int = 1_000
+    n_units: int = 100
+    runs: int = 1
+    batch_fraction: float = 0.2     # a batch holds this share of the population (distinct users)
+    min_batch: int = 400
+    share: float = 0.5              # the item reports' part of epsilon
+    codewords: int = 0              # listens as codewords of a public codebook (k-means of the features); 0: Laplace
+    seed: int = 0
+
+
+def _reward(policy: Any, pop: SyntheticPopulation) -> float:
+    total = 0.0
+    for i in range(pop.n):
+        pool = pop.pools[i]
+        X = pop.features[pool]
+        user = str(int(pop.users[i]))
+        k = policy.select(int(pop.units[i]), X, user=user, items=pool)
+        r = 1.0 if k == int(pop.correct[i]) else 0.0
+        a = int(pop.listened[i])
+        policy.update(int(pop.units[i]), X[k], r, user=user, item=a, x_item=pop.features[a])
+        total += r
+    return total
+
+
+def population_gain(n_users: int, cfg: PopulationConfig, run: int = 0) -> dict[str, Any]:
+    """One population: rewards of random play, the non-private twin and ``local-shuffle``, and the gain kept."""
+    pop = SyntheticPopulation(n_users=n_users, n_units=cfg.n_units, n_items=cfg.n_items,
+                              events_per_user=cfg.events_per_user, seed=cfg.seed + run)
+    batch = max(cfg.min_batch, int(cfg.batch_fraction * n_users))
+    cw = codebook(pop.features, cfg.codewords, seed=cfg.seed) if cfg.codewords else None
+    common: dict[str, Any] = {"d": pop.d, "n_items": pop.n_items, "epsilon": cfg.epsilon, "delta": cfg.delta,
+                              "batch": batch, "cap": cfg.cap, "share": cfg.share, "lambda_": 1.0,
+                              "noise_ridge": 0.0 if cfg.codewords else 100.0, "seed": 1_000 + run, "codewords": cw}
+    nonprivate = _reward(LocalItemUCB(**{**common, "private": False}), pop)
+    local = LocalItemUCB(**common)
+    reward = _reward(local, pop)
+    random = pop.n / pop.pool
+    denom = nonprivate - random
+    return {"n_users": n_users, "events": pop.n, "random": random, "nonprivate": nonprivate,
+            "local_shuffle": reward, "gain": (reward - random) / denom if denom > 0 else None,
+            "batch": batch, "batches": local.batches, "reached": local.item_reports / pop.n,
+            "reported": local.reports / pop.n, "item_noise_std": math.sqrt(local.variance),
+            "messages_per_report": None if local.items is None else local.items.messages_per_report}
+
