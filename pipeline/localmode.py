@@ -10,6 +10,14 @@ through ``POST /report``). The same flow as the global mode runs on them:
    ``round`` every report adds — together with each user's latest version and the public noise
    variance of each unit's sum, committed with the partition's next offset in one Lua script (the
    global mode's :data:`pipeline.trusted.INGEST_SCRIPT`): a report is never counted twice.
+   At user level the processor also checks what the device promised, never trusting it: a report must
+   carry its epoch (not ahead of the server's clock by more than one, never before the user's last),
+   at most ``cap`` reports of a user are accepted per epoch, and none whose version (the device's
+   report counter) is past the lifetime budget's report limit — else a dead letter with the reason
+   (``beyond the cap`` / ``past the lifetime budget``). Each user's ledger record (epoch, reports in
+   it, last version) is committed with the sums (field ``e:<user>``), then mirrored to the public
+   ledger keys that ``/budget`` and the dashboard read, with the refused counts (``dropped``,
+   ``over_budget``) — the same keys and counters as the global mode's fold.
    With shuffling, :class:`ShufflerTask` sits in between: it consumes ``ldp-reports``, keeps one
    report per distinct user per unit batch, and produces stripped, shuffled batches to
    ``ldp-shuffled``, which :class:`BatchIngestProcessor` adds (a batch counted once: its sequence
@@ -28,8 +36,9 @@ import asyncio
 import json
 import logging
 import struct
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,15 +56,17 @@ from .kafkaconn import client_kwargs
 from .redisconn import connect
 from .catalog import Catalog, UnknownArmError, UnknownUserError
 from .ingest import DeadLetterItem, IngestProcessor, PreparedBatch, fresh_messages
+from .keys import PublicKeys
 from .records import TOPICS, dead_letter_value
 from .settings import Settings
+from .ledger import LedgerRecord
 from .local_http import local_statement
 from .stages import projection
 from .trusted import TrustedStore
 
 log = logging.getLogger("privrec.local")
 
-__all__ = ["local_config", "ReportIngestProcessor", "BatchIngestProcessor", "LocalReleaseStage",
+__all__ = ["local_config", "ReportIngestProcessor", "check_user_level", "BeyondLimit", "BatchIngestProcessor", "LocalReleaseStage",
            "ShufflerTask", "report_topic", "register"]
 
 
@@ -79,6 +90,7 @@ class _Shard:
     latest: dict[str, tuple[int, np.ndarray | None]]
     seqs: dict[int, int]
     offset: int | None
+    ledger: dict[str, LedgerRecord] = field(default_factory=dict)  # user level: per user (epoch, k, last version)
 
 
 def _latest_value(version: int, vector: np.ndarray | None) -> bytes:
@@ -91,6 +103,7 @@ def _decode_shard(raw: dict[bytes, bytes], off: Any, n_units: int, d: int) -> _S
     var = np.zeros(n_units)
     latest: dict[str, tuple[int, np.ndarray | None]] = {}
     seqs: dict[int, int] = {}
+    ledger: dict[str, LedgerRecord] = {}
     for k, v in raw.items():
         kind, _, name = k.decode().partition(":")
         if kind == "g":
@@ -106,7 +119,9 @@ def _decode_shard(raw: dict[bytes, bytes], off: Any, n_units: int, d: int) -> _S
         elif kind == "l":
             version = struct.unpack("<q", v[:8])[0]
             latest[name] = (version, np.frombuffer(v[8:], dtype="<f8").copy() if len(v) > 8 else None)
-    return _Shard(stats, var, latest, seqs, None if off is None else int(off))
+        elif kind == "e":
+            ledger[name] = LedgerRecord.loads(v)
+    return _Shard(stats, var, latest, seqs, None if off is None else int(off), ledger)
 
 
 class _LocalIngestBase(IngestProcessor):
@@ -116,6 +131,8 @@ class _LocalIngestBase(IngestProcessor):
         super().__init__(client, namespace, catalog)
         self.config = config
         self._local: dict[int, _Shard] = {}
+        #: The server's clock (user level: which epochs a report may name).
+        self.clock: Callable[[], float] = time.time
 
     def forget(self, partition: int) -> None:
         super().forget(partition)
@@ -160,6 +177,8 @@ class _LocalIngestBase(IngestProcessor):
                 fields += [f"s:{u}", str(new.seqs[u])]
         for user in sorted(batch.touched_users):  # type: ignore[attr-defined]
             fields += [f"l:{user}", _latest_value(*new.latest[user])]
+            if user in new.ledger:
+                fields += [f"e:{user}", new.ledger[user].dumps()]
         args: list[Any] = ["" if batch.expected_offset is None else str(batch.expected_offset),
                            str(batch.next_offset), len(fields) // 2, *fields, len(batch.reasons)]
         for reason, count in batch.reasons.items():
@@ -172,13 +191,68 @@ class _LocalIngestBase(IngestProcessor):
         if ok:
             new.offset = batch.next_offset
             self._local[batch.partition] = new
+            self._mirror_ledger(batch, new)
         else:
             self.forget(batch.partition)
         return ok
 
 
+    def _mirror_ledger(self, batch: PreparedBatch, new: _Shard) -> None:
+        """User level: the committed ledger records of the batch's users and its refused counts, to the public
+        ledger keys (participations are public, DESIGN §2). After the commit: a crash in between leaves the
+        mirror one batch behind until the user's next report (the trusted record decides, never the mirror)."""
+        refused: Counter[str] = getattr(batch, "refused", Counter())
+        records = {u: new.ledger[u].dumps() for u in getattr(batch, "touched_users", ()) if u in new.ledger}
+        if not records and not refused:
+            return
+        keys = PublicKeys(self.store.keys.ns)
+        with self.store.r.pipeline(transaction=True) as pipe:
+            if records:
+                pipe.hset(keys.ledger_participation(batch.partition), mapping=records)
+            for name, count in refused.items():
+                pipe.hincrby(keys.ledger_summary(batch.partition), name, count)
+            pipe.execute()
+
+
 def _copy(shard: _Shard) -> _Shard:
-    return _Shard(shard.stats.copy(), shard.var.copy(), dict(shard.latest), dict(shard.seqs), shard.offset)
+    return _Shard(shard.stats.copy(), shard.var.copy(), dict(shard.latest), dict(shard.seqs), shard.offset,
+                  dict(shard.ledger))
+
+
+class BeyondLimit(Exception):
+    """A report past what its device may send: ``counter`` ``"dropped"`` (beyond the epoch's cap, or an epoch the
+    server cannot accept) or ``"over_budget"`` (past the lifetime budget's report limit)."""
+
+    def __init__(self, counter: str, message: str) -> None:
+        super().__init__(message)
+        self.counter = counter
+
+
+def check_user_level(config: LocalConfig, ledger: dict[str, LedgerRecord], rep: LocalReport, now: float
+                     ) -> LedgerRecord:
+    """The user's ledger record with ``rep`` counted, or :class:`BeyondLimit` / :class:`ReportError` naming why
+    not (user level; ``now``: the server's clock). Checked from the report's version and epoch alone: the
+    server never trusts the device to have kept its cap or its budget."""
+    limit = config.report_limit()
+    if limit is not None and rep.version > limit:
+        raise BeyondLimit("over_budget", f"past the lifetime budget: version {rep.version} of user {rep.user!r} is "
+                                         f"beyond the {limit} reports user_budget epsilon {config.user_budget:g} "
+                                         f"allows a device")
+    if rep.epoch is None:
+        raise ReportError("epoch", "missing: at user level a report carries its epoch (floor(t / epoch_seconds))")
+    now_epoch = config.epoch_at(now)
+    if rep.epoch > now_epoch + 1:  # one epoch of clock skew at most
+        raise BeyondLimit("dropped", f"epoch {rep.epoch} is ahead of the server's epoch {now_epoch} (a device "
+                                     f"cannot open a new epoch early)")
+    rec = ledger.get(rep.user, LedgerRecord(epoch=-1))
+    if rep.epoch < rec.epoch:
+        raise BeyondLimit("dropped", f"epoch {rep.epoch} is before user {rep.user!r}'s last reported epoch "
+                                     f"{rec.epoch} (epochs never go back)")
+    k = rec.k if rep.epoch == rec.epoch else 0
+    if k >= config.cap:
+        raise BeyondLimit("dropped", f"beyond the cap: user {rep.user!r} already has {k} reports in epoch "
+                                     f"{rep.epoch} (cap {config.cap} per epoch); version {rep.version} refused")
+    return LedgerRecord(epoch=rep.epoch, k=k + 1, last_version=rep.version)
 
 
 class ReportIngestProcessor(_LocalIngestBase):
@@ -192,15 +266,24 @@ class ReportIngestProcessor(_LocalIngestBase):
         dead: list[DeadLetterItem] = []
         units: set[int] = set()
         users: Counter[str] = Counter()
+        refused: Counter[str] = Counter()
+        now = self.clock()
         for offset, raw in fresh:
             try:
                 rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
                 unit = self.catalog.unit_of(rep.user)
                 X = self.shown_contexts(rep)
                 check_version(new.latest, rep)
+                record = check_user_level(cfg, new.ledger, rep, now) if cfg.user_level else None
             except (ReportError, StaleReport, UnknownUserError, UnknownArmError) as e:
                 dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
                 continue
+            except BeyondLimit as e:
+                dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
+                refused[e.counter] += 1
+                continue
+            if record is not None:
+                new.ledger[rep.user] = record
             add_report(cfg, new.stats.gram, new.stats.b, new.stats.count, new.var, new.latest, rep, unit, X)
             units.add(unit)
             users[rep.user] += 1
@@ -209,6 +292,7 @@ class ReportIngestProcessor(_LocalIngestBase):
         batch.shard = new  # type: ignore[attr-defined]
         batch.touched_units = units  # type: ignore[attr-defined]
         batch.touched_users = set(users)  # type: ignore[attr-defined]
+        batch.refused = refused  # type: ignore[attr-defined]
         return batch
 
 
