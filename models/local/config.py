@@ -421,6 +421,7 @@ class LocalConfig:
         out: dict[str, Any] = {"mode": "local", "algorithm": self.algorithm, "d": self.d, "epsilon": self.epsilon,
                                "delta": self.delta, "schema": "privrec.LocalReport/2", "mechanism": None,
                                "noise": None, "shuffle_batch": self.shuffle_batch, "unit": self.unit,
+                               "capacity": self.capacity,
                                "user_budget": self.user_budget if math.isfinite(self.user_budget) else None,
                                "report_limit": self.report_limit()}
         if self.user_level:  # what a device enforces (and the server checks): reports per epoch, and the ledger

@@ -41,7 +41,8 @@ from pipeline_support import wait_for
 
 WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40",
          "PRIVREC_ALGORITHM": "linucb", "PRIVREC_EPSILON": "2", "PRIVREC_TICK_SECONDS": "0.3",
-         "PRIVREC_LOGLEVEL": "INFO", "PRIVREC_MODE": "local"}
+         "PRIVREC_LOGLEVEL": "INFO", "PRIVREC_MODE": "local",
+         "PRIVREC_USER_CAP": "64"}  # user level (the default): a cap above what a device here reports in one epoch
 
 
 def _config(stack: LocalStack) -> LocalConfig:
