@@ -423,3 +423,25 @@ def test_round_reports_and_the_samplers(local: LocalStack, config: dict[str, Any
     assert out["roundGauss"]["n"] == out["roundLaplace"]["n"] == 3 * (n // 4)
     gaussian_ok(out["roundGauss"], 1.0)
     laplace_ok(out["roundLaplace"], 1.0)
+
+
+def test_the_dashboard_shows_the_devices_ledger(local: LocalStack, page: Any) -> None:
+    """Local mode at user level: the dashboard's figures are /budget's ledger (the global mode's fields), from the
+    ledger the worker keeps of the devices' reports."""
+    status, b = local.get_json("/budget")
+    assert status == 200 and b["privacy"]["mode"] == "local" and b["privacy"]["unit"] == "user"
+    page.goto(local.base_url + "/dashboard")
+    page.wait_for_selector("body[data-loaded=true]")
+    for _ in range(20):
+        shown = {i: page.locator(f"#{i}").inner_text() for i in ("fig-users", "fig-at-cap", "fig-cap", "fig-capped")}
+        status, b = local.get_json("/budget")
+        led = b["ledger"]
+        expected = {"fig-users": str(led["users"]), "fig-at-cap": str(led["users_at_cap"]),
+                    "fig-cap": str(led["cap"]), "fig-capped": str(led["capped_events"])}
+        if shown == expected:
+            break
+        page.reload()
+        page.wait_for_selector("body[data-loaded=true]")
+    assert shown == expected and led["users"] >= 1 and led["cap"] == b["privacy"]["cap"]
+    assert "Local mode, user level" in page.locator("#dash-note").inner_text()
+    assert not page.problems, page.problems
