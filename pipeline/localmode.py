@@ -390,7 +390,9 @@ class ShufflerTask:
     the state that produced them *before* they are sent, then sent, then the outbox is cleared: after a
     crash the outbox is sent again as it was (the aggregate drops a batch whose sequence number it has
     counted), and the reports after the saved offsets are read again. One shuffler per namespace
-    (``privrec up`` runs it in the single worker).
+    (``privrec up`` runs it in the single worker). At user level it checks each report's cap, epoch and
+    budget as the report ingest does (:func:`check_user_level`; the ledger is part of its state) and mirrors
+    the ledger to the public keys after each save.
     """
 
     def __init__(self, client: redis.Redis, settings: Settings, catalog: Catalog, config: LocalConfig) -> None:
@@ -399,8 +401,14 @@ class ShufflerTask:
         self.key = f"{ns}:shuffle:{{{ns}:shuffle}}:state"
         self.shuffler = Shuffler(config)
         self.versions: dict[str, int] = {}
+        #: User level: each user's ledger record (epoch, reports in it, last version), checked before a batch.
+        self.ledger: dict[str, LedgerRecord] = {}
         self.offsets: dict[int, int] = {}
         self.outbox: list[bytes] = []
+        self.clock: Callable[[], float] = time.time
+        #: The public ledger's writes since the last save: records per partition, refused counts per partition.
+        self._mirror: dict[int, dict[str, str]] = {}
+        self._refused: dict[int, Counter[str]] = {}
         self._load()
 
     def _load(self) -> None:
@@ -409,6 +417,7 @@ class ShufflerTask:
             return
         data = json.loads(raw)
         self.versions = {k: int(v) for k, v in data["versions"].items()}
+        self.ledger = {k: LedgerRecord(**v) for k, v in data.get("ledger", {}).items()}
         self.offsets = {int(k): int(v) for k, v in data["offsets"].items()}
         self.shuffler.seq = {int(k): int(v) for k, v in data["seq"].items()}
         self.outbox = [b.encode() for b in data.get("outbox", [])]
@@ -418,8 +427,20 @@ class ShufflerTask:
 
     def save(self) -> None:
         state = self.shuffler.state()
+        ledger = {u: json.loads(rec.dumps()) for u, rec in self.ledger.items()}
         self.r.set(self.key, json.dumps({"versions": self.versions, "offsets": self.offsets, "seq": state["seq"],
-                                         "open": state["open"], "outbox": [b.decode() for b in self.outbox]}))
+                                         "open": state["open"], "outbox": [b.decode() for b in self.outbox],
+                                         "ledger": ledger}))
+        if self._mirror or self._refused:  # then the public mirror of the ledger (as the report ingest writes it)
+            keys = PublicKeys(self.settings.namespace)
+            with self.r.pipeline(transaction=False) as pipe:
+                for p, records in self._mirror.items():
+                    pipe.hset(keys.ledger_participation(p), mapping=records)
+                for p, counts in self._refused.items():
+                    for name, count in counts.items():
+                        pipe.hincrby(keys.ledger_summary(p), name, count)
+                pipe.execute()
+            self._mirror, self._refused = {}, {}
 
     def process(self, partition: int, messages: Sequence[tuple[int, bytes]]
                 ) -> tuple[list[ShuffledBatch], list[DeadLetterItem]]:
@@ -439,6 +460,13 @@ class ShufflerTask:
                 if rep.version <= self.versions.get(rep.user, 0):
                     raise StaleReport(f"stale or repeated version {rep.version} of user {rep.user!r} "
                                       f"(latest {self.versions[rep.user]})")
+                if self.config.user_level:  # the cap and the budget, as the report ingest checks them
+                    self.ledger[rep.user] = check_user_level(self.config, self.ledger, rep, self.clock())
+                    self._mirror.setdefault(partition, {})[rep.user] = self.ledger[rep.user].dumps()
+            except BeyondLimit as e:
+                dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
+                self._refused.setdefault(partition, Counter())[e.counter] += 1
+                continue
             except (ReportError, StaleReport, UnknownUserError, UnknownArmError) as e:
                 dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
                 continue
