@@ -200,7 +200,7 @@ class LocalConfig:
     def participation_factor(self) -> float:
         """``tree`` at user level: ``sqrt(B(cap)) / max_t ||c_t||`` of the device's mechanism (how much more noise
         than one report's calibration covers a block of ``cap`` reports; at most ``cap``)."""
-        return _participation(self, "factor")
+        return float(_participation(self, "factor"))
 
     def participation_ratio(self, k: int) -> float:
         """The share of a capped block's privacy loss (in ``mu**2`` of Gaussian DP, or in epsilon when shuffled)

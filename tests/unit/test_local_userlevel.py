@@ -210,3 +210,19 @@ def test_shuffled_reports_split_the_central_guarantee_over_the_cap_batches() -> 
     assert cfg.epsilon0 == pytest.approx(event.epsilon0) and cfg.laplace_scale == pytest.approx(event.laplace_scale)
     _assert_variance(_first_noise(cfg, 800), 2 * cfg.laplace_scale**2)
     assert cfg.spent(cfg.cap) == pytest.approx((cfg.epsilon, cfg.delta))
+
+
+def test_the_simulations_devices_stop_at_their_cap_and_count_what_they_refused() -> None:
+    """``privrec experiment modes`` at user level: each device reports its first ``cap`` interactions of the run
+    (one epoch) and refuses the rest; the server's sums hold exactly the reports made."""
+    from models.local import LocalUCB
+
+    cfg = _config("round", cap=3)
+    pol = LocalUCB(d=D, n_units=2, config=cfg, tick=4, seed=0)
+    x = np.full(D, 0.2)
+    users = [f"u{i % 4}" for i in range(20)]  # 4 users, 5 interactions each
+    for i, user in enumerate(users):
+        pol.update(i % 2, x, 1.0, user=user)
+    assert pol.reports == 4 * cfg.cap and pol.refused == 20 - 4 * cfg.cap
+    assert int(pol.aggregate.count.sum()) == pol.reports
+    assert pol.solves == 20 // 4  # the server refreshes on the interactions' clock, reported or not
