@@ -213,13 +213,16 @@ async def local_ledger_overview(r: Any, keys: PublicKeys, partitions: int, confi
     summaries = await asyncio.gather(*(r.hgetall(keys.ledger_summary(p)) for p in range(partitions)))
     limit = config.report_limit()
     spent: list[float] = []
+    epsilon_of: dict[int, float] = {}  # users share few report counts: one conversion each
     at_cap = at_budget = 0
     for part in parts:
         for raw in part.values():
             rec = LedgerRecord.loads(raw)
             at_cap += rec.epoch == epoch and rec.k >= config.cap
             at_budget += limit is not None and rec.last_version >= limit
-            spent.append(config.spent(rec.last_version)[0])
+            if rec.last_version not in epsilon_of:
+                epsilon_of[rec.last_version] = config.spent(rec.last_version)[0]
+            spent.append(epsilon_of[rec.last_version])
     return {"users": sum(len(p) for p in parts), "users_at_cap": at_cap, "cap": config.cap,
             "capped_events": sum(int(s.get(b"dropped", b"0")) for s in summaries),
             "user_budget": None if limit is None else config.user_budget, "users_at_budget": at_budget,
