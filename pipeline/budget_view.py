@@ -20,7 +20,7 @@ from models.accounting import gdp_epsilon
 from .keys import PublicKeys, partition_of
 from .ledger import LedgerRecord, LifetimeBudget, spent_mu
 
-__all__ = ["ratio_of", "user_budget", "ledger_overview", "history", "serving_isolation"]
+__all__ = ["ratio_of", "user_budget", "ledger_overview", "spent_summary", "history", "serving_isolation"]
 
 
 def ratio_of(statement: dict[str, Any]) -> Any:
@@ -90,18 +90,22 @@ async def ledger_overview(r: Any, keys: PublicKeys, partitions: int, statement: 
             if ratio is not None and mu_cap:
                 e = _epsilon(spent_mu(rec, epoch, float(mu_cap), ratio), delta)
                 spent.append(math.inf if e is None else e)
-    spent.sort()
-    finite = [v for v in spent if math.isfinite(v)]
+    return {"users": sum(len(p) for p in parts), "users_at_cap": at_cap, "cap": cap,
+            "capped_events": sum(int(s.get(b"dropped", b"0")) for s in summaries),
+            "user_budget": None if budget is None else budget.epsilon, "users_at_budget": at_budget,
+            "budget_events": sum(int(s.get(b"over_budget", b"0")) for s in summaries), **spent_summary(spent)}
+
+
+def spent_summary(spent: list[float]) -> dict[str, Any]:
+    """``spent_max``, ``spent_median`` and ``spent_histogram`` (10 bins) of the users' spent epsilons (the finite
+    ones; local mode's ledger overview uses it too)."""
+    finite = sorted(v for v in spent if math.isfinite(v))
     edges = _edges(finite)
     counts = [0] * (len(edges) - 1)
     for v in finite:
         i = min(len(counts) - 1, max(0, next((j for j in range(len(counts)) if v < edges[j + 1]), len(counts) - 1)))
         counts[i] += 1
-    return {"users": sum(len(p) for p in parts), "users_at_cap": at_cap, "cap": cap,
-            "capped_events": sum(int(s.get(b"dropped", b"0")) for s in summaries),
-            "user_budget": None if budget is None else budget.epsilon, "users_at_budget": at_budget,
-            "budget_events": sum(int(s.get(b"over_budget", b"0")) for s in summaries),
-            "spent_max": finite[-1] if finite else 0.0, "spent_median": finite[len(finite) // 2] if finite else 0.0,
+    return {"spent_max": finite[-1] if finite else 0.0, "spent_median": finite[len(finite) // 2] if finite else 0.0,
             "spent_histogram": {"edges": edges, "counts": counts}}
 
 

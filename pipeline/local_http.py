@@ -9,6 +9,11 @@ The lifetime budget (``user_budget``) in local mode: a device's reports compose,
 :func:`report_limit` of them; the server counts each user's reports (atomically, :func:`budget_counter`, a key
 of the web's own ``recs`` kind, no expiry) and refuses the ones past the limit with 403 — refused, never
 silently lost: the count minus the limit is the user's reports "not learned (budget)".
+
+At user level (local mode's default) the device enforces the cap per epoch and the budget itself; the worker
+checks both again from each report's version and epoch (:mod:`pipeline.localmode`), and ``/budget`` states each
+user's guarantee in the fields of the global mode's user level (:func:`local_user_budget`,
+:func:`local_ledger_overview`), from the public ledger the worker writes.
 """
 
 from __future__ import annotations
@@ -22,19 +27,22 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from models.accounting.conversions import gdp_epsilon, gdp_mu
 from models.local import LocalConfig, ReportError, parse_report
 from models.local.aggregate import clip_context
 
 from .appkeys import CATALOG, KEYS, LOCAL_CONFIG, PRODUCER, REDIS, SETTINGS
+from .budget_view import spent_summary
 from .catalog import Catalog, UnknownUserError
 from .keys import PublicKeys
+from .ledger import LedgerRecord
 from .outbox import OUTBOX, accept
 from .records import TOPICS
 from .settings import Settings
 from .shown import SHOWN
 
 __all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED",
-           "report_limit", "budget_counter"]
+           "report_limit", "budget_counter", "local_user_budget", "local_ledger_overview"]
 
 #: A separate shuffler's public description (:func:`pipeline.esa.public_description`), ``None`` without one.
 ESA = web.AppKey("esa", object)
@@ -48,11 +56,18 @@ RAW_REFUSED = ("this stack runs in local mode: the server never receives a raw r
 def local_statement(config: LocalConfig) -> dict[str, Any]:
     """The privacy statement of a local-mode namespace (``/budget``, the serving models' meta)."""
     g = with_parties(config.guarantee(), config)
-    return {"private": True, **g, "note": g["statement"], "mechanism": g.get("mechanism", g.get("noise")),
-            "neighbours": "event level, replace-one, on the device: two report streams of one user differing in "
-                          "the reward of one interaction (rewards in [0, 1], contexts clipped to norm 1)",
-            "scope": "every report a device ever sends; the server's sums, models and recommendations are "
-                     "post-processing"}
+    out = {"private": True, **g, "note": g["statement"], "mechanism": g.get("mechanism", g.get("noise")),
+           "neighbours": "event level, replace-one, on the device: two report streams of one user differing in "
+                         "the reward of one interaction (rewards in [0, 1], contexts clipped to norm 1)",
+           "scope": "every report a device ever sends; the server's sums, models and recommendations are "
+                    "post-processing"}
+    if config.user_level:
+        out.update({"neighbours": g["neighbours"],
+                    "scope": f"per epoch of {config.epoch_seconds:g} s, all of one device's reports (at most "
+                             f"{config.cap}) are ({config.epsilon:g}, {config.delta:g})-DP; its whole history "
+                             f"composes up to its lifetime budget; the server's sums, models and recommendations "
+                             f"are post-processing"})
+    return out
 
 
 def with_parties(g: dict[str, Any], config: LocalConfig) -> dict[str, Any]:
@@ -118,20 +133,11 @@ def _config(request: web.Request) -> LocalConfig:
 def report_limit(config: LocalConfig, user_budget: float) -> int | None:
     """How many reports of one user stay within ``user_budget`` (epsilon at the device's delta); ``None``: no limit.
 
-    Shuffled (pure ``epsilon0``-LDP reports): basic composition, ``k * epsilon0``. ``round``: independent
-    Gaussian reports compose to ``mu * sqrt(k)``. ``tree``: a user's k interactions are covered at group level
-    k: ``k * mu`` in Gaussian DP (``k * epsilon`` for a Laplace device mechanism).
+    :meth:`models.local.LocalConfig.report_limit` with this budget: event level, the group bound (shuffled
+    ``k * epsilon0``; ``round`` ``mu * sqrt(k)``; ``tree`` ``k * mu``, ``k * epsilon`` for a Laplace device
+    mechanism); user level, the device's own ledger (the rule the device stops at).
     """
-    from models.accounting.conversions import gdp_mu
-
-    if not math.isfinite(user_budget):
-        return None
-    if config.shuffled:
-        return math.floor(user_budget / config.epsilon0)
-    if config.algorithm == "tree" and "laplace" in config.mechanism:
-        return math.floor(user_budget / config.epsilon)
-    ratio = gdp_mu(user_budget, config.delta) / gdp_mu(config.epsilon, config.delta)
-    return math.floor(ratio if config.algorithm == "tree" else ratio**2)
+    return dataclasses.replace(config, user_budget=user_budget).report_limit()
 
 
 def budget_counter(keys: PublicKeys, user: str) -> str:
@@ -205,22 +211,78 @@ async def report(request: web.Request) -> web.Response:
     return web.json_response({"accepted": True, "user": rep.user, "version": rep.version}, status=202)
 
 
-def local_budget(settings: Settings, config: LocalConfig, user: str | None, reports: int,
-                 sent: int | None = None) -> dict[str, Any]:
-    """``/budget``'s local section: the devices' guarantee and the lifetime budget, and for a user what their
-    reports cover (``sent``: the reports they sent, accepted or refused — :func:`budget_counter`)."""
-    from models.accounting.conversions import gdp_epsilon, gdp_mu
+def local_user_budget(config: LocalConfig, user: str, raw: bytes | str | None, epoch: int) -> dict[str, Any]:
+    """One user's user-level guarantee in local mode, in the fields of the global mode's
+    (:func:`pipeline.budget_view.user_budget`): from their public ledger record ``raw`` (the worker's: the epoch of
+    their last accepted report, the reports in it, and its version — a device's report counter, so at least the
+    number of reports it ever made) as of epoch ``epoch``."""
+    rec = LedgerRecord.loads(raw)
+    k = rec.k if rec.epoch == epoch else 0
+    n = rec.last_version
+    eps, delta = config.spent(n)
+    limit = config.report_limit()
+    out: dict[str, Any] = {"user": user, "unit": "user", "ticks_this_epoch": k, "cap": config.cap,
+                           "at_cap": k >= config.cap, "epoch": epoch, "cap_policy": "device", "reports": n,
+                           "epsilon": eps, "delta": delta if n else config.delta, "valid": True,
+                           "mu": None if config.shuffled else gdp_mu(config.epsilon, config.delta)
+                           * math.sqrt(config.spent_fraction(n)),
+                           "bound": "user level, on the device: every report this user's device ever sent, all "
+                                    "together (the device's calibration to its cap; blocks of cap reports compose"
+                                    + (" by basic composition of the shuffled batches)" if config.shuffled
+                                       else " in Gaussian DP)"),
+                           "remaining_ticks": max(0, config.cap - k)}
+    if limit is not None:
+        out.update({"user_budget": config.user_budget, "at_budget": n >= limit,
+                    "budget_left": max(0.0, config.user_budget - eps), "reports_allowed": limit})
+    return out
 
+
+async def local_ledger_overview(r: Any, keys: PublicKeys, partitions: int, config: LocalConfig,
+                                epoch: int) -> dict[str, Any]:
+    """``/budget``'s ``ledger`` in local mode, in the global mode's fields (:func:`pipeline.budget_view.ledger_overview`):
+    users, users at the cap this epoch, reports refused past the cap (``capped_events``) or the budget
+    (``budget_events``), and the distribution of spent epsilon."""
+    import asyncio
+
+    parts = await asyncio.gather(*(r.hgetall(keys.ledger_participation(p)) for p in range(partitions)))
+    summaries = await asyncio.gather(*(r.hgetall(keys.ledger_summary(p)) for p in range(partitions)))
+    limit = config.report_limit()
+    spent: list[float] = []
+    epsilon_of: dict[int, float] = {}  # users share few report counts: one conversion each
+    at_cap = at_budget = 0
+    for part in parts:
+        for raw in part.values():
+            rec = LedgerRecord.loads(raw)
+            at_cap += rec.epoch == epoch and rec.k >= config.cap
+            at_budget += limit is not None and rec.last_version >= limit
+            if rec.last_version not in epsilon_of:
+                epsilon_of[rec.last_version] = config.spent(rec.last_version)[0]
+            spent.append(epsilon_of[rec.last_version])
+    return {"users": sum(len(p) for p in parts), "users_at_cap": at_cap, "cap": config.cap,
+            "capped_events": sum(int(s.get(b"dropped", b"0")) for s in summaries),
+            "user_budget": None if limit is None else config.user_budget, "users_at_budget": at_budget,
+            "budget_events": sum(int(s.get(b"over_budget", b"0")) for s in summaries), **spent_summary(spent)}
+
+
+def local_budget(settings: Settings, config: LocalConfig, user: str | None, reports: int,
+                 sent: int | None = None, record: bytes | str | None = None, epoch: int = 0) -> dict[str, Any]:
+    """``/budget``'s local section: the devices' guarantee and the lifetime budget, and for a user what their
+    reports cover (``sent``: the reports they sent, accepted or refused — :func:`budget_counter`; user level:
+    ``record``, their public ledger record, and ``epoch``, the current one — :func:`local_user_budget`)."""
     limit = report_limit(config, settings.lifetime_budget)
     out: dict[str, Any] = {"guarantee": with_parties(config.guarantee(), config),
                            "user_budget": {"epsilon": None if limit is None else settings.lifetime_budget,
                                            "reports_allowed": limit}}  # None: no budget (JSON has no inf)
+    if config.user_level:
+        out["epoch"] = epoch
     if user is None:
         return out
     entry: dict[str, Any] = {"user": user, "reports": reports, "unit": "event"}
     if limit is not None and sent is not None:
         entry.update({"at_budget": sent >= limit, "not_learned_budget": max(0, sent - limit)})
-    if config.algorithm == "tree":
+    if config.user_level:
+        entry = {**entry, **local_user_budget(config, user, record, epoch), "reports": reports}
+    elif config.algorithm == "tree":
         entry["per_interaction"] = {"epsilon": config.epsilon, "delta": config.delta}
         entry["bound"] = (f"each of this user's {reports} interactions is ({config.epsilon:g}, {config.delta:g})-DP "
                           f"in their whole report stream (their device's mechanism); all of them together at group "

@@ -10,6 +10,14 @@ through ``POST /report``). The same flow as the global mode runs on them:
    ``round`` every report adds — together with each user's latest version and the public noise
    variance of each unit's sum, committed with the partition's next offset in one Lua script (the
    global mode's :data:`pipeline.trusted.INGEST_SCRIPT`): a report is never counted twice.
+   At user level the processor also checks what the device promised, never trusting it: a report must
+   carry its epoch (not ahead of the server's clock by more than one, never before the user's last),
+   at most ``cap`` reports of a user are accepted per epoch, and none whose version (the device's
+   report counter) is past the lifetime budget's report limit — else a dead letter with the reason
+   (``beyond the cap`` / ``past the lifetime budget``). Each user's ledger record (epoch, reports in
+   it, last version) is committed with the sums (field ``e:<user>``), then mirrored to the public
+   ledger keys that ``/budget`` and the dashboard read, with the refused counts (``dropped``,
+   ``over_budget``) — the same keys and counters as the global mode's fold.
    With shuffling, :class:`ShufflerTask` sits in between: it consumes ``ldp-reports``, keeps one
    report per distinct user per unit batch, and produces stripped, shuffled batches to
    ``ldp-shuffled``, which :class:`BatchIngestProcessor` adds (a batch counted once: its sequence
@@ -28,8 +36,9 @@ import asyncio
 import json
 import logging
 import struct
+import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,15 +60,17 @@ from .redisconn import connect
 from .catalog import Catalog, UnknownArmError, UnknownUserError
 from .esa import analyzer_key, is_sealed_batch, open_batch
 from .ingest import DeadLetterItem, IngestProcessor, PreparedBatch, fresh_messages
+from .keys import PublicKeys
 from .records import TOPICS, dead_letter_value
 from .settings import Settings
+from .ledger import LedgerRecord
 from .local_http import local_statement
 from .stages import projection
 from .trusted import TrustedStore
 
 log = logging.getLogger("privrec.local")
 
-__all__ = ["local_config", "ReportIngestProcessor", "BatchIngestProcessor", "LocalReleaseStage",
+__all__ = ["local_config", "ReportIngestProcessor", "check_user_level", "BeyondLimit", "BatchIngestProcessor", "LocalReleaseStage",
            "ShufflerTask", "report_topic", "register"]
 
 
@@ -86,6 +97,7 @@ class _Shard:
     items: np.ndarray | None = None  # item reports: the sum of the batches' unbiased estimates h - n p (noisy)
     items_var: float = 0.0           # its public noise variance per item, sum of n p (1 - p)
     items_n: int = 0                 # item reports counted
+    ledger: dict[str, LedgerRecord] = field(default_factory=dict)  # user level: per user (epoch, k, last version)
 
 
 def _latest_value(version: int, vector: np.ndarray | None) -> bytes:
@@ -98,6 +110,7 @@ def _decode_shard(raw: dict[bytes, bytes], off: Any, n_units: int, d: int) -> _S
     var = np.zeros(n_units)
     latest: dict[str, tuple[int, np.ndarray | None]] = {}
     seqs: dict[int, int] = {}
+    ledger: dict[str, LedgerRecord] = {}
     for k, v in raw.items():
         kind, _, name = k.decode().partition(":")
         if kind == "g":
@@ -113,7 +126,9 @@ def _decode_shard(raw: dict[bytes, bytes], off: Any, n_units: int, d: int) -> _S
         elif kind == "l":
             version = struct.unpack("<q", v[:8])[0]
             latest[name] = (version, np.frombuffer(v[8:], dtype="<f8").copy() if len(v) > 8 else None)
-    shard = _Shard(stats, var, latest, seqs, None if off is None else int(off))
+        elif kind == "e":
+            ledger[name] = LedgerRecord.loads(v)
+    shard = _Shard(stats, var, latest, seqs, None if off is None else int(off), ledger=ledger)
     if b"i:sums" in raw:
         shard.items = np.frombuffer(raw[b"i:sums"], dtype="<f8").copy()
         shard.items_var, shard.items_n = float(raw[b"i:var"]), int(raw[b"i:n"])
@@ -127,6 +142,8 @@ class _LocalIngestBase(IngestProcessor):
         super().__init__(client, namespace, catalog)
         self.config = config
         self._local: dict[int, _Shard] = {}
+        #: The server's clock (user level: which epochs a report may name).
+        self.clock: Callable[[], float] = time.time
 
     def forget(self, partition: int) -> None:
         super().forget(partition)
@@ -171,6 +188,8 @@ class _LocalIngestBase(IngestProcessor):
                 fields += [f"s:{u}", str(new.seqs[u])]
         for user in sorted(batch.touched_users):  # type: ignore[attr-defined]
             fields += [f"l:{user}", _latest_value(*new.latest[user])]
+            if user in new.ledger:
+                fields += [f"e:{user}", new.ledger[user].dumps()]
         if new.items is not None and getattr(batch, "item_batches", False):
             fields += ["i:sums", new.items.astype("<f8").tobytes(), "i:var", repr(new.items_var), "i:n",
                        str(new.items_n)]
@@ -186,14 +205,69 @@ class _LocalIngestBase(IngestProcessor):
         if ok:
             new.offset = batch.next_offset
             self._local[batch.partition] = new
+            self._mirror_ledger(batch, new)
         else:
             self.forget(batch.partition)
         return ok
 
 
+    def _mirror_ledger(self, batch: PreparedBatch, new: _Shard) -> None:
+        """User level: the committed ledger records of the batch's users and its refused counts, to the public
+        ledger keys (participations are public, DESIGN §2). After the commit: a crash in between leaves the
+        mirror one batch behind until the user's next report (the trusted record decides, never the mirror)."""
+        refused: Counter[str] = getattr(batch, "refused", Counter())
+        records = {u: new.ledger[u].dumps() for u in getattr(batch, "touched_users", ()) if u in new.ledger}
+        if not records and not refused:
+            return
+        keys = PublicKeys(self.store.keys.ns)
+        with self.store.r.pipeline(transaction=True) as pipe:
+            if records:
+                pipe.hset(keys.ledger_participation(batch.partition), mapping=records)
+            for name, count in refused.items():
+                pipe.hincrby(keys.ledger_summary(batch.partition), name, count)
+            pipe.execute()
+
+
 def _copy(shard: _Shard) -> _Shard:
     return _Shard(shard.stats.copy(), shard.var.copy(), dict(shard.latest), dict(shard.seqs), shard.offset,
-                  None if shard.items is None else shard.items.copy(), shard.items_var, shard.items_n)
+                  None if shard.items is None else shard.items.copy(), shard.items_var, shard.items_n,
+                  dict(shard.ledger))
+
+
+class BeyondLimit(Exception):
+    """A report past what its device may send: ``counter`` ``"dropped"`` (beyond the epoch's cap, or an epoch the
+    server cannot accept) or ``"over_budget"`` (past the lifetime budget's report limit)."""
+
+    def __init__(self, counter: str, message: str) -> None:
+        super().__init__(message)
+        self.counter = counter
+
+
+def check_user_level(config: LocalConfig, ledger: dict[str, LedgerRecord], rep: LocalReport, now: float
+                     ) -> LedgerRecord:
+    """The user's ledger record with ``rep`` counted, or :class:`BeyondLimit` / :class:`ReportError` naming why
+    not (user level; ``now``: the server's clock). Checked from the report's version and epoch alone: the
+    server never trusts the device to have kept its cap or its budget."""
+    limit = config.report_limit()
+    if limit is not None and rep.version > limit:
+        raise BeyondLimit("over_budget", f"past the lifetime budget: version {rep.version} of user {rep.user!r} is "
+                                         f"beyond the {limit} reports user_budget epsilon {config.user_budget:g} "
+                                         f"allows a device")
+    if rep.epoch is None:
+        raise ReportError("epoch", "missing: at user level a report carries its epoch (floor(t / epoch_seconds))")
+    now_epoch = config.epoch_at(now)
+    if rep.epoch > now_epoch + 1:  # one epoch of clock skew at most
+        raise BeyondLimit("dropped", f"epoch {rep.epoch} is ahead of the server's epoch {now_epoch} (a device "
+                                     f"cannot open a new epoch early)")
+    rec = ledger.get(rep.user, LedgerRecord(epoch=-1))
+    if rep.epoch < rec.epoch:
+        raise BeyondLimit("dropped", f"epoch {rep.epoch} is before user {rep.user!r}'s last reported epoch "
+                                     f"{rec.epoch} (epochs never go back)")
+    k = rec.k if rep.epoch == rec.epoch else 0
+    if k >= config.cap:
+        raise BeyondLimit("dropped", f"beyond the cap: user {rep.user!r} already has {k} reports in epoch "
+                                     f"{rep.epoch} (cap {config.cap} per epoch); version {rep.version} refused")
+    return LedgerRecord(epoch=rep.epoch, k=k + 1, last_version=rep.version)
 
 
 class ReportIngestProcessor(_LocalIngestBase):
@@ -207,15 +281,24 @@ class ReportIngestProcessor(_LocalIngestBase):
         dead: list[DeadLetterItem] = []
         units: set[int] = set()
         users: Counter[str] = Counter()
+        refused: Counter[str] = Counter()
+        now = self.clock()
         for offset, raw in fresh:
             try:
                 rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
                 unit = self.catalog.unit_of(rep.user)
                 X = self.shown_contexts(rep)
                 check_version(new.latest, rep)
+                record = check_user_level(cfg, new.ledger, rep, now) if cfg.user_level else None
             except (ReportError, StaleReport, UnknownUserError, UnknownArmError) as e:
                 dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
                 continue
+            except BeyondLimit as e:
+                dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
+                refused[e.counter] += 1
+                continue
+            if record is not None:
+                new.ledger[rep.user] = record
             add_report(cfg, new.stats.gram, new.stats.b, new.stats.count, new.var, new.latest, rep, unit, X)
             units.add(unit)
             users[rep.user] += 1
@@ -224,6 +307,7 @@ class ReportIngestProcessor(_LocalIngestBase):
         batch.shard = new  # type: ignore[attr-defined]
         batch.touched_units = units  # type: ignore[attr-defined]
         batch.touched_users = set(users)  # type: ignore[attr-defined]
+        batch.refused = refused  # type: ignore[attr-defined]
         return batch
 
 
@@ -368,7 +452,9 @@ class ShufflerTask:
     the state that produced them *before* they are sent, then sent, then the outbox is cleared: after a
     crash the outbox is sent again as it was (the aggregate drops a batch whose sequence number it has
     counted), and the reports after the saved offsets are read again. One shuffler per namespace
-    (``privrec up`` runs it in the single worker).
+    (``privrec up`` runs it in the single worker). At user level it checks each report's cap, epoch and
+    budget as the report ingest does (:func:`check_user_level`; the ledger is part of its state) and mirrors
+    the ledger to the public keys after each save.
     """
 
     def __init__(self, client: redis.Redis, settings: Settings, catalog: Catalog, config: LocalConfig) -> None:
@@ -377,8 +463,14 @@ class ShufflerTask:
         self.key = f"{ns}:shuffle:{{{ns}:shuffle}}:state"
         self.shuffler = Shuffler(config)
         self.versions: dict[str, int] = {}
+        #: User level: each user's ledger record (epoch, reports in it, last version), checked before a batch.
+        self.ledger: dict[str, LedgerRecord] = {}
         self.offsets: dict[int, int] = {}
         self.outbox: list[bytes] = []
+        self.clock: Callable[[], float] = time.time
+        #: The public ledger's writes since the last save: records per partition, refused counts per partition.
+        self._mirror: dict[int, dict[str, str]] = {}
+        self._refused: dict[int, Counter[str]] = {}
         self._load()
 
     def _load(self) -> None:
@@ -387,6 +479,7 @@ class ShufflerTask:
             return
         data = json.loads(raw)
         self.versions = {k: int(v) for k, v in data["versions"].items()}
+        self.ledger = {k: LedgerRecord(**v) for k, v in data.get("ledger", {}).items()}
         self.offsets = {int(k): int(v) for k, v in data["offsets"].items()}
         self.shuffler.seq = {int(k): int(v) for k, v in data["seq"].items()}
         self.outbox = [b.encode() for b in data.get("outbox", [])]
@@ -398,9 +491,21 @@ class ShufflerTask:
 
     def save(self) -> None:
         state = self.shuffler.state()
+        ledger = {u: json.loads(rec.dumps()) for u, rec in self.ledger.items()}
         self.r.set(self.key, json.dumps({"versions": self.versions, "offsets": self.offsets, "seq": state["seq"],
                                          "open": state["open"], "messages": state["messages"],
-                                         "outbox": [b.decode() for b in self.outbox]}))
+                                         "outbox": [b.decode() for b in self.outbox],
+                                         "ledger": ledger}))
+        if self._mirror or self._refused:  # then the public mirror of the ledger (as the report ingest writes it)
+            keys = PublicKeys(self.settings.namespace)
+            with self.r.pipeline(transaction=False) as pipe:
+                for p, records in self._mirror.items():
+                    pipe.hset(keys.ledger_participation(p), mapping=records)
+                for p, counts in self._refused.items():
+                    for name, count in counts.items():
+                        pipe.hincrby(keys.ledger_summary(p), name, count)
+                pipe.execute()
+            self._mirror, self._refused = {}, {}
 
     def process(self, partition: int, messages: Sequence[tuple[int, bytes]]
                 ) -> tuple[list[ShuffledBatch], list[DeadLetterItem]]:
@@ -420,6 +525,13 @@ class ShufflerTask:
                 if rep.version <= self.versions.get(rep.user, 0):
                     raise StaleReport(f"stale or repeated version {rep.version} of user {rep.user!r} "
                                       f"(latest {self.versions[rep.user]})")
+                if self.config.user_level:  # the cap and the budget, as the report ingest checks them
+                    self.ledger[rep.user] = check_user_level(self.config, self.ledger, rep, self.clock())
+                    self._mirror.setdefault(partition, {})[rep.user] = self.ledger[rep.user].dumps()
+            except BeyondLimit as e:
+                dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
+                self._refused.setdefault(partition, Counter())[e.counter] += 1
+                continue
             except (ReportError, StaleReport, UnknownUserError, UnknownArmError) as e:
                 dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
                 continue

@@ -111,7 +111,10 @@ COMPONENTS: dict[str, Any] = {"schemas": {
                        "version": {"type": "integer", "minimum": 1},
                        "algorithm": {"type": "string", "enum": ["tree", "round"]},
                        "b": {"type": "array", "items": _NUM, "description": "tree: the device's noisy sum"},
-                       "m": {"type": "array", "items": _NUM, "description": "round: one noisy r x"}},
+                       "m": {"type": "array", "items": _NUM, "description": "round: one noisy r x"},
+                       "epoch": {"type": "integer", "minimum": 0,
+                                 "description": "user level: the device's epoch of the report, floor(t / "
+                                                "epoch_seconds) (docs/local-userlevel.md)"}},
     },
     "Accepted": {
         "type": "object", "required": ["accepted", "event_id"],

@@ -198,9 +198,11 @@ class Settings:
         calibrated so that a capped user's whole history in an epoch is ``(epsilon, delta)``-DP (exact
         multi-participation sensitivity of the mechanism, ``models.mechanisms.participation``); or
         ``"event"`` (each interaction alone; a user with k interactions gets the group bound). The
-        per-unit baselines (ss-*, dgs-*) are event level only.
+        per-unit baselines (ss-*, dgs-*) are event level only. Local mode (default ``"user"`` too): each device
+        makes at most ``user_cap`` reports per epoch (``tree_ticks * tick_seconds`` seconds), calibrates its
+        noise to them and stops at ``user_budget`` (:class:`models.local.LocalConfig`, docs/local-userlevel.md).
     user_cap
-        User level: release ticks per epoch one user may contribute to.
+        User level: release ticks per epoch one user may contribute to (local mode: reports per epoch of a device).
     b_clip, item_clip
         The clip of one privacy unit's contribution per release tick (a user's tick at user level, one
         interaction at event level): its reward statistic ``sum r x`` to norm ``b_clip`` and its item rewards
@@ -215,10 +217,10 @@ class Settings:
     user_budget
         Lifetime budget of one user: epsilon at the stack's ``delta`` over the user's whole history, every
         epoch (``inf``: none). User level, the fold stops learning from a user whose spent budget would exceed
-        it (their events are counted as "not learned (budget)"); local mode, the server stops aggregating a
-        device's reports past it. Unset: 10 at user level, none at event level (local mode, federated sites,
-        ``privacy_unit = event``, where k interactions cost k times one); :attr:`lifetime_budget` (README, "A
-        lifetime budget per user").
+        it (their events are counted as "not learned (budget)"); local mode, the device stops reporting before
+        it would exceed it and the server refuses its reports past it. Unset: 10 at user level (local mode's
+        default too), none at event level (federated sites, ``privacy_unit = event``, where k interactions cost
+        k times one); :attr:`lifetime_budget` (README, "A lifetime budget per user").
     default_pool
         Comma-separated arm ids that ``/recommend`` ranks when the request
         names no candidates (``None``: the catalog's default, the 25 most
@@ -429,9 +431,11 @@ class Settings:
         if math.isinf(self.epsilon):
             raise SettingsError("epsilon", "must be finite in local mode: a device that adds no noise would send its "
                                            "exact statistic (use --mode global --epsilon inf for a non-private run).")
-        if self.privacy_unit == "user":
-            raise SettingsError("privacy_unit", "local mode is event level (each device's stream protects each of "
-                                                "its interactions); use --privacy-unit event")
+        if self.privacy_unit == "user" and self.local_algorithm == "tree" and \
+                self.local_mechanism not in USER_LEVEL_MECHANISMS:
+            raise SettingsError("privacy_unit", f"user level on the device needs a device mechanism with a "
+                                                f"multi-participation bound ({', '.join(USER_LEVEL_MECHANISMS)}), got "
+                                                f"{self.local_mechanism!r}; or use --privacy-unit event")
         if self.shuffle_batch and self.local_algorithm != "round":
             raise SettingsError("shuffle_batch", "shuffling applies to per-round reports: use --local-algorithm round "
                                                  "(a per-user continual release has no batch of one report per user)")
@@ -442,7 +446,8 @@ class Settings:
 
         return LocalConfig(algorithm=self.local_algorithm, d=d, epsilon=self.epsilon, delta=self.delta,
                            mechanism=self.local_mechanism, capacity=self.local_capacity,
-                           shuffle_batch=self.shuffle_batch)
+                           shuffle_batch=self.shuffle_batch, unit=self.unit_in_force, cap=self.user_cap,
+                           epoch_seconds=self.tree_ticks * self.tick_seconds, user_budget=self.lifetime_budget)
 
     @property
     def default_pool_ids(self) -> list[str] | None:
@@ -456,11 +461,14 @@ class Settings:
     @property
     def unit_in_force(self) -> str:
         """``privacy_unit``, or when unset: ``user``; ``event`` for the per-unit baselines, for mechanisms
-        without a multi-participation bound (e.g. the papers' ``paper``) and in federated mode (a site's
-        ingest does not bound contributions yet)."""
+        without a multi-participation bound (e.g. the papers' ``paper``; in local mode, the device's
+        ``local_mechanism``) and in federated mode (a site's ingest does not bound contributions yet)."""
         if self.privacy_unit is not None:
             return self.privacy_unit
-        if self.baseline is not None or self.mode in ("federated", "local") or not self._user_level_mechanism:
+        if self.mode == "local":  # the device's mechanism decides (a per-round report always composes)
+            return "user" if self.local_algorithm == "round" or self.local_mechanism in USER_LEVEL_MECHANISMS \
+                else "event"
+        if self.baseline is not None or self.mode == "federated" or not self._user_level_mechanism:
             return "event"
         return "user"
 

@@ -55,11 +55,12 @@ from .httpstats import RequestStats
 from .federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
 from .federation import site_namespace
 from .budget_view import history, ledger_overview, serving_isolation, user_budget
-from .keys import PublicKeys
+from .keys import PublicKeys, partition_of
 from .kafkaconn import client_kwargs
 from .redisconn import connect, connect_async
 from .items_live import add_routes as add_items_routes
-from .local_http import add_routes as add_local_routes, budget_counter, local_budget, refuse_raw_reward, with_contexts
+from .local_http import (add_routes as add_local_routes, budget_counter, local_budget, local_ledger_overview,
+                         refuse_raw_reward, with_contexts)
 from .openapi import add_routes as add_openapi_routes
 from .outbox import OUTBOX, BrokerUnavailable, accept, observe_outbox, outbox_metrics, start_forwarding, stop_forwarding
 from .records import TOPICS
@@ -407,8 +408,10 @@ async def budget(request: web.Request) -> web.Response:
         k = sum(int(c) for c in counts if c is not None)
         if s.mode == "local":  # the devices' guarantee: what this user's reports cover
             sent = await r.get(budget_counter(keys, user))
-            out["local"] = local_budget(s, s.local_config(request.app[CATALOG].d), user, k,
-                                        sent=int(sent or 0))
+            record = await r.hget(keys.ledger_participation(partition_of(user, s.partitions)), user)
+            cfg = s.local_config(request.app[CATALOG].d)
+            out["local"] = local_budget(s, cfg, user, k, sent=int(sent or 0), record=record,
+                                        epoch=cfg.epoch_at(time.time()))
             out["user"] = {"user": user, "interactions": k, **out["local"]["user"]}
         elif statement.get("unit") == "user":
             out["user"] = {**await user_budget(r, keys, s.partitions, user, statement, out["tree"]["epoch"]),
@@ -421,8 +424,12 @@ async def budget(request: web.Request) -> web.Response:
                            "bound": "group privacy over all of this user's interactions so far (k times one "
                                     "interaction's sensitivity)"}
     if s.mode == "local" and "local" not in out:
-        out["local"] = local_budget(s, s.local_config(request.app[CATALOG].d), None, 0)
-    if statement.get("unit") == "user":
+        cfg = s.local_config(request.app[CATALOG].d)
+        out["local"] = local_budget(s, cfg, None, 0, epoch=cfg.epoch_at(time.time()))
+    if s.mode == "local" and s.user_level:  # the devices' ledger, in the global mode's fields
+        cfg = s.local_config(request.app[CATALOG].d)
+        out["ledger"] = await local_ledger_overview(r, keys, s.partitions, cfg, cfg.epoch_at(time.time()))
+    elif statement.get("unit") == "user":
         out["ledger"] = await ledger_overview(r, keys, s.partitions, statement, out["tree"]["epoch"])
     out["redis_acl"] = await serving_isolation(r, s.namespace)
     return web.json_response(out)

@@ -8,6 +8,7 @@ re-sends its pending reports as they were).
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from models.local import FileStorage, LocalClient, LocalConfig, LocalReport, MemoryStorage
+from models.local.config import DEFAULT_CAP, DEFAULT_EPOCH_SECONDS
 
 __all__ = ["Devices", "config_from_public"]
 
@@ -24,9 +26,15 @@ def config_from_public(public: dict[str, Any]) -> LocalConfig:
     if public.get("mode") != "local":
         raise ValueError(f"the stack runs in {public.get('mode')!r} mode, not local")
     mech = public.get("mechanism") or {}
+    budget = public.get("user_budget")
+    user = public.get("unit") == "user"
     return LocalConfig(algorithm=str(public["algorithm"]), d=int(public["d"]), epsilon=float(public["epsilon"]),
                        delta=float(public["delta"]), mechanism=str(mech.get("name") or "blt-exact"),
-                       capacity=int(mech.get("capacity") or 1023), shuffle_batch=int(public.get("shuffle_batch") or 0))
+                       capacity=int(public.get("capacity") or mech.get("capacity") or 1023),
+                       shuffle_batch=int(public.get("shuffle_batch") or 0), unit="user" if user else "event",
+                       cap=int(public.get("cap") or DEFAULT_CAP),
+                       epoch_seconds=float(public.get("epoch_seconds") or DEFAULT_EPOCH_SECONDS),
+                       user_budget=math.inf if budget is None else float(budget))
 
 
 class Devices:

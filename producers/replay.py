@@ -22,6 +22,8 @@ from typing import Any
 
 import aiohttp
 
+from models.local import ReportRefused
+
 from .client import APIError, AsyncClient, RecommendedItem
 from .devices import Devices
 
@@ -90,7 +92,10 @@ async def _send_report(api: AsyncClient, devices: Devices, user: str, rec_id: st
                        reward: float) -> None:
     """Send the device's pending reports (an earlier one first, as it was), then forget them."""
     assert item.x is not None, "local mode's /recommend gives each item's x"
-    devices.report(user, rec_id=rec_id, x=list(item.x), reward=reward)
+    try:
+        devices.report(user, rec_id=rec_id, x=list(item.x), reward=reward)
+    except ReportRefused:  # user level: past the device's cap or budget, nothing new leaves it (pending ones do)
+        pass
     for rep in devices.client(user).pending():
         try:
             url, body = devices.outgoing(rep)

@@ -1,6 +1,6 @@
 """Local mode's pure part: what a user's device computes, and how the server combines reports.
 
-- ``reports`` — the report record (``privrec.LocalReport/1``): strict parsing, the only thing a
+- ``reports`` — the report record (``privrec.LocalReport/2``): strict parsing, the only thing a
   device sends.
 - ``client`` — :class:`LocalClient`, one user's device: their exact statistic, their own noise
   state and secret seed, persisted (:class:`FileStorage`) so that a restarted client re-sends a
@@ -16,11 +16,11 @@ Nothing here imports Kafka, Redis or faust: a device can run it alone.
 """
 
 from .aggregate import LocalAggregate, StaleReport
-from .client import FileStorage, LocalClient, MemoryStorage, Storage
+from .client import FileStorage, LocalClient, MemoryStorage, ReportRefused, Storage
 from .config import ALGORITHMS, LocalConfig
 from .policy import LocalUCB
 from .reports import SCHEMA, LocalReport, ReportError, parse_report
 from .shuffle import ShuffledBatch, Shuffler
 
-__all__ = ["ALGORITHMS", "LocalConfig", "LocalClient", "Storage", "FileStorage", "MemoryStorage", "LocalReport",
+__all__ = ["ALGORITHMS", "LocalConfig", "LocalClient", "ReportRefused", "Storage", "FileStorage", "MemoryStorage", "LocalReport",
            "ReportError", "parse_report", "SCHEMA", "LocalAggregate", "StaleReport", "Shuffler", "ShuffledBatch", "LocalUCB"]

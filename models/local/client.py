@@ -19,6 +19,20 @@ Examples
 >>> again = LocalClient("7", cfg, store)          # a restarted device
 >>> again.pending()[0] == rep                       # the same report, the same noise
 True
+
+At user level (:attr:`LocalConfig.unit` ``"user"``) the device also keeps its ledger — the epoch of its last
+report, its reports in that epoch, and (its report counter) everything it ever reported — and refuses a report
+past the cap of the epoch or the lifetime budget (:class:`ReportRefused`), persisted like the rest: a restart
+forgets nothing.
+
+>>> cfg = LocalConfig(algorithm="round", d=2, epsilon=2.0, unit="user", cap=2, user_budget=4.0)
+>>> dev = LocalClient("8", cfg, MemoryStorage(), seed=1, clock=lambda: 0.0)
+>>> [dev.report(rec_id=f"r{i}", x=np.array([0.6, 0.8]), reward=1.0).epoch for i in range(2)]
+[0, 0]
+>>> dev.report(rec_id="r3", x=np.array([0.6, 0.8]), reward=1.0)
+Traceback (most recent call last):
+...
+models.local.client.ReportRefused: cap: this device made its 2 reports of epoch 0 (cap 2 per epoch of 16383 s); the next is allowed in epoch 1
 """
 
 from __future__ import annotations
@@ -27,6 +41,8 @@ import json
 import math
 import os
 import secrets
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,9 +55,11 @@ from models.mechanisms.base import TreeState
 from .config import LocalConfig
 from .reports import LocalReport
 
-__all__ = ["Storage", "MemoryStorage", "FileStorage", "LocalClient"]
+__all__ = ["Storage", "MemoryStorage", "FileStorage", "LocalClient", "ReportRefused"]
 
-STATE_SCHEMA = "privrec.LocalClientState/1"
+STATE_SCHEMA = "privrec.LocalClientState/2"
+#: States written before user level (no ledger): still read, as a device with no report in any epoch yet.
+_OLD_SCHEMAS = ("privrec.LocalClientState/1",)
 #: Noise stream of per-round reports (the device's mechanism uses stream 0).
 ROUND_STREAM = 1
 
@@ -99,6 +117,16 @@ def _floats(a: NDArray[np.float64]) -> list[Any]:
     return out
 
 
+class ReportRefused(Exception):
+    """The device will not make this report: ``reason`` ``"cap"`` (the epoch's cap is reached) or ``"budget"``
+    (the lifetime budget is spent). Nothing changed on the device."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
 class LocalClient:
     """A user's device.
 
@@ -113,14 +141,19 @@ class LocalClient:
     seed
         The device's secret noise seed on first use (default: ``secrets.randbits(63)``); ignored when
         the storage already holds a state.
+    clock
+        Seconds since the Unix epoch (default ``time.time``): at user level, which epoch a report falls in.
     """
 
     def __init__(self, user: str, config: LocalConfig, storage: Storage | None = None, *,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, clock: Callable[[], float] = time.time) -> None:
         if not isinstance(user, str) or not user:
             raise ValueError(f"`user` must be a non-empty string, got {user!r}.")
         self.user = user
         self.config = config
+        self.clock = clock
+        #: The ledger (user level): the epoch of the last report and the reports made in it.
+        self.epoch, self.in_epoch = -1, 0
         self.storage: Storage = storage if storage is not None else MemoryStorage()
         raw = self.storage.load()
         if raw is None:
@@ -138,7 +171,7 @@ class LocalClient:
 
     def _restore(self, raw: bytes) -> None:
         data = json.loads(raw)
-        if data.get("schema") != STATE_SCHEMA:
+        if data.get("schema") != STATE_SCHEMA and data.get("schema") not in _OLD_SCHEMAS:
             raise ValueError(f"stored state has schema {data.get('schema')!r}, expected {STATE_SCHEMA!r}.")
         if data["user"] != self.user:
             raise ValueError(f"stored state belongs to user {data['user']!r}, not {self.user!r}.")
@@ -148,6 +181,8 @@ class LocalClient:
                              f"calibration (a new one would release the same data again).")
         self.seed = int(data["seed"])
         self.version = int(data["version"])
+        ledger = data.get("ledger") or {"epoch": -1, "k": 0}
+        self.epoch, self.in_epoch = int(ledger["epoch"]), int(ledger["k"])
         self._exact = np.asarray(data["exact"], dtype=np.float64)
         self.mechanism = self.config.device_mechanism(self.seed) if self.config.algorithm == "tree" else None
         st = data.get("state")
@@ -155,7 +190,7 @@ class LocalClient:
             step=int(st["step"]), epoch=int(st["epoch"]), prefix=np.asarray(st["prefix"], dtype=np.float64),
             carry=np.asarray(st["carry"], dtype=np.float64), nodes=np.asarray(st["nodes"], dtype=np.float64))
         self._pending = [LocalReport(user=self.user, version=int(p["version"]), algorithm=self.config.algorithm,
-                                     rec_id=p["rec_id"], vector=np.asarray(p["vector"]))
+                                     rec_id=p["rec_id"], vector=np.asarray(p["vector"]), epoch=p.get("epoch"))
                          for p in data["pending"]]
 
     def _save(self) -> None:
@@ -164,7 +199,8 @@ class LocalClient:
                                               "carry": _floats(self.state.carry), "nodes": _floats(self.state.nodes)}
         data = {"schema": STATE_SCHEMA, "user": self.user, "config": self.config.to_dict(), "seed": self.seed,
                 "version": self.version, "exact": _floats(self._exact), "state": st,
-                "pending": [{"version": p.version, "rec_id": p.rec_id, "vector": _floats(p.vector)}
+                "ledger": {"epoch": self.epoch, "k": self.in_epoch},
+                "pending": [{"version": p.version, "rec_id": p.rec_id, "vector": _floats(p.vector), "epoch": p.epoch}
                             for p in self._pending]}
         self.storage.save(json.dumps(data, separators=(",", ":")).encode())
 
@@ -173,12 +209,37 @@ class LocalClient:
         """The device's exact ``b_u = sum r x`` (never leaves the device)."""
         return self._exact.copy()
 
+    # ------------------------------------------------------------------ the ledger
+
+    def spent(self) -> tuple[float, float]:
+        """``(epsilon, delta)`` of everything this device has reported (:meth:`LocalConfig.spent`)."""
+        return self.config.spent(self.version)
+
+    def check(self) -> int | None:
+        """Raise :class:`ReportRefused` if the next report is past the cap or the budget; else its epoch (``None``
+        at event level, where there is no cap)."""
+        cfg = self.config
+        limit = cfg.report_limit()
+        if limit is not None and self.version + 1 > limit:
+            eps, delta = self.spent()
+            raise ReportRefused("budget", f"this device made the {limit} reports its lifetime budget allows "
+                                          f"(user_budget epsilon {cfg.user_budget:g}; spent ({eps:.4g}, {delta:.3g}))")
+        if not cfg.user_level:
+            return None
+        epoch = max(self.epoch, cfg.epoch_at(self.clock()))  # a clock that goes back never reopens an epoch
+        if epoch == self.epoch and self.in_epoch >= cfg.cap:
+            raise ReportRefused("cap", f"this device made its {self.in_epoch} reports of epoch {epoch} (cap {cfg.cap} "
+                                       f"per epoch of {cfg.epoch_seconds:g} s); the next is allowed in epoch "
+                                       f"{epoch + 1}")
+        return epoch
+
     # ------------------------------------------------------------------ reports
 
     def report(self, *, rec_id: str, x: NDArray[np.float64], reward: float) -> LocalReport:
         """The report of one interaction: the reward ``reward`` on the item of list ``rec_id`` whose context is ``x``.
 
         Which item it was stays on the device (inside the noisy vector): the report names only the list.
+        Raises :class:`ReportRefused` (and changes nothing) past the epoch's cap or the lifetime budget.
 
         The new state and the report are saved before the report is returned; send it, then
         :meth:`acknowledge` it. ``x`` is scaled to norm 1 if longer (the sensitivity assumes it).
@@ -192,6 +253,7 @@ class LocalClient:
         norm = float(np.linalg.norm(x))
         if norm > 1.0:
             x = x / norm
+        epoch = self.check()
         version = self.version + 1
         exact = self._exact + r * x
         if self.config.algorithm == "tree":
@@ -205,8 +267,11 @@ class LocalClient:
                 noise = source.normal(self.config.sigma, (self.config.d,), epoch=0, level=0, index=version)
             vector, state = r * x + noise, None
         rep = LocalReport(user=self.user, version=version, algorithm=self.config.algorithm, rec_id=str(rec_id),
-                          vector=vector)
+                          vector=vector, epoch=epoch)
         self.version, self._exact, self.state = version, exact, state
+        if epoch is not None:
+            self.in_epoch = self.in_epoch + 1 if epoch == self.epoch else 1
+            self.epoch = epoch
         self._pending.append(rep)
         self._save()
         return rep

@@ -15,6 +15,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,8 @@ from models.accounting.conversions import check_delta, check_epsilon, gdp_epsilo
 from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from models.mechanisms.base import TreeState, noise_std
 
-__all__ = ["ALGORITHMS", "LocalConfig", "DEVICE_MECHANISMS", "REPORT_SENSITIVITY"]
+__all__ = ["ALGORITHMS", "UNITS", "LocalConfig", "DEVICE_MECHANISMS", "REPORT_SENSITIVITY", "DEFAULT_CAP",
+           "DEFAULT_EPOCH_SECONDS"]
 
 #: L2 sensitivity of one interaction's ``r x`` under *replace* neighbours (another reward, and another item of the
 #: list — the user's choice is protected): ``||r x - r' x'|| <= 2`` for ``||x|| <= 1``, ``r in [0, 1]``.
@@ -38,8 +40,17 @@ ALGORITHMS = ("tree", "round")
 #: Mechanisms a device may run for ``tree`` (one user's own ``d``-vector; no mixing: the server mixes).
 DEVICE_MECHANISMS = tuple(m for m in MECHANISMS if not m.startswith("user-"))
 
+#: ``user``: everything one device reports is protected (a cap of reports per epoch, noise calibrated to the
+#: cap, a lifetime budget over the device's whole history); ``event``: each interaction alone.
+UNITS = ("user", "event")
+#: Reports per epoch a device may make at user level (the global mode's ``user_cap``).
+DEFAULT_CAP = 8
+#: Length of a user-level epoch: the global mode's epoch of ``2**14 - 1`` one-second release ticks.
+DEFAULT_EPOCH_SECONDS = float((1 << 14) - 1)
+
 _ZERO = np.zeros(1)
 _MECH_CACHE: dict["LocalConfig", Mechanism] = {}
+_PARTICIPATION: dict["LocalConfig", dict[str, Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,20 @@ class LocalConfig:
         ``tree`` only: reports per epoch of a device's mechanism.
     shuffle_batch
         ``round`` only: ``n > 0`` turns shuffling on; a batch holds ``n`` distinct users' reports.
+    unit
+        ``"event"`` (the default of this class: ``epsilon`` covers one interaction) or ``"user"``: a device
+        makes at most ``cap`` reports per epoch of ``epoch_seconds`` and its noise is calibrated so that any
+        ``cap`` of its reports together are ``(epsilon, delta)``-DP — ``tree``: the device's mechanism runs
+        epochs of ``cap`` reports, calibrated to their multi-participation sensitivity
+        (:func:`models.mechanisms.participation.participation_factor`); ``round``: each Gaussian report gets
+        ``mu / sqrt(cap)`` (Gaussian DP composes); shuffled: each batch is ``(epsilon / cap, delta / cap)``-DP
+        (a user is in at most one report per batch; basic composition over ``cap`` batches). The pipeline's
+        default is ``"user"`` (:meth:`pipeline.settings.Settings.local_config`).
+    cap, epoch_seconds
+        User level: reports per epoch, and the epoch's length in seconds (epoch ``floor(t / epoch_seconds)``).
+    user_budget
+        Lifetime budget of one device: epsilon at ``delta`` over everything it ever reports (``inf``: none).
+        A device stops reporting before it would exceed it (:meth:`report_limit`).
     """
 
     algorithm: str
@@ -72,6 +97,10 @@ class LocalConfig:
     mechanism: str = "blt-exact"
     capacity: int = 1023
     shuffle_batch: int = 0
+    unit: str = "event"
+    cap: int = DEFAULT_CAP
+    epoch_seconds: float = DEFAULT_EPOCH_SECONDS
+    user_budget: float = math.inf
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -92,6 +121,14 @@ class LocalConfig:
         if self.shuffle_batch and self.algorithm != "round":
             raise ValueError("shuffling applies to per-round reports only (`algorithm` = 'round'): a continual "
                              "release of b_u is one stream per user, with no batch of one report per user.")
+        if self.unit not in UNITS:
+            raise ValueError(f"`unit` must be one of {UNITS}, got {self.unit!r}.")
+        if not isinstance(self.cap, int) or self.cap < 1:
+            raise ValueError(f"`cap` must be a positive integer, got {self.cap!r}.")
+        if not (self.epoch_seconds > 0 and math.isfinite(self.epoch_seconds)):
+            raise ValueError(f"`epoch_seconds` must be a positive number, got {self.epoch_seconds!r}.")
+        if not self.user_budget > 0:  # NaN fails too
+            raise ValueError(f"`user_budget` must be a positive epsilon or inf, got {self.user_budget!r}.")
 
     # ------------------------------------------------------------------ noise of one report
 
@@ -106,12 +143,30 @@ class LocalConfig:
             raise ValueError("`epsilon0` is defined with shuffling only.")
         from models.accounting.shuffling import local_epsilon_for_central
 
-        return float(local_epsilon_for_central(self.epsilon, self.shuffle_batch, self.delta))
+        eps, delta = self.batch_guarantee
+        return float(local_epsilon_for_central(eps, self.shuffle_batch, delta))
+
+    @property
+    def user_level(self) -> bool:
+        return self.unit == "user"
+
+    @property
+    def batch_guarantee(self) -> tuple[float, float]:
+        """Shuffled: the central ``(epsilon, delta)`` of one batch — ``(epsilon, delta)`` at event level,
+        ``(epsilon / cap, delta / cap)`` at user level (``cap`` batches compose to ``(epsilon, delta)``)."""
+        if self.user_level:
+            return self.epsilon / self.cap, self.delta / self.cap
+        return self.epsilon, self.delta
 
     @property
     def sigma(self) -> float:
-        """``round`` without shuffling: std of the Gaussian noise per coordinate (L2 sensitivity 2)."""
-        return REPORT_SENSITIVITY / gdp_mu(self.epsilon, self.delta)
+        """``round`` without shuffling: std of the Gaussian noise per coordinate (L2 sensitivity 2).
+
+        Event level: one report is ``mu``-GDP (``mu = gdp_mu(epsilon, delta)``); user level: ``mu / sqrt(cap)``,
+        so ``cap`` reports compose to ``mu``.
+        """
+        per_report = REPORT_SENSITIVITY / gdp_mu(self.epsilon, self.delta)
+        return per_report * math.sqrt(self.cap) if self.user_level else per_report
 
     @property
     def laplace_scale(self) -> float:
@@ -127,9 +182,104 @@ class LocalConfig:
         """``tree``: the device's mechanism over its own ``d``-vector ``b_u`` (L2 sensitivity 2: replace)."""
         if self.algorithm != "tree":
             raise ValueError("a device mechanism exists for `algorithm` = 'tree' only.")
-        return make_mechanism(self.mechanism, dim=self.d, sensitivity=REPORT_SENSITIVITY, epsilon=self.epsilon,
-                              delta=self.delta, horizon=self.capacity, seed=seed,
-                              sensitivity_l1=REPORT_SENSITIVITY * math.sqrt(self.d))
+
+        def build(scale: float) -> Mechanism:
+            return make_mechanism(self.mechanism, dim=self.d, sensitivity=scale * REPORT_SENSITIVITY,
+                                  epsilon=self.epsilon, delta=self.delta, horizon=self.mechanism_capacity, seed=seed,
+                                  sensitivity_l1=scale * REPORT_SENSITIVITY * math.sqrt(self.d))
+
+        return build(self.participation_factor) if self.user_level else build(1.0)
+
+    @property
+    def mechanism_capacity(self) -> int:
+        """``tree``: reports per epoch of the device's mechanism — ``capacity``, or ``cap`` at user level (so that
+        every mechanism epoch is one block of at most ``cap`` reports, the block its calibration covers)."""
+        return self.cap if self.user_level else self.capacity
+
+    @property
+    def participation_factor(self) -> float:
+        """``tree`` at user level: ``sqrt(B(cap)) / max_t ||c_t||`` of the device's mechanism (how much more noise
+        than one report's calibration covers a block of ``cap`` reports; at most ``cap``)."""
+        return float(_participation(self, "factor"))
+
+    def participation_ratio(self, k: int) -> float:
+        """The share of a capped block's privacy loss (in ``mu**2`` of Gaussian DP, or in epsilon when shuffled)
+        that ``k`` reports of one block spend: ``B(k) / B(cap)`` for ``tree``, ``k / cap`` for independent
+        reports (``round``). ``k`` in ``[0, cap]``."""
+        k = int(k)
+        if k <= 0:
+            return 0.0
+        k = min(k, self.cap)
+        if self.algorithm == "tree":
+            table: list[float] = _participation(self, "ratios")
+            return table[k - 1]
+        return k / self.cap
+
+    def spent_fraction(self, reports: int) -> float:
+        """User level: the privacy loss of a device's first ``reports`` reports in units of one capped block.
+
+        ``tree``: the device's mechanism restarts every ``cap`` reports (one block: at most ``(epsilon, delta)``
+        together), so ``floor(n / cap) + B(n mod cap) / B(cap)`` (in ``mu**2``: Gaussian DP composes over
+        blocks); ``round``: ``n / cap``. Which reports fall in which time epoch does not matter: the loss is a
+        function of the count only, and at most ``cap`` of them fall in one epoch (by superadditivity of ``B``,
+        those cost at most one block).
+        """
+        n = max(0, int(reports))
+        if self.algorithm == "tree":
+            full, rest = divmod(n, self.cap)
+            return full + self.participation_ratio(rest)
+        return n / self.cap
+
+    def spent(self, reports: int) -> tuple[float, float]:
+        """``(epsilon, delta)`` of a device's first ``reports`` reports, all of them together (user level), or the
+        group bound over them (event level). Gaussian DP for ``tree`` and ``round`` (``mu_block sqrt(fraction)``);
+        shuffled: basic composition of the batches' central guarantees (``k`` batches: ``k`` times each)."""
+        n = max(0, int(reports))
+        if n == 0:
+            return 0.0, 0.0
+        if self.shuffled:
+            eps, delta = self.batch_guarantee
+            return n * eps, min(1.0, n * delta)
+        mu = gdp_mu(self.epsilon, self.delta)
+        if self.user_level:
+            total = mu * math.sqrt(self.spent_fraction(n))
+        elif self.algorithm == "tree":
+            total = mu * n  # group privacy: k interactions, k times the sensitivity
+        else:
+            total = mu * math.sqrt(n)
+        return gdp_epsilon(total, self.delta), self.delta
+
+    def report_limit(self) -> int | None:
+        """How many reports one device may make within ``user_budget`` (``None``: no budget).
+
+        User level, the largest ``n`` with :meth:`spent` ``(n)`` within the budget (Gaussian DP: ``mu_block
+        sqrt(fraction(n)) <= gdp_mu(user_budget, delta)``; shuffled: ``n epsilon / cap <= user_budget``). Event
+        level, the group bound: shuffled ``floor(user_budget / epsilon0)`` (pure LDP reports compose), ``round``
+        ``floor((mu_budget / mu)**2)``, ``tree`` ``floor(mu_budget / mu)`` (``k`` interactions: ``k mu``; for a
+        Laplace device mechanism ``floor(user_budget / epsilon)``).
+        """
+        budget = self.user_budget
+        if not math.isfinite(budget):
+            return None
+        if self.user_level:
+            if self.shuffled:
+                return math.floor(budget / self.batch_guarantee[0] + 1e-9)
+            ratio = (gdp_mu(budget, self.delta) / gdp_mu(self.epsilon, self.delta)) ** 2
+            if self.algorithm == "round":
+                return math.floor(ratio * self.cap + 1e-9)
+            full = math.floor(ratio + 1e-12)
+            rest = max((k for k in range(self.cap) if full + self.participation_ratio(k) <= ratio + 1e-12), default=0)
+            return full * self.cap + rest
+        if self.shuffled:
+            return math.floor(budget / self.epsilon0)
+        if self.algorithm == "tree" and "laplace" in self.mechanism:
+            return math.floor(budget / self.epsilon)
+        ratio = gdp_mu(budget, self.delta) / gdp_mu(self.epsilon, self.delta)
+        return math.floor(ratio if self.algorithm == "tree" else ratio**2)
+
+    def epoch_at(self, seconds: float) -> int:
+        """The user-level epoch of time ``seconds`` (since the Unix epoch)."""
+        return int(math.floor(seconds / self.epoch_seconds))
 
     def report_variance(self, version: int) -> float:
         """Largest per-coordinate noise variance of a device's report number ``version`` (public).
@@ -141,9 +291,9 @@ class LocalConfig:
         if self.algorithm == "round":
             return 2.0 * self.laplace_scale**2 if self.shuffled else self.sigma**2
         mech = self._variance_mechanism()
-        epoch, step = divmod(version, self.capacity)
+        epoch, step = divmod(version, self.mechanism_capacity)
         if step == 0:
-            epoch, step = epoch - 1, self.capacity
+            epoch, step = epoch - 1, self.mechanism_capacity
         state = TreeState(step=step, epoch=epoch, prefix=_ZERO, carry=_ZERO, nodes=_ZERO)
         return noise_std(mech, state) ** 2
 
@@ -164,6 +314,8 @@ class LocalConfig:
                   "neighbours": "one interaction replaced: another reward, and another item of the same shown "
                                 "list (L2 sensitivity 2 of r x)",
                   "statistics": [self._report_statistic()]}
+        if self.user_level:
+            return {**common, **self._user_guarantee()}
         if self.algorithm == "tree":
             return {**common, "epsilon": self.epsilon, "valid": True, "mechanism": self.mechanism,
                     "statement": f"each device releases its own running sum b_u = sum r x through "
@@ -199,6 +351,57 @@ class LocalConfig:
                              f"stripped of identity make each batch ({self.epsilon:g}, {self.delta:g})-DP centrally "
                              f"(Feldman, McMillan & Talwar 2021); a user's reports in k batches compose"}
 
+    def _user_guarantee(self) -> dict[str, Any]:
+        """User level: what a device's whole history gets (the fields of the global mode's user-level statement)."""
+        limit = self.report_limit()
+        out: dict[str, Any] = {
+            "unit": "user", "cap": self.cap, "cap_policy": "device", "epoch_seconds": self.epoch_seconds,
+            "epsilon": self.epsilon, "valid": True,
+            "ratios": [self.participation_ratio(k) for k in range(1, self.cap + 1)],
+            "neighbours": "user level, on the device: two report streams of one device differing in everything the "
+                          "user did (every reward and every choice; rewards in [0, 1], contexts clipped to norm 1)",
+            "user_budget": {"epsilon": self.user_budget if math.isfinite(self.user_budget) else None,
+                            "delta": self.delta, "reports_allowed": limit}}
+        scope = (f"per epoch of {self.epoch_seconds:g} s a device makes at most {self.cap} reports, and any {self.cap} "
+                 f"of its reports together are ({self.epsilon:g}, {self.delta:g})-DP; its whole history composes")
+        if self.shuffled:
+            eps_b, delta_b = self.batch_guarantee
+            out.update({"mu_at_cap": None, "noise": "laplace", "laplace_scale": self.laplace_scale,
+                        "epsilon0": self.epsilon0, "shuffle_batch": self.shuffle_batch,
+                        "central_per_batch": {"epsilon": eps_b, "delta": delta_b},
+                        "composition": "basic: k batches, k times each batch's (epsilon, delta)",
+                        "against_operator": {"epsilon_per_report": self.epsilon0, "delta": 0.0,
+                                             "why": "the shuffler runs inside the operator's worker and sees each "
+                                                    "report with its user id: k reports are k epsilon0-LDP"}})
+            out["statement"] = (f"{scope}: each report is pure {self.epsilon0:.4g}-LDP (Laplace, L1 sensitivity "
+                                f"2 sqrt(d)), shuffled in batches of {self.shuffle_batch} distinct users, each batch "
+                                f"({eps_b:.4g}, {delta_b:.3g})-DP centrally; a device's reports are in distinct "
+                                f"batches, so {self.cap} of them compose (basic) to ({self.epsilon:g}, {self.delta:g}); "
+                                f"against the operator (who runs the shuffler) each report is only its local "
+                                f"{self.epsilon0:.4g}-LDP")
+        elif self.algorithm == "tree":
+            out.update({"mu_at_cap": gdp_mu(self.epsilon, self.delta), "mechanism": self.mechanism,
+                        "sensitivity": {"rule": "multi-participation sensitivity sqrt(B(cap)) of the device's "
+                                                "mechanism over a block of cap reports (models.mechanisms.participation)",
+                                        "factor_vs_one_tick": self.participation_factor,
+                                        "group_bound_factor": self.cap}})
+            out["statement"] = (f"{scope}: the device releases its running sum b_u = sum r x through "
+                                f"'{self.mechanism}', whose epochs are blocks of {self.cap} reports calibrated to "
+                                f"their multi-participation sensitivity (factor {self.participation_factor:.3g} over one "
+                                f"report's, at most {self.cap}); blocks compose in Gaussian DP (mu_block = "
+                                f"{gdp_mu(self.epsilon, self.delta):.3g}: n reports spend mu_block sqrt(floor(n/cap) + "
+                                f"B(n mod cap)/B(cap)))")
+        else:
+            mu = gdp_mu(self.epsilon, self.delta)
+            out.update({"mu_at_cap": mu, "noise": "gaussian", "sigma": self.sigma})
+            out["statement"] = (f"{scope}: each report m = r x + N(0, {self.sigma:.3g}^2 I) is Gaussian DP mu = "
+                                f"{mu / math.sqrt(self.cap):.3g} (L2 sensitivity 2), so {self.cap} reports compose "
+                                f"to mu = {mu:.3g}; n reports spend mu sqrt(n / cap)")
+        if limit is not None:
+            out["statement"] += (f"; the device stops after {limit} reports, its lifetime budget ({self.user_budget:g}, "
+                                 f"{self.delta:g})")
+        return out
+
     def _report_statistic(self) -> dict[str, Any]:
         """What one report releases, its bound and its sensitivity under the stated relation (``/budget``)."""
         what = {"tree": "b_u = sum r x, the device's running sum (one tick per interaction)",
@@ -217,10 +420,16 @@ class LocalConfig:
         """``GET /local/config``: everything a device needs (all public)."""
         out: dict[str, Any] = {"mode": "local", "algorithm": self.algorithm, "d": self.d, "epsilon": self.epsilon,
                                "delta": self.delta, "schema": "privrec.LocalReport/2", "mechanism": None,
-                               "noise": None, "shuffle_batch": self.shuffle_batch}
+                               "noise": None, "shuffle_batch": self.shuffle_batch, "unit": self.unit,
+                               "capacity": self.capacity,
+                               "user_budget": self.user_budget if math.isfinite(self.user_budget) else None,
+                               "report_limit": self.report_limit()}
+        if self.user_level:  # what a device enforces (and the server checks): reports per epoch, and the ledger
+            out.update({"cap": self.cap, "epoch_seconds": self.epoch_seconds,
+                        "ratios": [self.participation_ratio(k) for k in range(1, self.cap + 1)]})
         if self.algorithm == "tree":
             mech = self._variance_mechanism()
-            desc: dict[str, Any] = {"name": self.mechanism, "capacity": self.capacity}
+            desc: dict[str, Any] = {"name": self.mechanism, "capacity": self.mechanism_capacity}
             if hasattr(mech, "theta") and hasattr(mech, "w"):  # BLT: what a browser needs to run it
                 desc.update({"kind": "blt", "theta": [float(v) for v in getattr(mech, "theta")],
                              "w": [float(v) for v in getattr(mech, "w")], "scale": float(getattr(mech, "scale"))})
@@ -234,12 +443,36 @@ class LocalConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field (``user_budget`` ``None`` for inf: JSON has none); :meth:`from_dict` reads it back."""
         return {"algorithm": self.algorithm, "d": self.d, "epsilon": self.epsilon, "delta": self.delta,
-                "mechanism": self.mechanism, "capacity": self.capacity, "shuffle_batch": self.shuffle_batch}
+                "mechanism": self.mechanism, "capacity": self.capacity, "shuffle_batch": self.shuffle_batch,
+                "unit": self.unit, "cap": self.cap, "epoch_seconds": self.epoch_seconds,
+                "user_budget": self.user_budget if math.isfinite(self.user_budget) else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LocalConfig:
+        """The config :meth:`to_dict` wrote; a dict written before user level (no ``unit``) is event level."""
+        budget = data.get("user_budget")
         return cls(algorithm=str(data["algorithm"]), d=int(data["d"]), epsilon=float(data["epsilon"]),
                    delta=float(data["delta"]), mechanism=str(data.get("mechanism") or "blt-exact"),
-                   capacity=int(data.get("capacity") or 1023), shuffle_batch=int(data.get("shuffle_batch") or 0))
+                   capacity=int(data.get("capacity") or 1023), shuffle_batch=int(data.get("shuffle_batch") or 0),
+                   unit=str(data.get("unit") or "event"), cap=int(data.get("cap") or DEFAULT_CAP),
+                   epoch_seconds=float(data.get("epoch_seconds") or DEFAULT_EPOCH_SECONDS),
+                   user_budget=math.inf if budget is None else float(budget))
+
+
+def _participation(config: LocalConfig, what: str) -> Any:
+    """``factor`` and ``ratios`` (``B(k) / B(cap)``, ``k = 1..cap``) of a ``tree`` device's mechanism, cached."""
+    from models.mechanisms.participation import participation_bound
+
+    key = dataclasses.replace(config, user_budget=math.inf)  # the budget changes neither
+    hit = _PARTICIPATION.get(key)
+    if hit is None:
+        unit_mech = make_mechanism(config.mechanism, dim=1, sensitivity=REPORT_SENSITIVITY, epsilon=config.epsilon,
+                                   delta=config.delta, horizon=config.mechanism_capacity, seed=0,
+                                   sensitivity_l1=REPORT_SENSITIVITY)
+        bounds = [participation_bound(unit_mech, k) for k in range(1, config.cap + 1)]
+        hit = _PARTICIPATION[key] = {"factor": math.sqrt(bounds[-1] / bounds[0]),
+                                     "ratios": [b / bounds[-1] for b in bounds]}
+    return hit[what]
 

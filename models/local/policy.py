@@ -5,7 +5,8 @@
 (or, with shuffling, the :class:`Shuffler` in front of it), and LinUCB per model unit solved from the
 released sums every ``tick`` reports, with the ridge ``lambda + kappa * noise_std`` of the sums (the
 pipeline's :func:`models.streaming.solve`, post-processing of public values). Shuffled reports count
-only once their batch is complete.
+only once their batch is complete. At user level a device refuses interactions past its cap or budget
+(:class:`~models.local.client.ReportRefused`, counted in ``refused``); a run is one epoch.
 
 >>> import numpy as np
 >>> from models.local import LocalConfig
@@ -31,13 +32,18 @@ from models.ground.linalg import ucb_scores
 from models.streaming import ReleasedStats, solve
 
 from .aggregate import LocalAggregate, clip_context
-from .client import LocalClient, MemoryStorage
+from .client import LocalClient, MemoryStorage, ReportRefused
 from .config import LocalConfig
 from .shuffle import Shuffler
 
 __all__ = ["LocalUCB", "LocalItemUCB"]
 
 FloatArray = NDArray[np.float64]
+
+
+def _RUN_CLOCK() -> float:
+    """A run is one user-level epoch (the replays last minutes; an epoch, hours): the same for every seed."""
+    return 0.0
 
 
 class LocalUCB:
@@ -63,6 +69,8 @@ class LocalUCB:
         self._clients: dict[str, LocalClient] = {}
         self._contexts: list[FloatArray] = []  # shuffled batches name items by index into this list
         self.reports = 0
+        #: Interactions a device did not report (user level: past its cap per epoch or its lifetime budget).
+        self.refused = 0
         self.solves = 0
         self.theta = np.zeros((n_units, d))
         self.M = np.broadcast_to(np.eye(d) / lambda_, (n_units, d, d)).copy()
@@ -78,20 +86,24 @@ class LocalUCB:
         dev = self._clients.get(name)
         if dev is None:
             dev = self._clients[name] = LocalClient(name, self.config, MemoryStorage(),
-                                                    seed=int(self._rng.integers(2**62)))
+                                                    seed=int(self._rng.integers(2**62)), clock=_RUN_CLOCK)
         x = clip_context(x)
         item = str(len(self._contexts))
         self._contexts.append(x)
-        rep = dev.report(rec_id=item, x=x, reward=float(min(1.0, max(0.0, reward))))
-        dev.acknowledge(rep.version)
-        rep = dataclasses.replace(rep, shown=(item,))  # the server adds the list it showed (one item here)
-        if self.shuffler is None:
-            self.aggregate.apply(rep, unit=unit, X=x)
+        try:
+            rep = dev.report(rec_id=item, x=x, reward=float(min(1.0, max(0.0, reward))))
+        except ReportRefused:  # user level: past the device's cap or budget, nothing leaves the device
+            self.refused += 1
         else:
-            for batch in self.shuffler.add(rep, unit=unit):
-                self.aggregate.apply_batch(batch, np.stack([self._contexts[int(i)] for i in batch.items]))
-        self.reports += 1
-        if self.reports % self.tick == 0:
+            dev.acknowledge(rep.version)
+            rep = dataclasses.replace(rep, shown=(item,))  # the server adds the list it showed (one item here)
+            if self.shuffler is None:
+                self.aggregate.apply(rep, unit=unit, X=x)
+            else:
+                for batch in self.shuffler.add(rep, unit=unit):
+                    self.aggregate.apply_batch(batch, np.stack([self._contexts[int(i)] for i in batch.items]))
+            self.reports += 1
+        if (self.reports + self.refused) % self.tick == 0:
             self._solve()
 
     def _solve(self) -> None:

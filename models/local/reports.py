@@ -39,7 +39,7 @@ SCHEMA = "privrec.LocalReport/2"
 #: Largest accepted magnitude of a report coordinate (noise at epsilon >= 0.01 stays far below it).
 MAX_ABS = 1e6
 _VECTOR = {"tree": "b", "round": "m"}
-_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "shown", "b", "m"}
+_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "shown", "b", "m", "epoch"}
 #: The longest shown list a report may carry (``/recommend``'s largest ``k``).
 MAX_SHOWN = 1000
 
@@ -57,7 +57,10 @@ class ReportError(ValueError):
 class LocalReport:
     """One report: who, which of their reports, on which shown list, and the noisy vector.
 
-    ``shown``: the list's items, added by the server (empty as the device sends it).
+    ``shown``: the list's items, added by the server (empty as the device sends it). ``epoch``: at user level,
+    the device's epoch of the report (``floor(t / epoch_seconds)``, public like the time of any request; the
+    server counts a device's reports per epoch against the cap); ``None`` at event level (the field is
+    optional, so reports of devices made before user level still parse).
     """
 
     user: str
@@ -66,6 +69,7 @@ class LocalReport:
     rec_id: str
     vector: NDArray[np.float64] = field(repr=False)
     shown: tuple[str, ...] = ()
+    epoch: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "vector", np.asarray(self.vector, dtype=np.float64))
@@ -73,8 +77,8 @@ class LocalReport:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LocalReport):
             return NotImplemented
-        return (self.user, self.version, self.algorithm, self.rec_id, self.shown) == (
-            other.user, other.version, other.algorithm, other.rec_id, other.shown) and bool(
+        return (self.user, self.version, self.algorithm, self.rec_id, self.shown, self.epoch) == (
+            other.user, other.version, other.algorithm, other.rec_id, other.shown, other.epoch) and bool(
             np.array_equal(self.vector, other.vector))
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,6 +86,8 @@ class LocalReport:
                "rec_id": self.rec_id, _VECTOR[self.algorithm]: [float(v) for v in self.vector]}
         if self.shown:
             out["shown"] = list(self.shown)
+        if self.epoch is not None:
+            out["epoch"] = self.epoch
         return out
 
     def to_json(self) -> bytes:
@@ -133,6 +139,9 @@ def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | 
     version = body.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**53:
         raise ReportError("version", f"must be an integer >= 1 (the device's report counter), got {version!r:.60}")
+    epoch = body.get("epoch")
+    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**53):
+        raise ReportError("epoch", f"must be an integer >= 0 (the device's epoch of the report), got {epoch!r:.60}")
     alg = body.get("algorithm")
     if not isinstance(alg, str) or alg not in _VECTOR:
         raise ReportError("algorithm", f"must be one of {sorted(_VECTOR)}, got {alg!r:.60}")
@@ -157,4 +166,5 @@ def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | 
         raise ReportError(key, f"holds a value beyond +-{MAX_ABS:g}")
     for a in shown:
         _string({"shown": a}, "shown")
-    return LocalReport(user=user, version=version, algorithm=alg, rec_id=rec_id, vector=arr, shown=tuple(shown))
+    return LocalReport(user=user, version=version, algorithm=alg, rec_id=rec_id, vector=arr, shown=tuple(shown),
+                       epoch=epoch)

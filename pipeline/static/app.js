@@ -446,10 +446,11 @@
   // Local mode's guarantee as /local/config states it (when /budget has no "local" section).
   function guaranteeFromConfig(c) {
     if (!c) return {};
-    const g = { algorithm: c.algorithm, epsilon: c.epsilon, delta: c.delta, shuffle_batch: c.shuffle_batch || 0 };
+    const g = { algorithm: c.algorithm, epsilon: c.epsilon, delta: c.delta, shuffle_batch: c.shuffle_batch || 0,
+                unit: c.unit || "event", cap: c.cap, user_budget: { epsilon: c.user_budget } };
     if (c.mechanism) g.mechanism = c.mechanism.name;
     if (c.noise) g.noise = c.noise.kind;
-    if (c.noise && c.noise.kind === "laplace") {
+    if (c.noise && c.noise.kind === "laplace" && g.unit !== "user") {
       Object.assign(g, { epsilon: c.noise.epsilon0, delta: 0, central_epsilon: c.epsilon, central_delta: c.delta });
     }
     return g;
@@ -460,9 +461,10 @@
     const g = fromBudget || guaranteeFromConfig(state.local);
     const u = (b.local && b.local.user) || {};
     const k = u.reports ?? (b.user && b.user.interactions) ?? 0;
-    const shuffled = g.central_epsilon !== undefined;
+    const shuffled = g.central_epsilon !== undefined || (g.unit === "user" && g.shuffle_batch > 0);
     $("tagline").textContent = "Recommendations that learn from every listen — your browser adds the noise: " +
       "your listens and skips never leave this page.";
+    if (g.unit === "user") return renderLocalUser(g, u, k);
     $("user-epsilon-label").textContent = shuffled ? "each report's privacy loss, on your device"
                                                    : "privacy loss of each answer, on your device";
     $("user-epsilon").textContent = shuffled ? `ε₀ = ${fmtEps(g.epsilon)}` : `ε = ${fmtEps(g.epsilon)}`;
@@ -495,6 +497,37 @@
       $("neighbours").textContent = "one answer of yours (its reward and which shown item you picked), on your device";
       $("accounting").textContent = "as /local/config states it (this server's /budget has no local section)";
     }
+  }
+
+  // Local mode at user level: the user's whole history, as the global mode's user level states it (the same
+  // /budget fields: epsilon spent so far, ticks_this_epoch of cap, at_cap, user_budget, at_budget).
+  function renderLocalUser(g, u, k) {
+    const eps = u.epsilon ?? 0;
+    $("user-epsilon-label").textContent = "your privacy loss so far, all your reports together";
+    $("user-epsilon").textContent = `ε = ${fmtEps(eps)}`;
+    $("user-delta").textContent = fmtDelta(u.delta ?? g.delta);
+    const budget = g.user_budget && g.user_budget.epsilon;
+    $("user-budget-note").textContent = k === 0
+      ? "You have sent no report yet: nothing the server holds depends on you; your privacy loss is zero."
+      : `Covers your whole history together: ${k} report${k === 1 ? "" : "s"} from this browser, ` +
+        `${u.ticks_this_epoch ?? "?"} of at most ${g.cap} this epoch` +
+        (u.at_budget ? ` — you reached your lifetime budget (ε = ${fmtEps(budget)}), so this browser sends no ` +
+                       "more reports, ever, and your privacy loss never grows again."
+          : u.at_cap ? " — you reached the cap, so this browser sends nothing more this epoch, and your privacy " +
+                       "loss stops growing." : `; it grows with each report, up to ε = ${fmtEps(g.epsilon)} per ` +
+                       "epoch" + (budget ? `, and never past your lifetime budget ε = ${fmtEps(budget)}.` : "."));
+    $("guarantee-plain").textContent = "Local mode: this page is your device. It keeps your listens and skips, " +
+      "adds the noise itself (from your browser's cryptographic random numbers) and sends only the noisy report; " +
+      "the server, Kafka and Redis never see a raw answer. It sends at most " + `${g.cap} reports per epoch, and ` +
+      `all of them together are (ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)})-DP: everything you did in ` +
+      "an epoch — every listen, every skip, which items you picked — changes the odds of what the server sees by " +
+      `at most ${Math.exp(g.epsilon).toFixed(1)}×, except with probability ${fmtDelta(g.delta)}. The ε above adds ` +
+      "this up over your whole history.";
+    $("event-guarantee").textContent =
+      `(ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)}) for all your reports of one epoch, on your device`;
+    $("mechanism").textContent = g.mechanism ? `${g.mechanism} on your device` : `${g.noise} noise on your device`;
+    $("neighbours").textContent = g.neighbours || "everything you did, on your device";
+    $("accounting").textContent = g.statement || "as /local/config states it";
   }
 
   function renderMode(b, p) {

@@ -101,9 +101,13 @@
         $("fig-at-budget").textContent = led.user_budget === null ? "– (no budget)" :
           `${led.users_at_budget} (ε = ${fmt(led.user_budget)})`;
         $("fig-budget-events").textContent = String(led.budget_events);
-        $("dash-note").textContent = `User level: each user's interactions of one release tick are summed and clipped, ` +
-          `and a user contributes to at most ${led.cap} ticks per epoch; a user at the cap has spent ε = ` +
-          `${fmt(p.epsilon)} (δ = ${p.delta}) for this epoch, and is no longer learned from (cap policy: ${p.cap_policy}).`;
+        $("dash-note").textContent = p.mode === "local"
+          ? `Local mode, user level: each device sends at most ${led.cap} reports per epoch, calibrated so that all ` +
+            `of them together are ε = ${fmt(p.epsilon)} (δ = ${p.delta}); the server checks the cap and the lifetime ` +
+            `budget from each report's version and epoch and refuses what is past them (the counts above).`
+          : `User level: each user's interactions of one release tick are summed and clipped, ` +
+            `and a user contributes to at most ${led.cap} ticks per epoch; a user at the cap has spent ε = ` +
+            `${fmt(p.epsilon)} (δ = ${p.delta}) for this epoch, and is no longer learned from (cap policy: ${p.cap_policy}).`;
       } else {
         for (const id of ["fig-users", "fig-at-cap", "fig-cap", "fig-spent-max", "fig-spent-median", "fig-capped",
                           "fig-at-budget", "fig-budget-events"]) {

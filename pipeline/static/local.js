@@ -2,6 +2,9 @@
 // state in localStorage, perturbs in the browser, and sends only the noisy report (POST /report); a raw
 // reward never leaves the page. The protocol is docs/local-mode.md; the Python twin is
 // models.local.LocalClient. Noise comes from crypto.getRandomValues only (never Math.random).
+// At user level (the server's config says unit "user") the page also keeps the device's ledger — the epoch
+// of its last report and the reports made in it — and refuses an answer past the cap of the epoch or past
+// the lifetime budget (config.report_limit reports), before anything changes or is sent (docs/local-userlevel.md).
 "use strict";
 
 window.PrivrecLocal = (() => {
@@ -38,7 +41,8 @@ window.PrivrecLocal = (() => {
   // what makes a stored state usable: the same algorithm and calibration (else it would release again)
   function fingerprint(config) {
     return JSON.stringify({ a: config.algorithm, d: config.d, e: config.epsilon, dl: config.delta,
-                            m: config.mechanism, n: config.noise, s: config.shuffle_batch });
+                            m: config.mechanism, n: config.noise, s: config.shuffle_batch, u: config.unit || "event",
+                            c: config.cap || null, es: config.epoch_seconds || null, b: config.user_budget ?? null });
   }
 
   function newState(config, user) {
@@ -46,7 +50,7 @@ window.PrivrecLocal = (() => {
     const m = config.mechanism && config.mechanism.kind === "blt" ? config.mechanism.theta.length : 0;
     return { schema: STATE_SCHEMA, user, config: fingerprint(config), version: 0, exact: zeros(d),
              step: 0, eta: zeros(d), carry: zeros(d), buffers: Array.from({ length: m }, () => zeros(d)),
-             pending: [] };
+             pending: [], ledger: { epoch: -1, k: 0 } };
   }
 
   function key(user) { return `privrec.local.${location.host}.${user}`; }
@@ -59,7 +63,10 @@ window.PrivrecLocal = (() => {
     const raw = localStorage.getItem(key(user));
     let s = null;
     try { s = raw ? JSON.parse(raw) : null; } catch { s = null; }
-    if (s && s.schema === STATE_SCHEMA && s.user === user && s.config === fingerprint(config)) return s;
+    if (s && s.schema === STATE_SCHEMA && s.user === user && s.config === fingerprint(config)) {
+      if (!s.ledger) s.ledger = { epoch: -1, k: 0 };  // a state stored before user level
+      return s;
+    }
     const fresh = newState(config, user);
     if (s && Number.isInteger(s.version) && s.version > 0) fresh.version = s.version;
     return fresh;
@@ -111,10 +118,31 @@ window.PrivrecLocal = (() => {
     return release;
   }
 
+  // ---------- the ledger (user level) ---------------------------------------------------
+
+  // The epoch of the next report, or an Error naming why the device may not make it ("cap: …" past the
+  // epoch's cap, "budget: …" past the lifetime budget); null at event level (no cap). `now`: seconds since
+  // the Unix epoch. A clock set back never reopens an epoch. The server checks both again.
+  function check(state, config, now) {
+    const limit = config.report_limit;
+    if (Number.isInteger(limit) && state.version + 1 > limit) {
+      return new Error(`budget: this browser made the ${limit} reports its lifetime budget allows ` +
+                       `(ε = ${config.user_budget}); it sends no more`);
+    }
+    if (config.unit !== "user") return null;
+    const led = state.ledger || { epoch: -1, k: 0 };
+    const epoch = Math.max(led.epoch, Math.floor(now / config.epoch_seconds));
+    if (epoch === led.epoch && led.k >= config.cap) {
+      return new Error(`cap: this browser made its ${led.k} reports of epoch ${epoch} (cap ${config.cap} per ` +
+                       `epoch of ${config.epoch_seconds} s); the next is allowed in epoch ${epoch + 1}`);
+    }
+    return epoch;
+  }
+
   // The report of one answer: reward r on `item` (context x) of the list `recId`. Updates the state;
   // the caller saves it (with the report pending) before sending. The report names the list only: which
   // item the user acted on is protected, and lives only inside the noisy vector.
-  function buildReport(state, config, recId, item, x, reward, draw) {
+  function buildReport(state, config, recId, item, x, reward, draw, now) {
     if (!(typeof reward === "number" && reward >= 0 && reward <= 1)) throw new Error(`reward must be in [0, 1], got ${reward}`);
     if (!Array.isArray(x) || x.length !== state.exact.length || !x.every((v) => typeof v === "number" && isFinite(v))) {
       throw new Error(`item ${item} came without its ${state.exact.length} features ("x" in /recommend); nothing was sent`);
@@ -128,6 +156,8 @@ window.PrivrecLocal = (() => {
     if (!tree && !(config.algorithm === "round" && noise && (noise.kind === "gaussian" || noise.kind === "laplace"))) {
       throw new Error(`unknown local algorithm ${config.algorithm} or noise ${noise && noise.kind}`);
     }
+    const epoch = check(state, config, now === undefined ? Date.now() / 1000 : now);
+    if (epoch instanceof Error) throw epoch;
     // nothing above changed the state: a refused report leaves the device as it was
     const norm = Math.sqrt(x.reduce((s, v) => s + v * v, 0));
     const xc = norm > 1 ? x.map((v) => v / norm) : x.slice();
@@ -135,6 +165,11 @@ window.PrivrecLocal = (() => {
     state.version += 1;
     const report = { schema: SCHEMA, user: state.user, version: state.version, algorithm: config.algorithm,
                      rec_id: recId };
+    if (epoch !== null) {
+      report.epoch = epoch;
+      const led = state.ledger || { epoch: -1, k: 0 };
+      state.ledger = { epoch, k: epoch === led.epoch ? led.k + 1 : 1 };
+    }
     if (tree) {
       report.b = bltStep(state, config.mechanism, draw);
     } else {
@@ -146,5 +181,5 @@ window.PrivrecLocal = (() => {
   }
 
   return { uniform, gaussian, laplace, newState, load, save, key, acknowledge, exclusive, bltStep, buildReport,
-           fingerprint };
+           fingerprint, check };
 })();

@@ -130,6 +130,10 @@ def register(sub: Any) -> None:
     o.add_argument("--sites", type=int, default=4, help="federated sites M (default 4)")
     o.add_argument("--shuffle-batch", type=int, default=200,
                    help="local-shuffle: distinct users of a unit per shuffled batch (default 200)")
+    o.add_argument("--local-unit", choices=("user", "event"), default="user",
+                   help="local rows: each device's privacy unit (default user: at most --user-cap reports per epoch, "
+                        "noise calibrated to them, a lifetime budget of 10; event: each interaction alone)")
+    o.add_argument("--user-cap", type=int, default=8, help="local rows at user level: reports per epoch (default 8)")
     o.add_argument("--scaling-users", default="10,40,160",
                    help="comma-separated user counts for local vs global as N grows ('' to skip; default 10,40,160)")
     o.add_argument("--population", default=None,
@@ -229,7 +233,9 @@ def _modes(args: argparse.Namespace) -> int:
     from privrec.experiments.modes import ModesConfig, run_modes
 
     kw: dict[str, Any] = {"sites": args.sites, "seed": args.seed, "data_dir": args.data_dir, "lastfm": not args.no_lastfm,
-                          "shuffle_batch": args.shuffle_batch}
+                          "shuffle_batch": args.shuffle_batch, "local_unit": args.local_unit, "user_cap": args.user_cap}
+    if args.user_cap < 1:
+        raise ValueError(f"`--user-cap` must be positive, got {args.user_cap}.")
     if args.shuffle_batch < 1:
         raise ValueError(f"`--shuffle-batch` must be positive, got {args.shuffle_batch}.")
     try:

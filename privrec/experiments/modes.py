@@ -77,6 +77,9 @@ class ModesConfig:
     population_batch: int = 150         # local-shuffle-pop: distinct users per population-wide batch
     population_cap: int = 2             # local-shuffle-pop: reports per device per epoch (user level)
     population_codewords: int = 64      # local-shuffle-pop: size of the public codebook of item features
+    local_unit: str = "user"            # local rows: the device's unit (user: cap, calibration to it, budget)
+    user_cap: int = 8                   # local rows at user level: reports per epoch (the pipeline's default)
+    user_budget: float = 10.0           # local rows at user level: a device's lifetime budget
     scaling_users: tuple[int, ...] = (10, 40, 160)  # local vs global added regret as N grows (epsilon = 2)
     population_sizes: tuple[int, ...] = ()   # the population axis (privrec.experiments.population); CLI: 1k, 10k, 100k
     population_items: int = 1_000
@@ -127,8 +130,10 @@ def _local(algorithm: str) -> Callable[..., Any]:
         if math.isinf(epsilon):
             return _global(V, d, epsilon, seed, cfg, tick=tick, lam=lam, kappa=kappa, horizon=horizon)
         shuffle = cfg.shuffle_batch if algorithm == "shuffle" else 0
+        user = cfg.local_unit == "user"
         config = LocalConfig(algorithm="round" if algorithm == "shuffle" else algorithm, d=d, epsilon=epsilon,
-                             delta=cfg.delta, shuffle_batch=shuffle)
+                             delta=cfg.delta, shuffle_batch=shuffle, unit=cfg.local_unit, cap=cfg.user_cap,
+                             user_budget=cfg.user_budget if user else math.inf)
         return LocalUCB(d=d, n_units=V.shape[0], config=config, tick=tick, seed=seed, lambda_=lam, alpha=cfg.alpha,
                         noise_ridge=kappa)
     return make
@@ -256,6 +261,7 @@ def _local_stats(policy: Any) -> dict[str, float] | None:
         return None
     batches = sum(policy.shuffler.seq.values()) if policy.shuffler is not None else 0
     return {"applied_fraction": float(policy.aggregate.count.sum()) / policy.reports, "batches": float(batches),
+            "refused_fraction": policy.refused / (policy.reports + policy.refused),
             "noise_std": policy.aggregate.noise_std(), "devices": float(len(policy._clients))}
 
 
@@ -428,7 +434,7 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
                                                                                             "lastfm")])[0]
         local = [r for r in results if r.job.row == row.name and r.local is not None and r.job.dataset == "lastfm"]
         if local:  # per epsilon, mean over the LastFM runs
-            for key in ("applied_fraction", "batches", "noise_std"):
+            for key in ("applied_fraction", "batches", "noise_std", "refused_fraction"):
                 entry[f"lastfm_{key}"] = [_num(summarize([r.local[key] for r in local if r.job.epsilon == e
                                                           and r.local is not None])[0]) for e in cfg.epsilons]
         if row.federated:

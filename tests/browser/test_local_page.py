@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -39,7 +40,8 @@ from privrec.bench.serve import LocalStack, local_stack
 from .conftest import SETTINGS
 
 D = int(SETTINGS["PRIVREC_D"])
-REPORT_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "b"}  # no "item": the choice is protected
+#: No "item": the choice is protected; "epoch": user level (local mode's default), the device's epoch of the report.
+REPORT_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "b", "epoch"}
 #: Two-sided tail probability of each statistical check (a false failure about once in 10^6 runs).
 TAIL = 1e-6
 
@@ -177,8 +179,12 @@ def test_the_page_sends_only_noisy_reports_and_keeps_its_state(local: LocalStack
     page.locator("#guarantee-plain", has_text="this page is your device").wait_for()
     assert "on your device" in page.locator("#event-guarantee").inner_text()
     assert "your browser adds the noise" in page.locator("#trust-mode").inner_text()
-    assert page.locator("#user-epsilon").inner_text() == f"ε = {config['epsilon']:.2f}"
-    assert "each answer" in page.locator("#user-epsilon-label").inner_text()
+    # user level: the loss of all of this user's reports together, from /budget (the global mode's fields)
+    assert "all your reports together" in page.locator("#user-epsilon-label").inner_text()
+    spent = _local_config(config).spent(4)[0]
+    page.locator("#user-epsilon", has_text=f"ε = {spent:.2f}").wait_for()
+    assert 0 < spent < config["epsilon"]  # 4 of the cap's 8 reports: less than a capped epoch
+    assert f"4 of at most {config['cap']} this epoch" in page.locator("#user-budget-note").inner_text()
     assert "blt-exact" in page.locator("#accounting").text_content()  # the server's statement, from /budget
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
     assert not page.problems, page.problems
@@ -263,10 +269,61 @@ def test_the_local_guarantee_without_a_local_budget_section(local: LocalStack, c
     plain = page.locator("#guarantee-plain")
     plain.filter(has_text="this page is your device").wait_for()
     assert f"(ε, δ) = ({config['epsilon']:.2f}" in plain.inner_text()
-    assert "any one of your answers" in plain.inner_text()
+    assert f"at most {config['cap']} reports per epoch" in plain.inner_text()
+    assert "everything you did in an epoch" in plain.inner_text()
     assert "on your device" in page.locator("#event-guarantee").inner_text()
     assert "blt-exact" in page.locator("#mechanism").text_content()  # inside the closed <details>
     assert not page.problems, page.problems
+
+
+def _local_config(config: dict[str, Any]) -> Any:
+    from producers.devices import config_from_public
+
+    return config_from_public(config)
+
+
+def test_the_page_keeps_its_cap_per_epoch_and_its_lifetime_budget(local: LocalStack, config: dict[str, Any],
+                                                                  page: Any) -> None:
+    """The page's /local/config is intercepted to a cap of 2 per epoch and a budget of 3 reports; the page's clock
+    is set (Playwright's clock) to cross an epoch. Every POST is recorded: 2 in the first epoch, the third click
+    refused on the page ("cap"), 1 in the next epoch, then refused ("budget") — also after a reload."""
+    assert config["unit"] == "user" and config["cap"] >= 2 and config["report_limit"] > 3
+
+    def small(route: Any) -> None:
+        resp = route.fetch()
+        route.fulfill(response=resp, json={**resp.json(), "cap": 2, "report_limit": 3})
+
+    user = "8"
+    page.route("**/local/config", small)
+    start = time.time()
+    page.clock.set_fixed_time(start)
+    epoch = math.floor(start / config["epoch_seconds"])
+    requests = _record(page)
+    _open(page, local.base_url, user)
+
+    def posts() -> list[dict[str, Any]]:
+        return [json.loads(r["body"]) for r in requests if r["method"] == "POST"]
+
+    def refused(reason: str) -> None:
+        name = page.locator("li.item .name > span:first-child").first.inner_text()
+        page.get_by_role("button", name=f"Skip {name}", exact=True).click()
+        page.get_by_role("alert").filter(has_text=f"{reason}: this browser made").wait_for()
+        page.locator("li.item button:enabled").first.wait_for()  # a fresh list after the refusal
+
+    _click(page, "Listen to", 0)
+    _click(page, "Skip", 1)
+    refused("cap")
+    assert [(p["version"], p["epoch"]) for p in posts()] == [(1, epoch), (2, epoch)]
+    assert _stored(page, user)["ledger"] == {"epoch": epoch, "k": 2}
+    page.clock.set_fixed_time(start + config["epoch_seconds"])  # the next epoch
+    _click(page, "Skip", 0)
+    refused("budget")
+    assert [(p["version"], p["epoch"]) for p in posts()] == [(1, epoch), (2, epoch), (3, epoch + 1)]
+    page.reload()  # the state persists: still at the budget
+    page.locator("li.item").first.wait_for()
+    refused("budget")
+    assert len(posts()) == 3 and _stored(page, user)["version"] == 3
+    _assert_no_raw_reward(requests)
 
 
 def test_feedback_with_a_raw_reward_is_refused_in_local_mode(local: LocalStack) -> None:
@@ -366,3 +423,25 @@ def test_round_reports_and_the_samplers(local: LocalStack, config: dict[str, Any
     assert out["roundGauss"]["n"] == out["roundLaplace"]["n"] == 3 * (n // 4)
     gaussian_ok(out["roundGauss"], 1.0)
     laplace_ok(out["roundLaplace"], 1.0)
+
+
+def test_the_dashboard_shows_the_devices_ledger(local: LocalStack, page: Any) -> None:
+    """Local mode at user level: the dashboard's figures are /budget's ledger (the global mode's fields), from the
+    ledger the worker keeps of the devices' reports."""
+    status, b = local.get_json("/budget")
+    assert status == 200 and b["privacy"]["mode"] == "local" and b["privacy"]["unit"] == "user"
+    page.goto(local.base_url + "/dashboard")
+    page.wait_for_selector("body[data-loaded=true]")
+    for _ in range(20):
+        shown = {i: page.locator(f"#{i}").inner_text() for i in ("fig-users", "fig-at-cap", "fig-cap", "fig-capped")}
+        status, b = local.get_json("/budget")
+        led = b["ledger"]
+        expected = {"fig-users": str(led["users"]), "fig-at-cap": str(led["users_at_cap"]),
+                    "fig-cap": str(led["cap"]), "fig-capped": str(led["capped_events"])}
+        if shown == expected:
+            break
+        page.reload()
+        page.wait_for_selector("body[data-loaded=true]")
+    assert shown == expected and led["users"] >= 1 and led["cap"] == b["privacy"]["cap"]
+    assert "Local mode, user level" in page.locator("#dash-note").inner_text()
+    assert not page.problems, page.problems

@@ -41,7 +41,8 @@ from pipeline_support import wait_for
 
 WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40",
          "PRIVREC_ALGORITHM": "linucb", "PRIVREC_EPSILON": "2", "PRIVREC_TICK_SECONDS": "0.3",
-         "PRIVREC_LOGLEVEL": "INFO", "PRIVREC_MODE": "local"}
+         "PRIVREC_LOGLEVEL": "INFO", "PRIVREC_MODE": "local",
+         "PRIVREC_USER_CAP": "64"}  # user level (the default): a cap above what a device here reports in one epoch
 
 
 def _config(stack: LocalStack) -> LocalConfig:
@@ -322,7 +323,9 @@ def _dead_letters(address: str) -> list[dict[str, Any]]:
 def test_noise_off_the_local_aggregate_equals_the_global_modes_exact_statistics(tmp_path: Path) -> None:
     """Devices without noise send their exact values (the protocol does not care); the released sums then equal
     the statistics the global mode's own ingest computes from the same events."""
-    with local_stack(tmp_path / "st", settings={**WORLD, "PRIVREC_LOCAL_ALGORITHM": "round"}) as st:
+    # event level: the test's hand-made reports carry no epoch (the device library is not what is tested here)
+    with local_stack(tmp_path / "st", settings={**WORLD, "PRIVREC_LOCAL_ALGORITHM": "round",
+                                                "PRIVREC_PRIVACY_UNIT": "event"}) as st:
         cfg = _config(st)
         rng = random.Random(5)
         events: list[dict[str, Any]] = []
@@ -367,7 +370,8 @@ def test_shuffler_sends_batches_of_distinct_users_stripped_and_shuffled(tmp_path
     n = 4
     settings = {"PRIVREC_CATALOG": "lastfm", "PRIVREC_DATA_DIR": str(data), "PRIVREC_MODE": "local",
                 "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_SHUFFLE_BATCH": str(n), "PRIVREC_EPSILON": "2",
-                "PRIVREC_TICK_SECONDS": "0.3", "PRIVREC_LOGLEVEL": "INFO"}
+                "PRIVREC_TICK_SECONDS": "0.3", "PRIVREC_LOGLEVEL": "INFO",
+                "PRIVREC_PRIVACY_UNIT": "event"}  # every one of the 400 events reported (no cap per epoch)
     with local_stack(tmp_path / "st", settings=settings) as st:
         assert main(["replay", "lastfm", "--mode", "local", "--events", "400", "--http", st.base_url, "--out",
                      str(tmp_path / "out"), "--no-baselines", "--no-progress"]) == 0

@@ -66,7 +66,7 @@ def test_the_setting_refuses_a_budget_that_is_not_positive(value: str) -> None:
 @pytest.mark.parametrize("overrides", [{}, {"local_algorithm": "round"}, {"local_algorithm": "round", "shuffle_batch": 50},
                                        {"epsilon": 0.5}])
 def test_the_local_report_limit_is_the_last_count_within_the_budget(overrides: dict[str, object]) -> None:
-    s = Settings(mode="local", user_budget=6.0, **overrides)  # type: ignore[arg-type]
+    s = Settings(mode="local", user_budget=6.0, privacy_unit="event", **overrides)  # type: ignore[arg-type]
     cfg = s.local_config(25)
     limit = report_limit(cfg, s.lifetime_budget)
     assert limit is not None and limit >= 1
@@ -109,7 +109,9 @@ def test_credentials_are_kept_per_stack_and_renewed_when_the_roles_change(tmp_pa
 
 def test_the_default_budget_is_10_at_user_level_and_none_at_event_level() -> None:
     assert Settings().user_level and Settings().lifetime_budget == 10.0
-    assert Settings(mode="local").lifetime_budget == math.inf
+    assert Settings(mode="local").user_level and Settings(mode="local").lifetime_budget == 10.0  # local: user level
+    assert Settings(mode="local", privacy_unit="event").lifetime_budget == math.inf
     assert Settings(privacy_unit="event").lifetime_budget == math.inf
     assert Settings(mode="local", user_budget=4.0).lifetime_budget == 4.0
-    assert report_limit(Settings(mode="local").local_config(25), Settings(mode="local").lifetime_budget) is None
+    event = Settings(mode="local", privacy_unit="event")
+    assert report_limit(event.local_config(25), event.lifetime_budget) is None

@@ -25,7 +25,9 @@ LOCAL_ROWS = ("local-tree", "local-round")
 def test_a_local_row_learns_below_random_play_at_epsilon_10(name: str) -> None:
     """Epsilon = inf is not a local configuration (a device without noise would send its exact b_u), so the
     check is the row at epsilon = 10 on a tiny world: finite regret, below uniform random play's."""
-    cfg = ModesConfig(d=10, n_users=5, horizon=3_000, tick=200, runs=1)
+    # event level: at user level a device stops after its cap (8 reports in a run of one epoch, out of 600 here);
+    # tests/unit/test_local_userlevel.py checks that
+    cfg = ModesConfig(d=10, n_users=5, horizon=3_000, tick=200, runs=1, local_unit="event")
     env = SyntheticEnvironment(d=cfg.d, n_users=cfg.n_users, horizon=cfg.horizon, seed=cfg.seed)
     row = next(r for r in ROWS if r.name == name)
     policy = _policy(row, 10.0, derive_seed("modes-noise", "synthetic", 0, name, 10.0), cfg, "synthetic",
@@ -98,7 +100,8 @@ def test_with_shuffling_only_completed_batches_reach_the_sums() -> None:
     for user in ("a", "b", "c", "a"):       # unit 0: three distinct users, "a" waits for the next batch
         pol.update(0, x, 1.0, user=user)
     assert pol.aggregate.count.tolist() == [0, 0] and pol.reports == 4
-    assert modes._local_stats(pol) == {"applied_fraction": 0.0, "batches": 0.0, "noise_std": 0.0, "devices": 3.0}
+    assert modes._local_stats(pol) == {"applied_fraction": 0.0, "batches": 0.0, "noise_std": 0.0, "devices": 3.0,
+                                       "refused_fraction": 0.0}
     pol.update(0, x, 1.0, user="d")         # the fourth distinct user closes unit 0's first batch
     assert pol.aggregate.count.tolist() == [n, 0]
     np.testing.assert_allclose(pol.aggregate.gram[0], n * np.outer(x, x))
@@ -129,7 +132,7 @@ def test_the_json_has_the_issues_shape_with_local_rows_and_scaling(tmp_path: Pat
     eps = (2.0, 10.0)
     cfg = ModesConfig(epsilons=eps, runs=1, horizon=300, tick=100, d=6, n_users=4, lastfm_events=600,
                       lastfm_runs=1, lastfm_tick=50, shuffle_batch=5, scaling_users=(3, 6),
-                      rows=("global", "local-tree", "local-round", "local-shuffle"))
+                      rows=("global", "local-tree", "local-round", "local-shuffle"), local_unit="event")
     doc = run_modes(cfg, tmp_path, jobs=1, progress=False)
     assert json.loads((tmp_path / "modes.json").read_text()) == json.loads(json.dumps(doc))
     assert doc["epsilons"] == [2.0, 10.0]
