@@ -435,6 +435,8 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         local = [r for r in results if r.job.row == row.name and r.local is not None and r.job.dataset == "lastfm"]
         if local:  # per epsilon, mean over the LastFM runs
             for key in ("applied_fraction", "batches", "noise_std", "refused_fraction"):
+                if all(key not in r.local for r in local if r.local is not None):
+                    continue  # a figure this row's policy does not have (the population row refuses nothing itself)
                 entry[f"lastfm_{key}"] = [_num(summarize([r.local[key] for r in local if r.job.epsilon == e
                                                           and r.local is not None])[0]) for e in cfg.epsilons]
         if row.federated:
