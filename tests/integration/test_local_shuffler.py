@@ -128,7 +128,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         pytest.skip("the HetRec LastFM data directory is not available (set PRIVREC_DATA_DIR)")
     state = tmp_path_factory.mktemp("esa") / "stack"
     settings = Settings(mode="local", namespace=NS, catalog="lastfm", data_dir=str(data), local_algorithm="round",
-                        shuffle_batch=N, epsilon=2.0, algorithm="linucb", tick_seconds=0.3, partitions=2)
+                        shuffle_batch=N, epsilon=2.0, algorithm="linucb", tick_seconds=0.3, partitions=2,
+                        user_cap=64)  # user level (the default): a cap above what a device here reports in one epoch
     ops.up(settings, state, timeout=120, loglevel="INFO")
     try:
         yield Stack(state)
