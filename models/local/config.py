@@ -82,7 +82,7 @@ class LocalConfig:
         (:func:`models.mechanisms.participation.participation_factor`); ``round``: each Gaussian report gets
         ``mu / sqrt(cap)`` (Gaussian DP composes); shuffled: each batch is ``(epsilon / cap, delta / cap)``-DP
         (a user is in at most one report per batch; basic composition over ``cap`` batches). The pipeline's
-        default is ``"user"`` (:meth:`pipeline.settings.Settings.local_config`).
+        default is ``"user"`` (:meth:`pipeline.config.settings.Settings.local_config`).
     cap, epoch_seconds
         User level: reports per epoch, and the epoch's length in seconds (epoch ``floor(t / epoch_seconds)``).
     user_budget

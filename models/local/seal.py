@@ -3,7 +3,7 @@
 A device seals the contents of its report to the analyzer's public key; the shuffler, which sees who sent
 it, holds only the sealed bytes; the analyzer, which holds the private key, opens them after the shuffler
 has stripped identities and shuffled. The construction is ECIES over NIST P-256, all of it available both
-in the ``cryptography`` package and in the browser's WebCrypto (``pipeline/static/seal.js`` is the twin):
+in the ``cryptography`` package and in the browser's WebCrypto (``pipeline/apps/static/seal.js`` is the twin):
 
 1. an ephemeral key pair ``(e, E)`` per message; ``Z = ECDH(e, A)`` with the analyzer's public key ``A``;
 2. ``k = HKDF-SHA256(Z, salt = "", info = LABEL || E || A, 32 bytes)`` (both public keys bound in);

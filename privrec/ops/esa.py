@@ -1,9 +1,9 @@
 """``privrec up`` in local mode with shuffling: the shuffler as a party of its own (encode-shuffle-analyze).
 
 :func:`start_shuffler` runs before the workers: the stack's analyzer key pair, made on its first start and kept
-after (:func:`pipeline.esa.create_keys`: the private key 0600 in ``<state>/esa/``), then
-``python -m pipeline.shuffler_service`` on a port of its own, connected to Redis as the ``shuffler`` user
-(:func:`pipeline.acl.global_rules`: its own keys ``{ns}-shuffler:*`` and read-only the shown lists). It returns
+after (:func:`pipeline.modes.local.esa.create_keys`: the private key 0600 in ``<state>/esa/``), then
+``python -m pipeline.modes.local.shuffler_service`` on a port of its own, connected to Redis as the ``shuffler`` user
+(:func:`pipeline.config.acl.global_rules`: its own keys ``{ns}-shuffler:*`` and read-only the shown lists). It returns
 what the workers' and the web server's environments get besides their settings: the worker (the analyzer) the
 path of the private key, the web server the path of the public description — never the other way round, and the
 shuffler neither. :func:`role_env` gives the same to a process the supervisor starts again.
@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pipeline import services
-from pipeline.esa import ESA_DIR, KEY_ENV, PUBLIC_ENV, create_keys
+from pipeline.modes.local.esa import ESA_DIR, KEY_ENV, PUBLIC_ENV, create_keys
 from pipeline.services import ServiceHandle
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 
 from .stackfile import child_env, http_probe
 
@@ -65,7 +65,7 @@ def start_shuffler(settings: Settings, state: Path, *, urls: Mapping[str, str], 
         if attempt == 0:
             record(SHUFFLER)
         try:
-            h = services.start_process(SHUFFLER, [sys.executable, "-m", "pipeline.shuffler_service", "--host", host,
+            h = services.start_process(SHUFFLER, [sys.executable, "-m", "pipeline.modes.local.shuffler_service", "--host", host,
                                                   "--port", str(port)], state, address=f"{host}:{port}", url=url,
                                        env=env, timeout=timeout, ready=lambda: http_probe(f"{url}/healthz") is not None)
         except services.PortInUseError:

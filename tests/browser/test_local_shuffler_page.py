@@ -21,7 +21,7 @@ import pytest
 
 from models.local.esa import parse_content, parse_envelope
 from models.local.seal import AnalyzerKey
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 from privrec import ops
 
 ENVELOPE_FIELDS = {"schema", "user", "version", "rec_id", "sealed"}

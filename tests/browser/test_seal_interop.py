@@ -1,4 +1,4 @@
-"""Python ↔ WebCrypto: envelopes sealed by the page (``pipeline/static/seal.js``) open in Python.
+"""Python ↔ WebCrypto: envelopes sealed by the page (``pipeline/apps/static/seal.js``) open in Python.
 
 The page is served from ``http://127.0.0.1`` (a secure context: WebCrypto's ``subtle`` exists only there or on
 HTTPS) by Playwright's router; no stack is needed. The analyzer's key is made in Python

@@ -11,11 +11,11 @@ import redis
 from models.ground.items import ReleasedItems
 from models.local.items import ItemBlanket
 from models.local.shuffle import ShuffledBatch
-from pipeline.catalog import load_catalog
-from pipeline.keys import PublicKeys
-from pipeline.localmode import BatchIngestProcessor, LocalReleaseStage, local_config
-from pipeline.settings import Settings
-from pipeline.stages import SolveStage
+from pipeline.data.catalog import load_catalog
+from pipeline.config.keys import PublicKeys
+from pipeline.modes.local.localmode import BatchIngestProcessor, LocalReleaseStage, local_config
+from pipeline.config.settings import Settings
+from pipeline.release.stages import SolveStage
 
 WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40",
          "PRIVREC_ALGORITHM": "linucb", "PRIVREC_EPSILON": "2", "PRIVREC_MODE": "local",

@@ -43,9 +43,9 @@ from models.local.seal import AnalyzerKey, b64decode, b64encode, seal
 from models.local.shuffle import Shuffler
 from models.streaming import ReleasedStats
 from pipeline import services
-from pipeline.catalog import load_catalog
-from pipeline.esa import KEY_ENV, PUBLIC_ENV
-from pipeline.settings import Settings
+from pipeline.data.catalog import load_catalog
+from pipeline.modes.local.esa import KEY_ENV, PUBLIC_ENV
+from pipeline.config.settings import Settings
 from privrec import ops
 from privrec.ops.redis_users import role_redis_url
 
@@ -289,7 +289,7 @@ def test_contents_that_do_not_open_are_dead_lettered_and_the_rest_counts(stack: 
 def test_the_shuffler_is_a_party_apart_in_redis_and_in_its_environment(stack: Stack) -> None:
     st = stack
     url = st.info["redis"]
-    from pipeline import acl
+    from pipeline.config import acl
 
     creds = acl.load_credentials(st.state)
     assert creds is not None and "shuffler" in creds

@@ -17,7 +17,7 @@ from models.local import LocalConfig, LocalReport, ReportError
 from models.local.esa import (SealedBatch, SealedShuffler, parse_content, parse_envelope, report_content,
                               seal_report)
 from models.local.seal import OVERHEAD, POINT_BYTES, AnalyzerKey, SealError, b64decode, b64encode, seal
-from pipeline.esa import open_batch, parties
+from pipeline.modes.local.esa import open_batch, parties
 
 KEY = AnalyzerKey.generate()
 PK = KEY.public_bytes()
@@ -147,7 +147,7 @@ def test_each_partys_guarantee() -> None:
 
 
 def test_the_stacks_key_is_made_once_owner_only_and_kept(tmp_path: Path) -> None:
-    from pipeline.esa import analyzer_key, create_keys, public_description
+    from pipeline.modes.local.esa import analyzer_key, create_keys, public_description
 
     priv, pub = create_keys(tmp_path, shuffler_url="http://127.0.0.1:1")
     assert priv.stat().st_mode & 0o077 == 0 and priv.parent.stat().st_mode & 0o077 == 0

@@ -27,7 +27,7 @@ from models.local import FileStorage, LocalClient, LocalConfig, MemoryStorage, R
 from models.local.config import REPORT_SENSITIVITY
 from models.mechanisms.factorization import blt_strategy_coefficients
 from models.mechanisms.participation import toeplitz_matrix
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 
 D = 5
 CONFIGS = {"tree": dict(algorithm="tree"), "round": dict(algorithm="round"),

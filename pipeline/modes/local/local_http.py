@@ -1,0 +1,304 @@
+"""Local mode's HTTP side: ``GET /local/config``, ``POST /report``, and the refusal of raw rewards.
+
+Serving code: it imports only public things (the catalog, the public key layout, the device
+calibration of :mod:`models.local`), never the trusted store. A report is checked here as far as
+the web process can (the schema, the user, the shown list it answers, one report per list) and
+produced to ``ldp-reports``; the worker checks the version (:mod:`pipeline.modes.local.localmode`).
+
+The lifetime budget (``user_budget``) in local mode: a device's reports compose, so a user may send at most
+:func:`report_limit` of them; the server counts each user's reports (atomically, :func:`budget_counter`, a key
+of the web's own ``recs`` kind, no expiry) and refuses the ones past the limit with 403 — refused, never
+silently lost: the count minus the limit is the user's reports "not learned (budget)".
+
+At user level (local mode's default) the device enforces the cap per epoch and the budget itself; the worker
+checks both again from each report's version and epoch (:mod:`pipeline.modes.local.localmode`), and ``/budget`` states each
+user's guarantee in the fields of the global mode's user level (:func:`local_user_budget`,
+:func:`local_ledger_overview`), from the public ledger the worker writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from models.accounting.conversions import gdp_epsilon, gdp_mu
+from models.local import LocalConfig, ReportError, parse_report
+from models.local.aggregate import clip_context
+
+from ...serve.appkeys import CATALOG, KEYS, LOCAL_CONFIG, PRODUCER, REDIS, SETTINGS
+from ...serve.budget_view import spent_summary
+from ...data.catalog import Catalog, UnknownUserError
+from ...config.keys import PublicKeys
+from ...config.ledger import LedgerRecord
+from ...serve.outbox import OUTBOX, accept
+from ...data.records import TOPICS
+from ...config.settings import Settings
+from ...serve.shown import SHOWN
+
+__all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED",
+           "report_limit", "budget_counter", "local_user_budget", "local_ledger_overview"]
+
+#: A separate shuffler's public description (:func:`pipeline.modes.local.esa.public_description`), ``None`` without one.
+ESA = web.AppKey("esa", object)
+
+#: Why ``/feedback`` and ``/listen`` answer 400 in local mode.
+RAW_REFUSED = ("this stack runs in local mode: the server never receives a raw reward. Build a noisy report on the "
+               "device (models.local.LocalClient, or the web page) and POST it to /report; GET /local/config gives "
+               "the calibration (docs/local-mode.md)")
+
+
+def local_statement(config: LocalConfig) -> dict[str, Any]:
+    """The privacy statement of a local-mode namespace (``/budget``, the serving models' meta)."""
+    g = with_parties(config.guarantee(), config)
+    out = {"private": True, **g, "note": g["statement"], "mechanism": g.get("mechanism", g.get("noise")),
+           "neighbours": "event level, replace-one, on the device: two report streams of one user differing in "
+                         "the reward of one interaction (rewards in [0, 1], contexts clipped to norm 1)",
+           "scope": "every report a device ever sends; the server's sums, models and recommendations are "
+                    "post-processing"}
+    if config.user_level:
+        out.update({"neighbours": g["neighbours"],
+                    "scope": f"per epoch of {config.epoch_seconds:g} s, all of one device's reports (at most "
+                             f"{config.cap}) are ({config.epsilon:g}, {config.delta:g})-DP; its whole history "
+                             f"composes up to its lifetime budget; the server's sums, models and recommendations "
+                             f"are post-processing"})
+    return out
+
+
+def with_parties(g: dict[str, Any], config: LocalConfig) -> dict[str, Any]:
+    """Shuffling: the guarantee against each party (:func:`pipeline.modes.local.esa.parties`), ``against_operator`` to match."""
+    if not config.shuffled:
+        return g
+    from .esa import parties, separate_shuffler
+
+    separate = separate_shuffler()
+    p = parties(config, separate=separate)
+    out = {**g, "parties": p, "against_operator": p["analyzer_operator"]}
+    if separate:  # the device-level statement names the operator's own shuffler: say what runs instead
+        out["statement"] = (f"each report m = r x + Laplace({config.laplace_scale:.3g})^d is pure "
+                            f"{config.epsilon0:.4g}-LDP; the device seals it to the analyzer's key and sends it to a "
+                            f"shuffler that is a separate service. Against the operator of the analyzer (and of "
+                            f"this server) each batch of {config.shuffle_batch} distinct users is "
+                            f"({config.epsilon:g}, {config.delta:g})-DP centrally, while the shuffler is honest; the "
+                            f"shuffler's operator sees who reports but no content; both colluding see each report "
+                            f"at its local {config.epsilon0:.4g}-LDP; a user's reports in k batches compose "
+                            f"(docs/local-shuffler.md)")
+    return out
+
+
+def _error(status: int, parameter: str | None, message: str) -> web.Response:
+    return web.json_response({"error": {"parameter": parameter, "message": message}}, status=status)
+
+
+def refuse_raw_reward(request: web.Request) -> web.Response | None:
+    """400 in local mode (a raw reward must never reach the server), ``None`` otherwise."""
+    s: Settings = request.app[SETTINGS]
+    if s.mode != "local":
+        return None
+    return _error(400, "reward", RAW_REFUSED)
+
+
+def with_contexts(out: dict[str, Any], catalog: Catalog) -> dict[str, Any]:
+    """Local mode's ``/recommend``: each item also carries ``x``, its public feature vector (norm <= 1)."""
+    items = out["items"]
+    if items:
+        X = catalog.features_of([it["item"] for it in items])
+        for it, x in zip(items, X):
+            it["x"] = [float(v) for v in clip_context(np.asarray(x, dtype=np.float64))]
+    return out
+
+
+def add_routes(app: web.Application) -> None:
+    s: Settings = app[SETTINGS]
+    if s.mode == "local":  # the calibration, computed once before the app starts
+        app[LOCAL_CONFIG] = s.local_config(app[CATALOG].d)
+        if s.shuffle_batch:  # a separate shuffler: where devices send their sealed reports (pipeline.modes.local.esa)
+            from .esa import public_description
+
+            app[ESA] = public_description()
+    app.router.add_get("/local/config", config_view)
+    app.router.add_post("/report", report)
+
+
+def _config(request: web.Request) -> LocalConfig:
+    cfg: LocalConfig = request.app[LOCAL_CONFIG]
+    return cfg
+
+
+def report_limit(config: LocalConfig, user_budget: float) -> int | None:
+    """How many reports of one user stay within ``user_budget`` (epsilon at the device's delta); ``None``: no limit.
+
+    :meth:`models.local.LocalConfig.report_limit` with this budget: event level, the group bound (shuffled
+    ``k * epsilon0``; ``round`` ``mu * sqrt(k)``; ``tree`` ``k * mu``, ``k * epsilon`` for a Laplace device
+    mechanism); user level, the device's own ledger (the rule the device stops at).
+    """
+    return dataclasses.replace(config, user_budget=user_budget).report_limit()
+
+
+def budget_counter(keys: PublicKeys, user: str) -> str:
+    """The key counting one user's reports (accepted and refused), for the lifetime budget."""
+    return keys.recommendation(f"reports:{user}")
+
+
+async def config_view(request: web.Request) -> web.Response:
+    """The devices' public calibration; ``{"mode": <mode>}`` alone outside local mode."""
+    s: Settings = request.app[SETTINGS]
+    if s.mode != "local":
+        return web.json_response({"mode": s.mode})
+    public = _config(request).to_public()
+    esa = request.app.get(ESA)
+    return web.json_response(public if esa is None else {**public, "esa": esa})
+
+
+async def report(request: web.Request) -> web.Response:
+    s: Settings = request.app[SETTINGS]
+    if s.mode != "local":
+        return _error(400, None, f"this stack runs in {s.mode} mode: POST /report is for local mode; send feedback "
+                                 f"to POST /feedback")
+    cfg = _config(request)
+    esa = request.app.get(ESA)
+    if esa is not None:  # the web server must never see a report next to its user: the shuffler is a party apart
+        return _error(400, None, f"this stack's shuffler is a separate service: seal the report's content to the "
+                                 f"analyzer's key and POST the envelope to {esa['shuffler']} (GET /local/config: "
+                                 f"'esa'; docs/local-shuffler.md)")
+    raw = await request.read()
+    try:
+        rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
+    except ReportError as e:
+        return _error(400, e.parameter, e.message)
+    catalog: Catalog = request.app[CATALOG]
+    try:
+        catalog.unit_of(rep.user)
+    except UnknownUserError as exc:
+        return _error(404, "user", str(exc))
+    keys: PublicKeys = request.app[KEYS]
+    r = request.app[REDIS]
+    shown_raw = await request.app[SHOWN].get(rep.rec_id)  # a list whose write is still pending counts
+    if shown_raw is None:
+        return _error(404, "rec_id", f"unknown rec_id {rep.rec_id!r} (never shown by /recommend, or expired)")
+    shown = json.loads(shown_raw)
+    if shown["user"] != rep.user:
+        return _error(400, "user", f"list {rep.rec_id!r} was shown to another user")
+    if rep.shown:
+        return _error(400, "shown", "is added by the server (the list it showed); a device does not send it")
+    producer = request.app[PRODUCER]
+    if producer is None:
+        return _error(503, None, "no Kafka producer configured (KAFKA_BOOTSTRAP)")
+    answered = keys.recommendation(rep.rec_id) + ":answered"
+    # the queued report carries the whole shown list (public): the Gram takes every shown item, never the choice
+    queued = dataclasses.replace(rep, shown=tuple(shown["items"])).to_json()
+    limit = report_limit(cfg, s.lifetime_budget)
+    counter = budget_counter(keys, rep.user)
+    if limit is not None and await r.incr(counter) > limit:  # counted: reports "not learned (budget)"
+        return _error(403, "user", f"user {rep.user!r} has sent the {limit} reports their lifetime budget allows "
+                                   f"(user_budget epsilon {s.lifetime_budget:g}): no further report is accepted")
+    try:
+        accepted = await accept(r, request.app.get(OUTBOX), producer, TOPICS["ldp_reports"], rep.user.encode(), queued,
+                                claim=(answered, "1", 24 * 3600))
+    except Exception:
+        if limit is not None:
+            await r.decr(counter)  # not accepted: not counted
+        raise
+    if not accepted:
+        if limit is not None:
+            await r.decr(counter)
+        return _error(409, "rec_id", f"a report on {rep.rec_id!r} was already accepted (one per shown list)")
+    return web.json_response({"accepted": True, "user": rep.user, "version": rep.version}, status=202)
+
+
+def local_user_budget(config: LocalConfig, user: str, raw: bytes | str | None, epoch: int) -> dict[str, Any]:
+    """One user's user-level guarantee in local mode, in the fields of the global mode's
+    (:func:`pipeline.serve.budget_view.user_budget`): from their public ledger record ``raw`` (the worker's: the epoch of
+    their last accepted report, the reports in it, and its version — a device's report counter, so at least the
+    number of reports it ever made) as of epoch ``epoch``."""
+    rec = LedgerRecord.loads(raw)
+    k = rec.k if rec.epoch == epoch else 0
+    n = rec.last_version
+    eps, delta = config.spent(n)
+    limit = config.report_limit()
+    out: dict[str, Any] = {"user": user, "unit": "user", "ticks_this_epoch": k, "cap": config.cap,
+                           "at_cap": k >= config.cap, "epoch": epoch, "cap_policy": "device", "reports": n,
+                           "epsilon": eps, "delta": delta if n else config.delta, "valid": True,
+                           "mu": None if config.shuffled else gdp_mu(config.epsilon, config.delta)
+                           * math.sqrt(config.spent_fraction(n)),
+                           "bound": "user level, on the device: every report this user's device ever sent, all "
+                                    "together (the device's calibration to its cap; blocks of cap reports compose"
+                                    + (" by basic composition of the shuffled batches)" if config.shuffled
+                                       else " in Gaussian DP)"),
+                           "remaining_ticks": max(0, config.cap - k)}
+    if limit is not None:
+        out.update({"user_budget": config.user_budget, "at_budget": n >= limit,
+                    "budget_left": max(0.0, config.user_budget - eps), "reports_allowed": limit})
+    return out
+
+
+async def local_ledger_overview(r: Any, keys: PublicKeys, partitions: int, config: LocalConfig,
+                                epoch: int) -> dict[str, Any]:
+    """``/budget``'s ``ledger`` in local mode, in the global mode's fields (:func:`pipeline.serve.budget_view.ledger_overview`):
+    users, users at the cap this epoch, reports refused past the cap (``capped_events``) or the budget
+    (``budget_events``), and the distribution of spent epsilon."""
+    import asyncio
+
+    parts = await asyncio.gather(*(r.hgetall(keys.ledger_participation(p)) for p in range(partitions)))
+    summaries = await asyncio.gather(*(r.hgetall(keys.ledger_summary(p)) for p in range(partitions)))
+    limit = config.report_limit()
+    spent: list[float] = []
+    epsilon_of: dict[int, float] = {}  # users share few report counts: one conversion each
+    at_cap = at_budget = 0
+    for part in parts:
+        for raw in part.values():
+            rec = LedgerRecord.loads(raw)
+            at_cap += rec.epoch == epoch and rec.k >= config.cap
+            at_budget += limit is not None and rec.last_version >= limit
+            if rec.last_version not in epsilon_of:
+                epsilon_of[rec.last_version] = config.spent(rec.last_version)[0]
+            spent.append(epsilon_of[rec.last_version])
+    return {"users": sum(len(p) for p in parts), "users_at_cap": at_cap, "cap": config.cap,
+            "capped_events": sum(int(s.get(b"dropped", b"0")) for s in summaries),
+            "user_budget": None if limit is None else config.user_budget, "users_at_budget": at_budget,
+            "budget_events": sum(int(s.get(b"over_budget", b"0")) for s in summaries), **spent_summary(spent)}
+
+
+def local_budget(settings: Settings, config: LocalConfig, user: str | None, reports: int,
+                 sent: int | None = None, record: bytes | str | None = None, epoch: int = 0) -> dict[str, Any]:
+    """``/budget``'s local section: the devices' guarantee and the lifetime budget, and for a user what their
+    reports cover (``sent``: the reports they sent, accepted or refused — :func:`budget_counter`; user level:
+    ``record``, their public ledger record, and ``epoch``, the current one — :func:`local_user_budget`)."""
+    limit = report_limit(config, settings.lifetime_budget)
+    out: dict[str, Any] = {"guarantee": with_parties(config.guarantee(), config),
+                           "user_budget": {"epsilon": None if limit is None else settings.lifetime_budget,
+                                           "reports_allowed": limit}}  # None: no budget (JSON has no inf)
+    if config.user_level:
+        out["epoch"] = epoch
+    if user is None:
+        return out
+    entry: dict[str, Any] = {"user": user, "reports": reports, "unit": "event"}
+    if limit is not None and sent is not None:
+        entry.update({"at_budget": sent >= limit, "not_learned_budget": max(0, sent - limit)})
+    if config.user_level:
+        entry = {**entry, **local_user_budget(config, user, record, epoch), "reports": reports}
+    elif config.algorithm == "tree":
+        entry["per_interaction"] = {"epsilon": config.epsilon, "delta": config.delta}
+        entry["bound"] = (f"each of this user's {reports} interactions is ({config.epsilon:g}, {config.delta:g})-DP "
+                          f"in their whole report stream (their device's mechanism); all of them together at group "
+                          f"level {reports}")
+    elif not config.shuffled:
+        mu = gdp_mu(config.epsilon, config.delta)
+        eps = gdp_epsilon(mu * reports ** 0.5, config.delta) if reports else 0.0
+        entry["all_reports"] = {"epsilon": eps, "delta": config.delta}
+        entry["bound"] = (f"{reports} Gaussian reports compose in Gaussian DP to mu = {mu:.3g} x sqrt({reports}): "
+                          f"({eps:.4g}, {config.delta:g}) over all of them")
+    else:
+        e0 = config.epsilon0
+        entry["all_reports"] = {"epsilon_local": e0 * reports, "delta": 0.0,
+                                "central_per_batch": {"epsilon": config.epsilon, "delta": config.delta}}
+        entry["bound"] = (f"each report is pure {e0:.4g}-LDP ({reports} reports: {e0 * reports:.4g} by basic "
+                          f"composition); in the shuffled batches each is ({config.epsilon:g}, {config.delta:g})-DP "
+                          f"centrally")
+    out["user"] = entry
+    return out

@@ -1,0 +1,276 @@
+"""The shuffler as a party of its own: ``python -m pipeline.modes.local.shuffler_service --port P`` (Prochlo's *shuffle*).
+
+Devices ``POST /submit`` an envelope (:mod:`models.local.esa`): who they are, their report counter, the shown
+list they answer and their report's content sealed to the analyzer's key. The shuffler
+
+1. checks what it can see: the envelope's form and the sealed bytes' form (400 naming the field), the user
+   (404), that the list was shown to this user (404 / 400; it reads the web's shown lists, which are public,
+   read-only), one report per list (409), a growing report counter (409: stale or repeated version), the
+   lifetime budget's report limit (403, as ``POST /report`` does without a separate shuffler);
+2. keeps the envelope with the list's items in its own Redis keys (``{ns}-shuffler:*``, its own ACL user: the
+   web and the worker cannot read them, and it can read nothing of theirs but the shown lists), then answers
+   202 — accepted envelopes survive a restart;
+3. batches with the local mode's policy (:class:`models.local.shuffle.Shuffler`: one report of each of
+   ``shuffle_batch`` distinct users of one model unit), and a full batch — the unit, a sequence number, the
+   items and the sealed contents, each list shuffled by :class:`random.SystemRandom`, no identity — is saved in
+   an outbox in the same transaction that removes its envelopes, produced to ``ldp-shuffled``, then dropped
+   from the outbox (the analyzer counts a batch's sequence number once, so a re-send after a crash is harmless).
+
+It never holds a key that opens a content: it cannot read a report. Identified envelopes never touch Kafka
+(the embedded broker has no ACLs: a topic of them would be readable by every process); they live only in the
+shuffler's Redis keys until their batch leaves.
+
+Cross-origin: the page (served by the web server) posts here directly, so ``/submit`` answers CORS requests
+from any origin — the web server must not relay envelopes: it would see each sealed content next to its
+user, and the operator running it would then link the analyzer's decryption back to that user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+from typing import Any
+
+import redis
+from aiohttp import web
+
+from models.local import LocalConfig, ReportError
+from models.local.esa import SealedShuffler, parse_envelope
+
+from ...data.catalog import Catalog, UnknownUserError, load_catalog
+from ...config.keys import PublicKeys
+from .local_http import report_limit
+from ...config.kafkaconn import client_kwargs
+from ...data.records import TOPICS
+from ...config.redisconn import connect
+from ...config.settings import Settings
+
+__all__ = ["ShufflerStore", "ShufflerService", "create_app", "shuffler_prefix", "main"]
+
+log = logging.getLogger("privrec.shuffler")
+#: How long a claim "this list was answered" is kept (as the web keeps its shown lists).
+ANSWERED_TTL = 24 * 3600
+#: How long to look again for a shown list whose write-behind is still under way (seconds).
+SHOWN_RETRY_SECONDS = 1.0
+
+
+def shuffler_prefix(namespace: str) -> str:
+    """Every key of the shuffler starts with this (its Redis user may touch nothing else but read shown lists)."""
+    return f"{namespace}-shuffler:"
+
+
+class ShufflerStore:
+    """The shuffler's durable state in Redis, all under one hash tag of its own prefix.
+
+    ``open`` (hash: arrival number → stored envelope with its unit), ``versions`` (hash: user → latest version),
+    ``seq`` (hash: unit → batches sent), ``accepted`` (hash: user → envelopes accepted, for the lifetime budget:
+    :func:`pipeline.modes.local.local_http.report_limit`), ``arrivals`` (counter), ``outbox`` (list of batches not yet produced),
+    ``answered:<rec_id>`` (strings with a TTL).
+    """
+
+    def __init__(self, client: redis.Redis, namespace: str) -> None:
+        self.r = client
+        tag = f"{{{namespace}-shuffler}}"
+        p = shuffler_prefix(namespace)
+        self.open, self.versions, self.seq = f"{p}open:{tag}", f"{p}versions:{tag}", f"{p}seq:{tag}"
+        self.arrivals, self.outbox, self.accepted = f"{p}arrivals:{tag}", f"{p}outbox:{tag}", f"{p}accepted:{tag}"
+        self._answered = f"{p}answered:{tag}:"
+
+    def answered(self, rec_id: str) -> str:
+        return self._answered + rec_id
+
+
+class ShufflerService:
+    """The shuffler's logic over its store: accept an envelope, batch, hand out completed batches."""
+
+    def __init__(self, client: redis.Redis, settings: Settings, catalog: Catalog, config: LocalConfig) -> None:
+        self.r, self.settings, self.catalog, self.config = client, settings, catalog, config
+        self.store = ShufflerStore(client, settings.namespace)
+        self.public = PublicKeys(settings.namespace)
+        self.lock = asyncio.Lock()
+        self.load()
+
+    def load(self) -> None:
+        """(Re)build the batching state from Redis: the open envelopes in arrival order."""
+        self.shuffler = SealedShuffler(self.config)
+        st = self.store
+        self.shuffler.seq = {int(k): int(v) for k, v in self.r.hgetall(st.seq).items()}
+        self.field: dict[tuple[str, int], str] = {}
+        for name, raw in sorted(self.r.hgetall(st.open).items(), key=lambda kv: int(kv[0])):
+            stored = json.loads(raw)
+            env = parse_envelope(stored["envelope"], stored=True)
+            self.field[(env.user, env.version)] = name.decode()
+            closed = self.shuffler.add_envelope(env, unit=int(stored["unit"]))
+            assert not closed, "a saved open batch was full: it should have left in the same transaction"
+
+    def _shown(self, rec_id: str) -> dict[str, Any] | None:
+        raw = self.r.get(self.public.recommendation(rec_id))
+        return None if raw is None else dict(json.loads(raw))
+
+    async def accept(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """``(status, body)`` of ``POST /submit``; a 202 envelope is saved (and its batch, if it completed one)."""
+        try:
+            env = parse_envelope(raw)
+        except ReportError as e:
+            return 400, _err(e.parameter, e.message)
+        try:
+            unit = self.catalog.unit_of(env.user)
+        except UnknownUserError as e:
+            return 404, _err("user", str(e))
+        shown = self._shown(env.rec_id)
+        if shown is None:  # the web writes its lists behind the answer: look once more
+            await asyncio.sleep(SHOWN_RETRY_SECONDS)
+            shown = self._shown(env.rec_id)
+        if shown is None:
+            return 404, _err("rec_id", f"unknown rec_id {env.rec_id!r} (never shown by /recommend, or expired)")
+        if shown.get("user") != env.user:
+            return 400, _err("user", f"list {env.rec_id!r} was shown to another user")
+        env = env.with_shown(tuple(shown["items"]))
+        st = self.store
+        async with self.lock:
+            if self.r.exists(st.answered(env.rec_id)):
+                return 409, _err("rec_id", f"a report on {env.rec_id!r} was already accepted (one per shown list)")
+            latest = int(self.r.hget(st.versions, env.user) or 0)
+            if env.version <= latest:
+                return 409, _err("version", f"stale or repeated version {env.version} of user {env.user!r} (latest "
+                                            f"{latest}): the device's report counter must grow")
+            limit = report_limit(self.config, self.settings.lifetime_budget)
+            if limit is not None and int(self.r.hget(st.accepted, env.user) or 0) >= limit:
+                return 403, _err("user", f"user {env.user!r} has sent the {limit} reports their lifetime budget "
+                                         f"allows (user_budget epsilon {self.settings.lifetime_budget:g}): no further "
+                                         f"report is accepted")
+            self.shuffler.just_closed = []
+            batches = self.shuffler.add_envelope(env, unit=unit)
+            arrival = int(self.r.incr(st.arrivals))
+            name = f"{arrival:015d}"
+            self.field[(env.user, env.version)] = name
+            with self.r.pipeline(transaction=True) as pipe:
+                pipe.hset(st.open, name, json.dumps({"unit": unit, "envelope": env.to_dict()}))
+                pipe.hset(st.versions, env.user, env.version)
+                pipe.hincrby(st.accepted, env.user, 1)
+                pipe.set(st.answered(env.rec_id), "1", ex=ANSWERED_TTL)
+                gone = [self.field.pop((e.user, e.version)) for e in self.shuffler.just_closed]
+                if gone:
+                    pipe.hdel(st.open, *gone)
+                for b in batches:
+                    pipe.hset(st.seq, str(b.unit), b.seq)
+                    pipe.rpush(st.outbox, b.to_json())
+                try:
+                    pipe.execute()
+                except redis.RedisError:
+                    self.load()  # nothing of this envelope was saved: the state as Redis has it
+                    raise
+        if batches:
+            log.info("shuffler: %d batch(es) of unit %d complete (%d reports each)", len(batches), unit,
+                     batches[0].n)
+        return 202, {"accepted": True, "user": env.user, "version": env.version}
+
+    def outbox(self) -> list[bytes]:
+        return [bytes(v) for v in self.r.lrange(self.store.outbox, 0, -1)]
+
+    def sent(self, count: int) -> None:
+        """The first ``count`` batches of the outbox are on the topic: drop them."""
+        if count:
+            self.r.ltrim(self.store.outbox, count, -1)
+
+
+def _err(parameter: str | None, message: str) -> dict[str, Any]:
+    return {"error": {"parameter": parameter, "message": message}}
+
+
+_CORS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST, OPTIONS",
+         "Access-Control-Allow-Headers": "Content-Type", "Access-Control-Max-Age": "600"}
+
+SERVICE = web.AppKey("service", ShufflerService)
+PRODUCER = web.AppKey("producer", object)
+FLUSH = web.AppKey("flush", asyncio.Event)
+
+
+def create_app(settings: Settings, catalog: Catalog, client: redis.Redis) -> web.Application:
+    """The shuffler's aiohttp app: ``POST /submit``, ``GET /healthz``; the outbox is produced in the background."""
+    config = settings.local_config(catalog.d)
+    app = web.Application(client_max_size=64 * 1024)
+    app[SERVICE] = ShufflerService(client, settings, catalog, config)
+    app[FLUSH] = asyncio.Event()
+
+    async def submit(request: web.Request) -> web.Response:
+        try:
+            status, body = await request.app[SERVICE].accept(await request.read())
+        except redis.RedisError as exc:
+            log.warning("shuffler: Redis unavailable (%s)", type(exc).__name__)
+            return web.json_response(_err(None, "the shuffler's store is unavailable: retry"), status=503,
+                                     headers={**_CORS, "Retry-After": "1"})
+        if status == 202:
+            request.app[FLUSH].set()
+        return web.json_response(body, status=status, headers=_CORS)
+
+    async def preflight(_request: web.Request) -> web.Response:
+        return web.Response(status=204, headers=_CORS)
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "role": "shuffler", "shuffle_batch": config.shuffle_batch})
+
+    async def forward(app: web.Application) -> Any:
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(**client_kwargs(settings), linger_ms=5)
+        await producer.start()
+        service = app[SERVICE]
+
+        async def loop() -> None:
+            while True:
+                try:
+                    batches = service.outbox()
+                    for i, value in enumerate(batches):
+                        unit = json.loads(value)["unit"]
+                        await producer.send_and_wait(TOPICS["ldp_shuffled"], key=str(unit).encode(), value=value)
+                        service.sent(1)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - broker or Redis away: the outbox keeps them; try again
+                    log.warning("shuffler: forwarding failed (%s: %s); retrying", type(exc).__name__, exc)
+                    await asyncio.sleep(1.0)
+                    continue
+                app[FLUSH].clear()
+                try:
+                    await asyncio.wait_for(app[FLUSH].wait(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    pass
+
+        task = asyncio.create_task(loop())
+        yield
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        await producer.stop()
+
+    app.cleanup_ctx.append(forward)
+    app.router.add_post("/submit", submit)
+    app.router.add_route("OPTIONS", "/submit", preflight)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.modes.local.shuffler_service", description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("PRIVREC_LOGLEVEL", "INFO"))
+    settings = Settings.from_mapping({})
+    if settings.mode != "local" or not settings.shuffle_batch:
+        raise SystemExit("the shuffler runs in local mode with `shuffle_batch` > 0 only")
+    catalog = load_catalog(settings)
+    client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
+    log.info("shuffler: namespace %r, batches of %d distinct users per unit, on %s:%d", settings.namespace,
+             settings.shuffle_batch, args.host, args.port)
+    web.run_app(create_app(settings, catalog, client), host=args.host, port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()
