@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Move ``pipeline/`` into subpackages (issue 23) and rewrite every reference to the moved modules.
+
+Re-runnable and idempotent: run it after merging a branch written against the flat layout, and it
+
+1. ``git mv``-s the files of :data:`MOVES` that are still at their old place (a file git's rename
+   detection already carried to the new place is left alone; both places present is an error to
+   resolve by hand);
+2. rewrites, in every tracked text file, the references to old modules: absolute imports and dotted
+   names (``pipeline.web``, ``"pipeline.trusted.TrustedStore.publish"`` monkeypatch targets,
+   ``python -m pipeline.worker``, ``:mod:`` roles, doctest output), relative imports inside
+   ``pipeline/`` (``from .keys import X``, ``from . import faults``; a statement importing modules
+   that now live in different packages is split, one statement per package), ``from pipeline import
+   acl, services``, file paths (``pipeline/web.py``, ``"pipeline" / "web.py"``, ``pipeline/static``)
+   and the package data of ``pyproject.toml``;
+3. lists the modules still directly in ``pipeline/`` (each must be added to :data:`MOVES`, or the
+   exhaustive layers contract of ``pyproject.toml`` fails).
+
+New names never equal an old module's name (no ``pipeline/ingest/`` package beside the old
+``pipeline/ingest.py``), so a name is old or new without context and a second run changes nothing.
+A relative import is read in the new layout first and in the old one only if it names nothing there.
+
+Usage: ``python3 scripts/restructure.py [--check]`` from the repository root (``--check``: change
+nothing, exit 1 if a run would change something).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SELF = Path(__file__).resolve()
+
+#: old module -> new module (the subpackages follow the flow and the trust modes)
+MOVES: dict[str, str] = {
+    # config: the ground every process stands on
+    "pipeline.settings": "pipeline.config.settings",
+    "pipeline.keys": "pipeline.config.keys",
+    "pipeline.ledger": "pipeline.config.ledger",
+    "pipeline.acl": "pipeline.config.acl",
+    "pipeline.kafkaconn": "pipeline.config.kafkaconn",
+    "pipeline.redisconn": "pipeline.config.redisconn",
+    "pipeline.metrics": "pipeline.config.metrics",
+    "pipeline.faults": "pipeline.config.faults",
+    # data: the items and the records that flow
+    "pipeline.catalog": "pipeline.data.catalog",
+    "pipeline.catalog_base": "pipeline.data.catalog_base",
+    "pipeline.catalog_open": "pipeline.data.catalog_open",
+    "pipeline.records": "pipeline.data.records",
+    # state: the trusted store (serving never imports it)
+    "pipeline.trusted": "pipeline.state.trusted",
+    "pipeline.userlevel": "pipeline.state.userlevel",
+    # the flow: ingestion -> release (and solve) -> serve
+    "pipeline.ingest": "pipeline.ingestion.ingest",
+    "pipeline.agents": "pipeline.ingestion.agents",
+    "pipeline.stages": "pipeline.release.stages",
+    "pipeline.timers": "pipeline.release.timers",
+    "pipeline.baseline_release": "pipeline.release.baseline_release",
+    "pipeline.serving": "pipeline.serve.serving",
+    "pipeline.appkeys": "pipeline.serve.appkeys",
+    "pipeline.budget_view": "pipeline.serve.budget_view",
+    "pipeline.openapi": "pipeline.serve.openapi",
+    "pipeline.shown": "pipeline.serve.shown",
+    "pipeline.outbox": "pipeline.serve.outbox",
+    "pipeline.items_live": "pipeline.serve.items_live",
+    # the modes: what each adds to the global mode's flow
+    "pipeline.localmode": "pipeline.modes.local.localmode",
+    "pipeline.local_http": "pipeline.modes.local.local_http",
+    "pipeline.sites": "pipeline.modes.federated.sites",
+    "pipeline.federation": "pipeline.modes.federated.federation",
+    "pipeline.coordinator": "pipeline.modes.federated.coordinator",
+    "pipeline.federated_serving": "pipeline.modes.federated.federated_serving",
+    # apps: the processes, wiring the flow and the modes together
+    "pipeline.app": "pipeline.apps.worker_app",
+    "pipeline.worker": "pipeline.apps.worker",
+    "pipeline.web": "pipeline.apps.web",
+}
+
+#: old directory -> new directory (moved whole)
+DIR_MOVES: dict[str, str] = {"pipeline/static": "pipeline/apps/static"}
+
+#: modules that stay where they are
+STAYS = {"pipeline", "pipeline.services"}
+
+_OLD_NAMES = sorted((m.split(".", 1)[1] for m in MOVES), key=len, reverse=True)
+_ALT = "|".join(_OLD_NAMES)
+_DOTTED = re.compile(rf"(?<![\w.])pipeline\.({_ALT})(?!\w)")
+_PATH = re.compile(rf"(?<![\w.-])pipeline/({_ALT})\.py(?!\w)")
+_JOINED = re.compile(rf"\"pipeline\"(\s*/\s*)\"({_ALT})\.py\"")
+_DIRS = [(re.compile(rf"(?<![\w.-]){re.escape(old)}(?![\w.])"), new) for old, new in DIR_MOVES.items()]
+_IMPORT = re.compile(
+    r"^(?P<indent>[ \t]*)from[ \t]+(?P<mod>\.+[\w.]*|pipeline(?:\.\w+)*)[ \t]+import[ \t]+"
+    r"(?P<names>\([^)]*\)|[^\n#()]*?)(?P<trail>[ \t]*(?:#[^\n]*)?)$",
+    re.MULTILINE,
+)
+_TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".cfg", ".ini", ".yml", ".yaml", ".sh", ".service", ".example",
+                  ".env", ".json", ".rst", ".html", ".js", ".css", ".lua", ""}
+
+
+def _path_of(module: str) -> str:
+    return module.replace(".", "/")
+
+
+def _exists(module: str) -> bool:
+    """A module or package of the working tree (the new layout, once the moves are done)."""
+    p = ROOT / _path_of(module)
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def _is_package(module: str) -> bool:
+    return (ROOT / _path_of(module) / "__init__.py").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ moves
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+
+
+def move(check: bool) -> list[str]:
+    """The ``git mv``-s still to do (done unless ``check``); an error if a file is at both places."""
+    todo, clash = [], []
+    pairs = [(_path_of(o) + ".py", _path_of(n) + ".py") for o, n in MOVES.items()] + list(DIR_MOVES.items())
+    for old, new in pairs:
+        if (ROOT / old).exists() and (ROOT / new).exists():
+            clash.append(f"{old} and {new}")
+        elif (ROOT / old).exists():
+            todo.append((old, new))
+    if clash:
+        sys.exit("restructure: both the old and the new file exist (merge by hand, then rerun):\n  "
+                 + "\n  ".join(clash))
+    if not check:
+        for new in sorted({n for n in MOVES.values()}):
+            for i in range(2, new.count(".") + 1):
+                pkg = ROOT / _path_of(".".join(new.split(".")[:i]))
+                if not (pkg / "__init__.py").exists():
+                    pkg.mkdir(parents=True, exist_ok=True)
+                    (pkg / "__init__.py").write_text(f'"""{pkg.name}: see pipeline/__init__.py."""\n')
+                    _git("add", str(pkg / "__init__.py"))
+        for old, new in todo:
+            (ROOT / new).parent.mkdir(parents=True, exist_ok=True)
+            _git("mv", old, new)
+    return [f"git mv {o} {n}" for o, n in todo]
+
+
+# ------------------------------------------------------------------------------------------------ imports
+
+def _module_of(path: Path) -> str | None:
+    """``pipeline.apps.web`` for ``pipeline/apps/web.py``; None outside the packages."""
+    rel = path.relative_to(ROOT)
+    if rel.suffix != ".py" or not (ROOT / rel.parts[0] / "__init__.py").is_file():
+        return None
+    parts = list(rel.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _old_module(module: str) -> str:
+    for old, new in MOVES.items():
+        if new == module:
+            return old
+    return module
+
+
+def _resolve(spec: str, package: str) -> str:
+    """The absolute module of ``from <spec> import``, read from ``package``."""
+    if not spec.startswith("."):
+        return spec
+    level = len(spec) - len(spec.lstrip("."))
+    base = package.split(".")
+    base = base[: len(base) - (level - 1)]
+    rest = spec[level:]
+    return ".".join(base + ([rest] if rest else []))
+
+
+def _relative(target: str, package: str) -> str:
+    t, p = target.split("."), package.split(".")
+    common = 0
+    while common < min(len(t), len(p)) and t[common] == p[common]:
+        common += 1
+    return "." * (len(p) - common + 1) + ".".join(t[common:])
+
+
+def _new(module: str) -> str:
+    """The new name of an old module (or of something inside it), else the name itself."""
+    for old in sorted(MOVES, key=len, reverse=True):
+        if module == old or module.startswith(old + "."):
+            return MOVES[old] + module[len(old):]
+    return module
+
+
+def _current(module_now: str, module_old: str) -> str | None:
+    """Where an import names, read in the new layout, else in the old one; None: nowhere."""
+    if _exists(module_now):
+        return module_now
+    if _new(module_old) != module_old:
+        return _new(module_old)
+    if _exists(module_old):
+        return module_old
+    return None
+
+
+def _names(text: str) -> list[str]:
+    inner = text.strip()
+    if inner.startswith("("):
+        inner = inner[1:-1]
+    inner = re.sub(r"#[^\n]*", "", inner)
+    return [n.strip() for n in inner.replace("\n", " ").split(",") if n.strip()]
+
+
+def rewrite_imports(text: str, module: str | None) -> str:
+    """Rewrite the ``from X import ...`` statements of one file (``module``: its name, if a module)."""
+    package_now = package_old = None
+    if module is not None:
+        is_init = (ROOT / _path_of(module) / "__init__.py").is_file()
+        old_module = _old_module(module)
+        package_now = module if is_init else module.rsplit(".", 1)[0]
+        package_old = old_module if is_init else old_module.rsplit(".", 1)[0]
+
+    def fix(m: re.Match[str]) -> str:
+        spec = m.group("mod")
+        relative = spec.startswith(".")
+        if relative and package_now is None:
+            return m.group(0)
+        target_now = _resolve(spec, package_now) if relative else spec
+        target_old = _resolve(spec, package_old) if relative else spec
+
+        def spell(target: str) -> str:
+            return _relative(target, package_now) if relative else target
+
+        def respell(target: str) -> str:
+            return m.group(0).replace(f"from {spec} import", f"from {spell(target)} import", 1)
+
+        if _is_package(target_now) or (not _exists(target_now) and _is_package(target_old)):
+            # from PKG import a, b: the names may be modules that moved apart
+            home = target_now if _exists(target_now) else target_old
+            groups: dict[str, list[str]] = {}
+            for name in _names(m.group("names")):
+                bare = name.split(" as ")[0].strip()
+                if _is_package(target_now) and _exists(f"{target_now}.{bare}"):
+                    parent = target_now
+                elif _new(f"{target_old}.{bare}") != f"{target_old}.{bare}":
+                    parent = _new(f"{target_old}.{bare}").rsplit(".", 1)[0]
+                else:  # an unmoved module, or a name defined in the package
+                    parent = home
+                groups.setdefault(parent, []).append(name)
+            if list(groups) == [target_now]:
+                return m.group(0)
+            if len(groups) == 1:
+                return respell(next(iter(groups)))
+            lines = [f"{m.group('indent')}from {spell(p)} import {', '.join(ns)}" for p, ns in groups.items()]
+            lines[-1] += m.group("trail")
+            return "\n".join(lines)
+        where = _current(target_now, target_old)
+        if where is None or where == target_now:
+            return m.group(0)
+        return respell(where)
+
+    return _IMPORT.sub(fix, text)
+
+
+def _joined(m: re.Match[str]) -> str:
+    """``"pipeline" / "web.py"`` -> ``"pipeline" / "apps" / "web.py"``."""
+    parts = _path_of(MOVES["pipeline." + m.group(2)]).split("/")
+    sep = m.group(1)
+    return sep.join(f'"{p}"' for p in parts[:-1]) + sep + f'"{parts[-1]}.py"'
+
+
+def rewrite(text: str, path: Path) -> str:
+    """Every reference of one file to an old module or path, in the new layout."""
+    # outside .py files (code blocks of the docs) only the absolute imports are read
+    text = rewrite_imports(text, _module_of(path) if path.suffix == ".py" else None)
+    text = _DOTTED.sub(lambda m: MOVES["pipeline." + m.group(1)], text)
+    text = _PATH.sub(lambda m: _path_of(MOVES["pipeline." + m.group(1)]) + ".py", text)
+    text = _JOINED.sub(_joined, text)
+    for pattern, new in _DIRS:
+        text = pattern.sub(new, text)
+    if path.name == "pyproject.toml":  # package data: paths inside the pipeline package
+        for old, new in DIR_MOVES.items():
+            o, n = old.split("/", 1)[1], new.split("/", 1)[1]
+            text = re.sub(rf'^(pipeline = \[.*?)"{re.escape(o)}/', rf'\1"{n}/', text, flags=re.MULTILINE)
+    return text
+
+
+def tracked_text_files() -> list[Path]:
+    out = []
+    for name in _git("ls-files", "-z").split("\0"):
+        p = ROOT / name
+        if not name or not p.is_file() or p.resolve() == SELF:
+            continue
+        if p.suffix not in _TEXT_SUFFIXES and p.name not in {"Procfile", "Dockerfile"}:
+            continue
+        try:
+            p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        out.append(p)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a run would change something")
+    args = ap.parse_args()
+    moves = move(args.check)
+    if args.check and moves:
+        print("\n".join(moves))
+        return 1
+    changed = []
+    for p in tracked_text_files():
+        before = p.read_text(encoding="utf-8")
+        after = rewrite(before, p)
+        if after != before:
+            changed.append(str(p.relative_to(ROOT)))
+            if not args.check:
+                p.write_text(after, encoding="utf-8")
+    for line in moves:
+        print(line)
+    print(f"restructure: {len(moves)} moves, {len(changed)} files {'to rewrite' if args.check else 'rewritten'}")
+    for c in changed:
+        print("  " + c)
+    loose = sorted(p.stem for p in (ROOT / "pipeline").glob("*.py") if p.name != "__init__.py")
+    if loose:
+        print("restructure: modules still directly in pipeline/ (add them to MOVES): " + ", ".join(loose))
+    return 1 if args.check and changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
