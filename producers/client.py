@@ -1,4 +1,4 @@
-"""A Python client of privrec's HTTP API (the contract: ``GET /openapi.json``, :mod:`pipeline.openapi`).
+"""A Python client of privrec's HTTP API (the contract: ``GET /openapi.json``, :mod:`pipeline.serve.openapi`).
 
 Two clients with the same methods, :class:`AsyncClient` (aiohttp; one connection pool, many requests in
 flight) and :class:`Client` (blocking; ``http.client`` over one keep-alive connection):

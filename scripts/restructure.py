@@ -246,7 +246,9 @@ def rewrite_imports(text: str, module: str | None) -> str:
                     parent = target_now
                 elif _new(f"{target_old}.{bare}") != f"{target_old}.{bare}":
                     parent = _new(f"{target_old}.{bare}").rsplit(".", 1)[0]
-                else:  # an unmoved module, or a name defined in the package
+                elif not _exists(f"{target_now}.{bare}") and _exists(f"{target_old}.{bare}"):
+                    parent = target_old  # an unmoved module (``from . import services``)
+                else:  # a name defined in the package
                     parent = home
                 groups.setdefault(parent, []).append(name)
             if list(groups) == [target_now]:

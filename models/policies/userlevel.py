@@ -2,7 +2,7 @@
 
 The pipeline's release tick folds each user's events of the tick into the statistics: their ``b``
 summed and clipped to norm ``b_clip``, their item rewards summed and clipped to norm ``item_clip``, at most ``cap`` ticks
-per user and epoch (``pipeline.userlevel``). :class:`UserLevelUCB` does the same around a
+per user and epoch (``pipeline.state.userlevel``). :class:`UserLevelUCB` does the same around a
 :class:`~models.policies.PopularityUCB` (a bandit with or without the item term), releasing both
 statistics once per tick of ``tick`` interactions, with noise calibrated by the mechanisms'
 multi-participation factor (:func:`models.mechanisms.participation.participation_factor`): a user

@@ -38,7 +38,7 @@ def start_redis(
 
     Data lives in ``state_dir/<name>/``; starting again on the same ``state_dir`` loads it
     back, and so are the ACL users of ``state_dir/<name>/users.acl`` when that file exists
-    (:func:`pipeline.acl.write_aclfile`). RDB snapshots are off (``--save ""``): the AOF (``appendfsync everysec``) is the
+    (:func:`pipeline.config.acl.write_aclfile`). RDB snapshots are off (``--save ""``): the AOF (``appendfsync everysec``) is the
     persistence, so at most about one second of writes is lost on a crash, none on a clean
     stop.
 
@@ -78,7 +78,7 @@ def start_redis(
     data_dir = Path(state_dir) / name
     data_dir.mkdir(parents=True, exist_ok=True)
 
-    from ..acl import ACL_FILE, PROBE_USER
+    from ..config.acl import ACL_FILE, PROBE_USER
 
     locked = (data_dir / ACL_FILE).exists()
 

@@ -1,6 +1,6 @@
 """``privrec bench acl``: the cost of least privilege — ingest, release and /recommend with and without Redis ACL.
 
-One real redis-server (AOF on, the users of :func:`pipeline.acl.global_rules` loaded from its ACL file, as
+One real redis-server (AOF on, the users of :func:`pipeline.config.acl.global_rules` loaded from its ACL file, as
 ``privrec up`` starts it) holds two namespaces of the same catalog: ``aclon``, used through the ``worker`` and
 ``web`` users (key patterns checked by Redis on every command), and ``acloff``, used through the administrator
 (``~* +@all``: what every process used before least privilege, and with ``--no-acl``). The two sides alternate
@@ -10,7 +10,7 @@ round measures, per side:
 * **ingest**: one batch of ``batch`` events through the user-level ingest (``UserIngestProcessor``: the pending
   contributions and the offset in one Lua script), µs per event;
 * **release**: one release tick (fold, release, durable persist, publish), ms;
-* **/recommend**: a real ``pipeline.web`` server per side (connected as ``web`` / as the administrator),
+* **/recommend**: a real ``pipeline.apps.web`` server per side (connected as ``web`` / as the administrator),
   ``block`` sequential keep-alive ``GET /recommend`` from one client, µs per request (client included);
 * **Redis alone**: 2,000 pipelined ``HGET`` of the model's metadata as the web's user / as the administrator,
   µs per command — the permission check with the least around it.
@@ -62,7 +62,7 @@ def _web(state: Path, name: str, redis_url: str, env_settings: dict[str, str]) -
         except OSError:
             return False
 
-    return services.start_process(name, [sys.executable, "-m", "pipeline.web", "--port", str(port)], state,
+    return services.start_process(name, [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], state,
                                   env=env, address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}",
                                   ready=ready, timeout=120)
 
@@ -90,11 +90,12 @@ def bench_acl(*, rounds: int = 40, batch: int = 500, block: int = 100, d: int = 
     """Measure both sides, interleaved; return the document written to ``acl.json``."""
     import redis
 
-    from pipeline import acl, services
-    from pipeline.catalog import SyntheticCatalog
-    from pipeline.ingest import UserIngestProcessor
-    from pipeline.settings import Settings
-    from pipeline.stages import ReleaseStage, SolveStage
+    from pipeline.config import acl
+    from pipeline import services
+    from pipeline.data.catalog import SyntheticCatalog
+    from pipeline.ingestion.ingest import UserIngestProcessor
+    from pipeline.config.settings import Settings
+    from pipeline.release.stages import ReleaseStage, SolveStage
     from privrec.experiments.runner import machine_info
 
     machine = machine_info()

@@ -62,8 +62,8 @@ def rank_timing(root: Path, d: int, units: int, cache_dir: Path, repeats: int = 
     best of ``repeats``, and the same with the unit's list cached (what the other users of the unit cost)."""
     import numpy as np
 
-    from pipeline.catalog_open import OpenCatalog
-    from pipeline.serving import Recommender, _UnitModel, rank_catalog
+    from pipeline.data.catalog_open import OpenCatalog
+    from pipeline.serve.serving import Recommender, _UnitModel, rank_catalog
     from producers.catalog import build_catalog
 
     cat = OpenCatalog(build_catalog(root, d=d, units=units, cache_dir=cache_dir))

@@ -7,7 +7,7 @@ started in a temporary state directory with :mod:`pipeline.services`, stopped af
   *before* the worker starts. Raw rates are measured on those very events first:
   aiokafka ``getmany`` of all N from the same topic with the worker's batch size
   (``raw_consume``), the same plus ``json.loads`` of each value (``consume_json``) and plus
-  the pipeline's full parser :func:`pipeline.records.parse_interaction`
+  the pipeline's full parser :func:`pipeline.data.records.parse_interaction`
   (``consume_parse``). Then the worker starts and the bench polls Redis every 10 ms: the
   worker's committed ingest offsets (its durable counters, written atomically with the
   statistics) and the released / solved event counts. ``ingest`` rate = events committed
@@ -88,9 +88,9 @@ def _start_worker(env: _Env, kafka: str, namespace: str, *, profile_path: Path |
     settings = env.settings.replace(kafka=kafka, redis_url=env.redis_url, namespace=namespace)
     name = f"worker-{namespace}{suffix}"  # also its id in the workers' status hash
     child = child_env(settings, env.state, loglevel="WARNING") | {"PRIVREC_WORKER_ID": name}
-    argv = [sys.executable, "-m", "pipeline.worker"]
+    argv = [sys.executable, "-m", "pipeline.apps.worker"]
     if profile_path is not None:
-        argv = [sys.executable, "-m", "cProfile", "-o", str(profile_path), "-m", "pipeline.worker"]
+        argv = [sys.executable, "-m", "cProfile", "-o", str(profile_path), "-m", "pipeline.apps.worker"]
     handle = services.start_process(name, argv, env.state, env=child)
     env.handles[handle.name] = handle
     return handle
@@ -460,7 +460,7 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
         partitions) and report what the second adds (``summary["second_worker_share"]``; target >= 0.6 of the
         first's rate), with the bound the partitions' balance sets (events are keyed by user).
     """
-    from pipeline.settings import Settings
+    from pipeline.config.settings import Settings
     from privrec.experiments.runner import machine_info
 
     note = say or (lambda _l: None)

@@ -1,7 +1,7 @@
 """The peer of ``privrec bench serve``: the least an aiohttp server can do for ``GET /recommend``.
 
 ``python -m privrec.bench.minimal --port P`` answers every ``GET`` with one constant JSON document shaped
-like a ``/recommend`` answer with ten items, on the same stack as ``pipeline.web`` (aiohttp, uvloop's event
+like a ``/recommend`` answer with ten items, on the same stack as ``pipeline.apps.web`` (aiohttp, uvloop's event
 loop, no access log), so the ratio of the two servers' requests/s under the same load measures what
 privrec's own work costs per request (parse, score, store the shown list, log it), not what aiohttp and the
 loopback cost.

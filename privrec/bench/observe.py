@@ -42,8 +42,8 @@ class Poller:
     def __post_init__(self) -> None:
         import redis
 
-        from pipeline.keys import PublicKeys
-        from pipeline.trusted import TrustedKeys
+        from pipeline.config.keys import PublicKeys
+        from pipeline.state.trusted import TrustedKeys
 
         self.client = redis.Redis.from_url(self.redis_url)
         tk, pk = TrustedKeys(self.namespace), PublicKeys(self.namespace)

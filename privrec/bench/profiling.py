@@ -34,14 +34,14 @@ SPY_IDLE = ("EpollSelector.select (selectors.py", "_worker (concurrent/futures/t
 #: Where the worker's ingest time goes: the first category whose marker is in a sample's
 #: stack wins, so the more specific markers come first.
 SPY_CATEGORIES = (
-    ("JSON decoding (json.loads)", ("json/decoder.py", "json/__init__.py", "_loads (pipeline/records.py")),
+    ("JSON decoding (json.loads)", ("json/decoder.py", "json/__init__.py", "_loads (pipeline/data/records.py")),
     ("parsing and validation (records.py): checks, numpy conversion, norm", ("parse_interaction", "parse_batch")),
     ("UnitStats.add (rank-1 updates of the statistics)", ("UnitStats.add",)),
     ("Redis commit (Lua script, sync client)", ("commit_partition",)),
     ("IngestProcessor.prepare: rest (sort, lists, vstack, stats copy)", ("IngestProcessor.prepare",)),
     ("Kafka fetch and record decoding (aiokafka)", ("aiokafka/",)),
-    ("release/solve tick (leader timer, executor thread)", ("tick (pipeline/timers.py",)),
-    ("status report, offsets commit, loop (agents.py)", ("pipeline/agents.py",)),
+    ("release/solve tick (leader timer, executor thread)", ("tick (pipeline/release/timers.py",)),
+    ("status report, offsets commit, loop (agents.py)", ("pipeline/ingestion/agents.py",)),
 )
 
 

@@ -1,12 +1,12 @@
 """``privrec bench serve``: ``/recommend`` latency and throughput over loopback.
 
-What it measures: the HTTP server (``python -m pipeline.web``) answering
+What it measures: the HTTP server (``python -m pipeline.apps.web``) answering
 ``GET /recommend?user=U&k=10&candidates=<25 ids>`` for a synthetic catalog
 with ``d = 25`` whose serving model was published by a real worker from a few
 thousand real events (so the model is not the empty prior). Every request is a
 full one: parse, score K = 25 candidates, answer JSON, and store the shown list in
 Redis and log it to the ``recommendations`` topic (behind the answer, in batches:
-:mod:`pipeline.shown`).
+:mod:`pipeline.serve.shown`).
 
 How: a fresh local stack (Tansu broker, redis-server, one worker, the web
 server; :func:`local_stack`), then ``wrk`` — a C load generator, in its own
@@ -27,10 +27,10 @@ shared). Target (issue 4): p99 ≤ 5 ms and ≥ 2,000 req/s.
 Issue 13, at every concurrency (8 connections always among them), interleaved run by run:
 ``/recommend`` with K = 25 and with K = 1,000 candidates beside a minimal aiohttp endpoint
 returning a constant JSON (:mod:`privrec.bench.minimal`: aiohttp on uvloop's loop with no access
-log, as ``pipeline.web`` runs) under the same wrk load; reported: requests/s, p50/p99 and server
+log, as ``pipeline.apps.web`` runs) under the same wrk load; reported: requests/s, p50/p99 and server
 CPU per request of each, the ratios of requests/s to the minimal endpoint's, and, at 8
 connections, the verdicts: K = 25 at ≥ 0.5× the minimal endpoint's requests/s, p99 ≤ 5 ms.
-K = 1,000 uses the same ``GET ...&candidates=<ids>`` form, the only one ``pipeline.web`` takes
+K = 1,000 uses the same ``GET ...&candidates=<ids>`` form, the only one ``pipeline.apps.web`` takes
 (no POST or pool-size parameter): with the synthetic catalog's ids ("0".."999") the request line
 is ~4 kB, under aiohttp's 8,190-byte limit; longer ids would not fit.
 
@@ -200,13 +200,13 @@ def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str
             raw = client.hget(status_key, "worker-0")
             return raw is not None and bool(json.loads(raw)["partitions"])
 
-        started.append(services.start_process("worker-0", [sys.executable, "-m", "pipeline.worker"], state,
+        started.append(services.start_process("worker-0", [sys.executable, "-m", "pipeline.apps.worker"], state,
                                               env=env, ready=worker_ready, timeout=worker_timeout))
         for attempt in range(3):
             port = services.free_port()
             try:
                 web = services.start_process(
-                    "web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], state, env=env,
+                    "web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], state, env=env,
                     address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}",
                     ready=functools.partial(_http_ok, f"http://127.0.0.1:{port}/healthz"), timeout=60)
                 break
@@ -227,8 +227,8 @@ def seed_events(stack: LocalStack, n: int, *, seed: int = 0, timeout: float = 12
     until a published model covers them; return the model version."""
     from kafka import KafkaProducer  # type: ignore[import-untyped]  # kafka-python ships no type hints
 
-    from pipeline.catalog import load_catalog
-    from pipeline.settings import Settings
+    from pipeline.data.catalog import load_catalog
+    from pipeline.config.settings import Settings
 
     s = Settings.from_mapping({}, environ=stack.env)
     catalog = load_catalog(s)
@@ -492,8 +492,8 @@ def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 4, 8, 32), durati
         status, users = stack.get_json("/users")
         if status != 200:
             raise RuntimeError(f"/users answered {status}: {users}")
-        from pipeline.catalog import load_catalog
-        from pipeline.settings import Settings
+        from pipeline.data.catalog import load_catalog
+        from pipeline.config.settings import Settings
 
         catalog = load_catalog(Settings.from_mapping({}, environ=stack.env))
         arm_ids = list(catalog.arm_ids)
@@ -550,10 +550,10 @@ def bench_serve(out: Path, *, concurrency: Sequence[int] = (1, 4, 8, 32), durati
                      **({"k_large_candidates": k_large, "k_large_distinct_requests": 200,
                          "k_large_max_path_chars": large_path_chars,
                          "k_large_form": "GET /recommend?candidates=<comma-separated ids> (the only form "
-                                         "pipeline.web takes)",
-                         "minimal_server": "python -m privrec.bench.minimal: aiohttp + uvloop like pipeline.web, "
+                                         "pipeline.apps.web takes)",
+                         "minimal_server": "python -m privrec.bench.minimal: aiohttp + uvloop like pipeline.apps.web, "
                                            "constant JSON, the K = 25 request paths"} if peers else {}),
-                     "load_generator": _wrk_version(wrk), "server": "python -m pipeline.web (one process)"},
+                     "load_generator": _wrk_version(wrk), "server": "python -m pipeline.apps.web (one process)"},
         "machine": {**machine_info(), "loadavg_before": [round(x, 2) for x in load_before],
                     "loadavg_after": [round(x, 2) for x in load_after],
                     "note": "2 shared cores: wrk, the server, redis, the broker and the worker share them, and "

@@ -77,8 +77,8 @@ async def consume(address: str, n: int, settings: Any, work: str) -> float:
     partitions, max_records = settings.partitions, settings.batch_size
     parse: Any = None
     if work == "parse":
-        from pipeline.catalog import load_catalog
-        from pipeline.records import parse_interaction
+        from pipeline.data.catalog import load_catalog
+        from pipeline.data.records import parse_interaction
 
         catalog = load_catalog(settings)
 

@@ -40,7 +40,7 @@ def _positive(value: str) -> int:
 
 
 def register(sub: Any) -> None:
-    from pipeline.settings import add_arguments
+    from pipeline.config.settings import add_arguments
 
     u = sub.add_parser(
         "up", help="start broker, redis, workers and the HTTP server on loopback; wait until ready",
@@ -106,7 +106,7 @@ def _err(command: str, message: str) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from pipeline.settings import Settings
+    from pipeline.config.settings import Settings
     from privrec import ops
 
     settings = Settings.from_mapping(vars(args))  # SettingsError (a ValueError): exit 2, nothing started

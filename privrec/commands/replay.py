@@ -168,7 +168,7 @@ def _events(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm import tqdm
 
-    from pipeline.catalog_open import OpenCatalog
+    from pipeline.data.catalog_open import OpenCatalog
     from privrec.experiments.lastfm import LastFMEvents
     from producers.catalog import build_catalog, read_events
     from producers.catalog.replay_pools import replay_plan

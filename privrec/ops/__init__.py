@@ -9,8 +9,8 @@ ports, each process tracked by PID through :mod:`pipeline.services`:
    external one (``REDIS_URL`` / ``--redis-url``);
 3. the topics (``interactions`` with ``settings.partitions`` partitions, ``dead-letters``,
    ``recommendations``), created if missing;
-4. ``worker-0`` … ``worker-{N-1}`` — faust workers (``python -m pipeline.worker``);
-5. ``web`` — the HTTP API and page (``python -m pipeline.web``).
+4. ``worker-0`` … ``worker-{N-1}`` — faust workers (``python -m pipeline.apps.worker``);
+5. ``web`` — the HTTP API and page (``python -m pipeline.apps.web``).
 
 Everything lands in the state directory::
 
@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from pathlib import Path  # noqa: F401  (the doctests above use it)
 
-from pipeline.settings import Settings  # noqa: F401  (the doctests above use it)
+from pipeline.config.settings import Settings  # noqa: F401  (the doctests above use it)
 
 from .down import down
 from .stackfile import (

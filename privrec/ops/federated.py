@@ -2,12 +2,12 @@
 
 Processes (besides the broker, Redis and web, which :mod:`privrec.ops.up` starts):
 
-* ``site-0`` … ``site-{M-1}``: ``python -m pipeline.worker`` with ``PRIVREC_SITE=i`` — each ingests its
+* ``site-0`` … ``site-{M-1}``: ``python -m pipeline.apps.worker`` with ``PRIVREC_SITE=i`` — each ingests its
   own topic ``interactions-site-<i>`` into its own namespace ``<ns>-site<i>`` and shares its releases
-  on ``federated-updates`` (:mod:`pipeline.sites`);
-* ``coordinator`` (star only): ``python -m pipeline.coordinator``.
+  on ``federated-updates`` (:mod:`pipeline.modes.federated.sites`);
+* ``coordinator`` (star only): ``python -m pipeline.modes.federated.coordinator``.
 
-Every process connects as its own ACL user (:mod:`pipeline.acl`, set by :mod:`privrec.ops.redis_users` as in
+Every process connects as its own ACL user (:mod:`pipeline.config.acl`, set by :mod:`privrec.ops.redis_users` as in
 every mode): a site can read only its own namespace, the coordinator only its public keys, the web only public
 kinds; the ``default`` user gets a password, kept with the others in ``<state>/redis-users.json`` (0600).
 """
@@ -22,10 +22,10 @@ from typing import Any
 import redis
 
 from pipeline import services
-from pipeline.federation import site_namespace, site_topic
-from pipeline.records import TOPICS
+from pipeline.modes.federated.federation import site_namespace, site_topic
+from pipeline.data.records import TOPICS
 from pipeline.services import ServiceHandle
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 
 from .stackfile import child_env, worker_status_key
 from .workers import check_namespace, check_topic, reset_offsets, wait_workers
@@ -73,7 +73,7 @@ def start_federated(settings: Settings, state: Path, *, catalog: Any, external: 
             ns = site_namespace(settings.namespace, i)
             client.hdel(worker_status_key(ns), name)
             record(name)
-            h = services.start_process(name, [sys.executable, "-m", "pipeline.worker"], state,
+            h = services.start_process(name, [sys.executable, "-m", "pipeline.apps.worker"], state,
                                        env={**env, "PRIVREC_WORKER_ID": name}, timeout=timeout)
             started.append(h)
             site_handles.append((h, ns))
@@ -87,7 +87,7 @@ def start_federated(settings: Settings, state: Path, *, catalog: Any, external: 
             key = worker_status_key(settings.namespace)
             client.hdel(key, COORDINATOR)
             record(COORDINATOR)
-            h = services.start_process(COORDINATOR, [sys.executable, "-m", "pipeline.coordinator"], state, env=env,
+            h = services.start_process(COORDINATOR, [sys.executable, "-m", "pipeline.modes.federated.coordinator"], state, env=env,
                                        timeout=timeout, ready=lambda: client.hget(key, COORDINATOR) is not None)
             started.append(h)
             note(f"{COORDINATOR} pid {h.pid}  sums the sites' releases {took()}")

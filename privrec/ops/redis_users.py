@@ -1,13 +1,13 @@
 """Least privilege by default: the Redis ACL users of a stack, as ``privrec up`` sets them (every mode).
 
-Each process class connects as its own user (:mod:`pipeline.acl`): ``worker`` (global and local mode) or
+Each process class connects as its own user (:mod:`pipeline.config.acl`): ``worker`` (global and local mode) or
 ``site<i>`` / ``coordinator`` (federated) for the trusted processes, ``web`` for the web server, and the
 administrator (``default`` with a password) for the ops commands. Passwords are generated per stack and
 kept only in ``<state>/redis-users.json`` (0600); ``stack.json``, ``privrec status`` and the logs show URLs
 without them (a process gets its URL with credentials in its environment, readable only by its owner).
 
 * **Embedded Redis**: the users are written to the server's ACL file before it starts
-  (:func:`pipeline.acl.write_aclfile`), so a redis-server restarted from its AOF has them again.
+  (:func:`pipeline.config.acl.write_aclfile`), so a redis-server restarted from its AOF has them again.
 * **External Redis** with ``--redis-admin-url``: the users ``<namespace>-<role>`` are created with that URL
   (used for nothing else and not stored); ``default`` is left alone.
 * **External Redis** without it: ``privrec up`` checks that the users exist and are right; if not it prints the
@@ -24,8 +24,8 @@ from typing import Any
 
 import redis
 
-from pipeline import acl
-from pipeline.settings import Settings
+from pipeline.config import acl
+from pipeline.config.settings import Settings
 
 from .stackfile import REDIS, OpsError, role_redis_url
 

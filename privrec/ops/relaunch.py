@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline import services
 from pipeline.services import ServiceHandle
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 
 from .stackfile import WEB, child_env, http_probe
 
@@ -135,13 +135,13 @@ def fallback_handle(state: Path, stack: Mapping[str, Any], name: str) -> Service
     """A handle to relaunch ``name`` from when its files are gone (a start that failed removes them)."""
     if name.startswith("worker-"):
         return ServiceHandle(name=name, pid=0, address="", url="", log_path=state / f"{name}.log",
-                             argv=(sys.executable, "-m", "pipeline.worker"), exe="", start_ticks=0)
+                             argv=(sys.executable, "-m", "pipeline.apps.worker"), exe="", start_ticks=0)
     if name == WEB and stack.get("http"):
         url = str(stack["http"])
         address = url.split("://", 1)[1]
         host, _, port = address.rpartition(":")
         bind = str(stack.get("http_host") or host)
         return ServiceHandle(name=name, pid=0, address=address, url=url, log_path=state / f"{name}.log",
-                             argv=(sys.executable, "-m", "pipeline.web", "--host", bind, "--port", port), exe="",
+                             argv=(sys.executable, "-m", "pipeline.apps.web", "--host", bind, "--port", port), exe="",
                              start_ticks=0)
     raise ValueError(f"no way to start {name!r} again: its handle file is gone")

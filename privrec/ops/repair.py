@@ -11,7 +11,7 @@ supervisor (so the two do not restart the same process), then starts again, with
   restarted too (its in-memory positions belong to the old log), the topics created again and the
   namespace's stored ingest offsets reset, exactly as ``up`` does for a new broker (otherwise the new log's
   first events would be skipped as "already counted"), where they stood in the old logs recorded for the web's
-  outbox, which sends again what the old broker held and no worker had counted (:mod:`pipeline.outbox`); the
+  outbox, which sends again what the old broker held and no worker had counted (:mod:`pipeline.serve.outbox`); the
   web server keeps running (its Kafka clients reconnect to the same address);
 * the dead workers and web server, exactly as ``up`` started them
   (:func:`~privrec.ops.relaunch.relaunch`), waiting until every worker has partitions again;
@@ -31,7 +31,7 @@ import redis
 
 from pipeline import services
 from pipeline.services import PortInUseError, ServiceHandle
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 
 from .relaunch import (SUPERVISION_DEFAULTS, fallback_handle, relaunch, stack_settings, start_supervisor, stop_supervisor,
                        supervised)

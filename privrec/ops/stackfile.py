@@ -13,9 +13,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline import acl, services
+from pipeline.config import acl
+from pipeline import services
 from pipeline.services import ServiceHandle
-from pipeline.settings import Settings, env_name
+from pipeline.config.settings import Settings, env_name
 
 __all__ = [
     "AlreadyRunningError",
@@ -75,7 +76,7 @@ def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
 def worker_status_key(namespace: str) -> str:
     """Redis hash where each worker reports ``{"pid", "counted", "at_ms", "partitions"}``.
 
-    Written by the ingest task (:mod:`pipeline.agents`) about once a second; the field is
+    Written by the ingest task (:mod:`pipeline.ingestion.agents`) about once a second; the field is
     the worker id (``PRIVREC_WORKER_ID``).
     """
     return f"{namespace}:ops:{{{namespace}:ops}}:workers"

@@ -30,7 +30,7 @@ def status(state_dir: str | os.PathLike[str], *, probe: bool = True) -> dict[str
     and ``given_up`` (``{name: why}``: processes it no longer restarts); after a repair by ``up``
     ``repairs``; and with ``probe`` the live view: ``model_version``, ``released_events``,
     ``workers`` (their Redis reports), ``outbox`` (events the web accepted that no worker has counted yet:
-    :mod:`pipeline.outbox`) and ``health`` (the ``/healthz`` answer).
+    :mod:`pipeline.serve.outbox`) and ``health`` (the ``/healthz`` answer).
     """
     state = Path(state_dir).resolve()
     stack = read_stack(state)
@@ -80,8 +80,8 @@ def _supervision(state: Path, stack: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _probe_redis(stack: Mapping[str, Any]) -> dict[str, Any]:
-    from pipeline.keys import PublicKeys
-    from pipeline.outbox import OutboxKeys
+    from pipeline.config.keys import PublicKeys
+    from pipeline.serve.outbox import OutboxKeys
 
     ns = stack["namespace"]
     keys = PublicKeys(ns)

@@ -15,9 +15,9 @@ A dead embedded broker or redis-server (:data:`REPAIRED`; not an external one) i
 repairs a degraded stack — :func:`privrec.ops.repair.repair`, under the state directory's lock, without
 stopping this supervisor: redis-server again on its port from its AOF; a new memory-only broker on its port,
 the topics, the offsets reset and the workers restarted (the web server keeps running: its outbox holds the
-feedback, :mod:`pipeline.outbox`). The same backoff and limit apply, per service; each repair is counted in
+feedback, :mod:`pipeline.serve.outbox`). The same backoff and limit apply, per service; each repair is counted in
 the report's ``restarts`` and ``last``, in ``stack.json``'s ``repairs`` (``"by": "supervisor"``) and in
-Redis (:attr:`pipeline.keys.PublicKeys.stack_repairs`: the web's ``privrec_stack_repairs_total``).
+Redis (:attr:`pipeline.config.keys.PublicKeys.stack_repairs`: the web's ``privrec_stack_repairs_total``).
 
 The report, ``DIR/supervisor.json``, written after every change::
 
@@ -254,7 +254,7 @@ def _repair_services(state: Path, stack: dict[str, Any], handles: dict[str, Serv
 def _count_repairs(stack: dict[str, Any], names: list[str], log: Callable[[str], None]) -> None:
     import redis
 
-    from pipeline.keys import PublicKeys
+    from pipeline.config.keys import PublicKeys
 
     try:
         client = redis.Redis.from_url(admin_redis_url(stack), socket_timeout=5)

@@ -15,7 +15,7 @@ from kafka.errors import KafkaError
 
 from pipeline import services
 from pipeline.services import ServiceError, ServiceHandle
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 
 from . import redis_users
 from .relaunch import SUPERVISION_DEFAULTS, SUPERVISOR_FILE, start_supervisor, supervisor_handle
@@ -47,7 +47,7 @@ def _start_web(state_dir: Path, env: dict[str, str], host: str, port: int, timeo
         url = f"http://{probe_host}:{p}"
         try:
             return services.start_process(
-                WEB, [sys.executable, "-m", "pipeline.web", "--host", host, "--port", str(p)], state_dir,
+                WEB, [sys.executable, "-m", "pipeline.apps.web", "--host", host, "--port", str(p)], state_dir,
                 address=f"{probe_host}:{p}", url=url, env=env, timeout=timeout,
                 ready=lambda: http_probe(f"{url}/healthz") is not None)
         except services.PortInUseError:
@@ -77,7 +77,7 @@ def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: d
         client.hdel(worker_status_key(settings.namespace), *names)
         for name in names:
             record(name)
-            h = services.start_process(name, [sys.executable, "-m", "pipeline.worker"], state,
+            h = services.start_process(name, [sys.executable, "-m", "pipeline.apps.worker"], state,
                                        env={**env, "PRIVREC_WORKER_ID": name}, timeout=timeout)
             started.append(h)
             wk.append(h)
@@ -98,7 +98,7 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
     Parameters
     ----------
     settings
-        Pipeline settings (already validated by :class:`~pipeline.settings.Settings`).
+        Pipeline settings (already validated by :class:`~pipeline.config.settings.Settings`).
         ``settings.kafka`` / ``settings.redis_url`` name external services, which are then
         used and not started.
     state_dir
@@ -160,8 +160,8 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
     if http_port and not (state / STACK_FILE).exists() and not _port_free(http_host, http_port):
         raise OpsError(f"`--http-port` {http_port} is already in use on {http_host}; pick another port, "
                        f"or 0 for a free one.")  # with a stack recorded: checked below, unless it is repaired
-    from pipeline.catalog import load_catalog
-    from pipeline.settings import SettingsError
+    from pipeline.data.catalog import load_catalog
+    from pipeline.config.settings import SettingsError
 
     try:  # a bad data directory or catalog setting fails here, before anything starts
         catalog = load_catalog(settings)

@@ -11,7 +11,7 @@ import redis
 
 from pipeline import services
 from pipeline.services import ServiceHandle
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 
 from .stackfile import POLL_SECONDS, TOPIC_PARTITIONS, OpsError, worker_status_key
 
@@ -41,7 +41,7 @@ def check_namespace(client: redis.Redis, settings: Settings, fingerprint: str) -
     The worker enforces the same rule when it starts (``TrustedStore.ensure_config``);
     checking here fails before any worker runs, with the same information.
     """
-    from pipeline.trusted import TrustedKeys
+    from pipeline.state.trusted import TrustedKeys
 
     raw = client.get(TrustedKeys(settings.namespace).config)
     if raw is None:
@@ -60,11 +60,11 @@ def check_namespace(client: redis.Redis, settings: Settings, fingerprint: str) -
 
 
 def reset_offsets(client: redis.Redis, settings: Settings) -> tuple[int, list[int | None]]:
-    """Forget the namespace's stored ingest offsets (see :meth:`pipeline.trusted.TrustedStore.reset_offsets`).
+    """Forget the namespace's stored ingest offsets (see :meth:`pipeline.state.trusted.TrustedStore.reset_offsets`).
 
     Called only right after starting the embedded broker, which is memory-only.
     """
-    from pipeline.trusted import TrustedStore
+    from pipeline.state.trusted import TrustedStore
 
     return TrustedStore(client, settings.namespace).reset_offsets(settings.partitions)
 
@@ -87,7 +87,7 @@ def reset_after_new_broker(client: redis.Redis, settings: Settings, stack: dict[
     """After starting a new (memory-only) broker: forget the namespace's ingest offsets, and say so."""
     counted, old_offsets = reset_offsets(client, settings)
     if settings.mode == "local" and settings.shuffle_batch:
-        from pipeline.localmode import reset_shuffler_offsets
+        from pipeline.modes.local.localmode import reset_shuffler_offsets
 
         reset_shuffler_offsets(client, settings.namespace)
     if any(o is not None for o in old_offsets):

@@ -5,7 +5,7 @@
 (the replay's events; ``timestamp`` is the event's index in LastFM's replay order, so a replay of the file
 plays them in the same order). Built by :func:`producers.catalog.build_catalog`, the directory gives LastFM's
 features, units and CoLin ``W`` exactly (tests/unit/test_lastfm_generic.py): the pipeline serves LastFM through
-that one path (:func:`pipeline.catalog_open.lastfm_catalog`).
+that one path (:func:`pipeline.data.catalog_open.lastfm_catalog`).
 """
 
 from __future__ import annotations

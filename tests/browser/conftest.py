@@ -2,7 +2,7 @@
 
 The stack is started once per session (:func:`privrec.bench.serve.local_stack`): a
 fresh Tansu broker, a redis-server of its own, one worker with a short release
-tick, and ``python -m pipeline.web``. The browser is Debian's Chromium
+tick, and ``python -m pipeline.apps.web``. The browser is Debian's Chromium
 (``/usr/bin/chromium``; ``scripts/bootstrap.sh`` installs it) driven by
 Playwright's Python package; ``playwright install`` is never run (it downloads a
 browser build, which fails offline). Run with::

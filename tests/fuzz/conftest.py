@@ -13,7 +13,7 @@ The HTTP targets are also marked ``integration`` (they need ``redis-server``).
 
 The HTTP fixture ``web`` starts a real ``redis-server`` (:func:`pipeline.services.start_redis`), seeds one
 served model per namespace in-process through the pipeline's own stages (ingest → release → solve, the
-worker's code without Kafka or faust), and serves three real apps (:func:`pipeline.web.create_web_app`)
+worker's code without Kafka or faust), and serves three real apps (:func:`pipeline.apps.web.create_web_app`)
 with aiohttp's ``TestServer``/``TestClient`` on one event loop:
 
 * ``global`` — global mode, event-level privacy, 40 events ingested;
@@ -23,7 +23,7 @@ with aiohttp's ``TestServer``/``TestClient`` on one event loop:
 * ``local`` — local mode (``tree``): ``/report`` parses reports, ``/feedback`` and ``/listen`` refuse.
 
 No Kafka: ``KAFKA_BOOTSTRAP`` is unset, the apps' producers are ``None``, and a request that passed every
-check and would produce answers 503 "no Kafka producer configured" (documented in ``pipeline.web``).
+check and would produce answers 503 "no Kafka producer configured" (documented in ``pipeline.apps.web``).
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ def _seed(url: str, settings: Any, catalog: Any) -> None:
     """One release and its served model, as the worker makes them (in-process, no Kafka)."""
     import redis
 
-    from pipeline.ingest import IngestProcessor, UserIngestProcessor
-    from pipeline.localmode import LocalReleaseStage
-    from pipeline.stages import ReleaseStage, SolveStage
+    from pipeline.ingestion.ingest import IngestProcessor, UserIngestProcessor
+    from pipeline.modes.local.localmode import LocalReleaseStage
+    from pipeline.release.stages import ReleaseStage, SolveStage
 
     client = redis.Redis.from_url(url)
     try:
@@ -91,9 +91,9 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebApps]:
     from aiohttp.test_utils import TestClient, TestServer
 
     from pipeline import services
-    from pipeline.catalog import SyntheticCatalog
-    from pipeline.settings import Settings
-    from pipeline.web import create_web_app
+    from pipeline.data.catalog import SyntheticCatalog
+    from pipeline.config.settings import Settings
+    from pipeline.apps.web import create_web_app
 
     handle = services.start_redis(tmp_path_factory.mktemp("fuzz-redis"), appendonly=False)
     loop = asyncio.new_event_loop()

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from models.local import LocalReport, ReportError, parse_report
 from models.local.reports import MAX_ABS
 from models.local.shuffle import BATCH_SCHEMA, ShuffledBatch
-from pipeline.catalog import SyntheticCatalog
-from pipeline.records import MalformedEvent, Parsed, parse_batch, parse_interaction
+from pipeline.data.catalog import SyntheticCatalog
+from pipeline.data.records import MalformedEvent, Parsed, parse_batch, parse_interaction
 
 from .strategies import decoder_input, dumps, profile
 

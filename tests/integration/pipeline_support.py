@@ -20,10 +20,10 @@ from kafka import KafkaConsumer, KafkaProducer
 
 from models.streaming import UnitStats
 from pipeline import services
-from pipeline.catalog import SyntheticCatalog
-from pipeline.records import parse_interaction
+from pipeline.data.catalog import SyntheticCatalog
+from pipeline.data.records import parse_interaction
 from pipeline.services import ServiceHandle
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ class Stack:
 
     @property
     def client(self) -> redis.Redis:
-        from pipeline.redisconn import connect
+        from pipeline.config.redisconn import connect
 
         return connect(self.redis_url)  # a cluster client when the URL names a Redis Cluster node
 
@@ -79,7 +79,7 @@ class Stack:
             return bool(raw) and bool(json.loads(raw)["partitions"])
 
         client.hdel(status, name)
-        handle = services.start_process(name, [sys.executable, "-m", "pipeline.worker"], self.state_dir,
+        handle = services.start_process(name, [sys.executable, "-m", "pipeline.apps.worker"], self.state_dir,
                                         env=env, ready=assigned, timeout=timeout)
         self.workers.append(handle)
         return handle
@@ -225,8 +225,8 @@ def assert_releases_deterministic(stack: Stack, catalog: SyntheticCatalog, produ
     from models.mechanisms import make_mechanism
     from models.mechanisms.participation import replace_sensitivity
     from models.streaming import Releaser
-    from pipeline.stages import projection
-    from pipeline.trusted import TrustedStore
+    from pipeline.release.stages import projection
+    from pipeline.state.trusted import TrustedStore
 
     assert not watcher.errors, watcher.errors
     s = stack.settings()
@@ -269,7 +269,7 @@ class Stream:
 
 def assert_exact(stack: Stack, catalog: SyntheticCatalog, produced: list[tuple[int, int, bytes]]) -> UnitStats:
     """The streamed statistics equal the offline computation of the produced events (nothing lost or doubled)."""
-    from pipeline.trusted import TrustedStore
+    from pipeline.state.trusted import TrustedStore
 
     s = stack.settings()
     streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, catalog.n_units, catalog.d)
@@ -317,8 +317,8 @@ def alive(pid: int) -> bool:
 def publish_model(redis_url: str, settings: Settings, catalog: SyntheticCatalog, events: int = 30) -> None:
     """One release and its served model in ``settings.namespace``, as the worker makes them (in-process, no
     Kafka): ``events`` interactions ingested, a forced release tick, the solve."""
-    from pipeline.ingest import IngestProcessor
-    from pipeline.stages import ReleaseStage, SolveStage
+    from pipeline.ingestion.ingest import IngestProcessor
+    from pipeline.release.stages import ReleaseStage, SolveStage
 
     client = redis.Redis.from_url(redis_url)
     try:

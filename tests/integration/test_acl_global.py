@@ -1,6 +1,6 @@
 """Enforced access in the global mode (issue 12): Redis itself refuses the serving role every trusted key.
 
-The roles of :func:`pipeline.acl.global_rules` are applied to a real redis-server; a real ingest, release and
+The roles of :func:`pipeline.config.acl.global_rules` are applied to a real redis-server; a real ingest, release and
 solve run as the administrator; then the serving path runs as the ``web`` user and works, while every key
 of the trusted kinds (exact statistics, offsets, noise state, the secret seed, config) is refused to it by
 Redis with NOPERM, and writes to the public kinds are refused too. The ``worker`` user reaches its namespace
@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from pipeline import acl, services
-from pipeline.catalog import SyntheticCatalog
-from pipeline.ingest import IngestProcessor
-from pipeline.serving import Recommender
-from pipeline.settings import Settings
-from pipeline.stages import ReleaseStage, SolveStage
+from pipeline.config import acl
+from pipeline import services
+from pipeline.data.catalog import SyntheticCatalog
+from pipeline.ingestion.ingest import IngestProcessor
+from pipeline.serve.serving import Recommender
+from pipeline.config.settings import Settings
+from pipeline.release.stages import ReleaseStage, SolveStage
 
 pytestmark = pytest.mark.integration
 

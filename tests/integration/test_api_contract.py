@@ -1,6 +1,6 @@
 """The HTTP API's contract against live stacks: the Python client, and schemathesis over every route.
 
-Two stacks, each a real Tansu broker, the session's redis-server, a worker and ``python -m pipeline.web``
+Two stacks, each a real Tansu broker, the session's redis-server, a worker and ``python -m pipeline.apps.web``
 (:func:`privrec.bench.serve.local_stack`): global mode and local mode (``tree``). On them:
 
 * the client (:mod:`producers.client`), sync and async: typed answers, the server's named errors as
@@ -37,7 +37,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
 
 from models.local import LocalClient, MemoryStorage
 from pipeline import services
-from pipeline.openapi import openapi_document
+from pipeline.serve.openapi import openapi_document
 from privrec.bench.serve import LocalStack, local_stack
 from producers.client import APIError, AsyncClient, Client, RetryPolicy
 from producers.devices import config_from_public
@@ -130,9 +130,9 @@ def test_client_retries_a_503_after_its_retry_after(redis_server: services.Servi
     from aiohttp import web
     from aiohttp.test_utils import TestServer
 
-    from pipeline.catalog import SyntheticCatalog
-    from pipeline.settings import Settings
-    from pipeline.web import create_web_app
+    from pipeline.data.catalog import SyntheticCatalog
+    from pipeline.config.settings import Settings
+    from pipeline.apps.web import create_web_app
 
     s = Settings(namespace=f"apiretry{os.getpid()}", d=5, n_users=6, n_arms=30, epsilon=2.0, privacy_unit="event",
                  redis_url=redis_server.url, kafka=None)

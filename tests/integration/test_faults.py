@@ -24,8 +24,9 @@ import pytest
 
 import redis
 
-from pipeline import acl, services
-from pipeline.trusted import TrustedKeys, TrustedStore
+from pipeline.config import acl
+from pipeline import services
+from pipeline.state.trusted import TrustedKeys, TrustedStore
 
 from pipeline_support import (Stack, Stream, assert_exact, assert_releases_deterministic, offline_stats, open_stack,
                               produce, synthetic_events, wait_for)
@@ -103,7 +104,7 @@ def _redis_fault(stack: Stack, rds: services.ServiceHandle, tmp_path: Path, *, w
 def _start_web(stack: Stack, redis_url: str | None = None) -> services.ServiceHandle:
     port = services.free_port()
     env = {**os.environ, **stack.env, **({"REDIS_URL": redis_url} if redis_url else {})}
-    return services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], stack.state_dir,
+    return services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], stack.state_dir,
                                   env=env, address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}", timeout=60,
                                   ready=lambda: _get(f"http://127.0.0.1:{port}/healthz")[0] in (200, 503))
 
@@ -121,7 +122,7 @@ def _get(url: str) -> tuple[int, Any, dict[str, str]]:
 @pytest.mark.parametrize("point", ["release-persisted", "solve-before-write"])
 def test_kill9_inside_a_release_or_a_solve_redraws_nothing_and_counts_nothing_twice(
         tmp_path: Path, redis_server: services.ServiceHandle, point: str) -> None:
-    """The worker SIGKILLs itself at its 3rd pass through ``point`` (pipeline.faults); a new worker finishes the
+    """The worker SIGKILLs itself at its 3rd pass through ``point`` (pipeline.config.faults); a new worker finishes the
     stream: the persisted release is published as it was, every version equals its deterministic release."""
     with open_stack(tmp_path, redis_server.url, f"kp{next(_ns)}") as stack:
         stack.env.update({"PRIVREC_EPSILON": "2", "PRIVREC_ALGORITHM": "colin"})

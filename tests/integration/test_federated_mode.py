@@ -30,13 +30,14 @@ from models.mechanisms import make_mechanism
 from models.mechanisms.participation import B_CLIP, replace_sensitivity
 from models.streaming import Releaser, UnitStats
 from models.streaming.federated import assign_sites
-from pipeline import acl, services
-from pipeline.catalog import SyntheticCatalog
-from pipeline.federation import decode_message, site_namespace, site_topic
-from pipeline.keys import PublicKeys
-from pipeline.records import parse_interaction
-from pipeline.settings import Settings
-from pipeline.trusted import TrustedKeys
+from pipeline.config import acl
+from pipeline import services
+from pipeline.data.catalog import SyntheticCatalog
+from pipeline.modes.federated.federation import decode_message, site_namespace, site_topic
+from pipeline.config.keys import PublicKeys
+from pipeline.data.records import parse_interaction
+from pipeline.config.settings import Settings
+from pipeline.state.trusted import TrustedKeys
 from privrec import ops
 from privrec.ops.stackfile import child_env
 
@@ -228,7 +229,7 @@ def test_kill9_of_a_site_others_keep_serving_and_the_restart_redraws_nothing(sta
     s1 = star.settings.replace(kafka=star.stack["kafka"],
                                redis_url=acl.role_url(star.stack["redis"], "site1", star.creds["site1"]), site=1)
     env = {**child_env(s1, star.state, loglevel="WARNING"), "PRIVREC_WORKER_ID": "site-1"}
-    services.start_process("site-1", [sys.executable, "-m", "pipeline.worker"], star.state, env=env, timeout=60)
+    services.start_process("site-1", [sys.executable, "-m", "pipeline.apps.worker"], star.state, env=env, timeout=60)
     total = sum(len(v) for v in star.produced.values())
     wait_for(lambda: int(admin.hget(pub.released, "count") or 0) == total, 60,
              "the aggregate to count every event once, site 1's included")

@@ -9,7 +9,7 @@ import redis
 from models.ground.consensus import mixing_matrix, topology_adjacency
 from models.streaming import Releaser, UnitStats
 from models.streaming.federated import assign_sites, mix_views
-from pipeline.federation import ConsensusSite, Coordinator, decode_message, encode_message, site_namespace
+from pipeline.modes.federated.federation import ConsensusSite, Coordinator, decode_message, encode_message, site_namespace
 
 N, D, M = 6, 2, 4
 
@@ -46,7 +46,7 @@ def test_coordinator_counts_a_resent_release_once_and_sums_the_latest(redis_clie
     assert not coord.offer(decode_message(old, n_units=N, d=D, sites=M), old)  # an older version is ignored
     assert coord.aggregate(n_units=N, d=D) == M + 1
     from models.streaming import ReleasedStats
-    from pipeline.keys import PublicKeys
+    from pipeline.config.keys import PublicKeys
 
     published = ReleasedStats.from_mapping(redis_client.hgetall(PublicKeys("fedtest").released))
     expected = [rounds[0][s] if s != 2 else rounds[1][2] for s in range(M)]
@@ -105,14 +105,14 @@ def test_a_site_ignores_messages_from_non_neighbours(redis_client: redis.Redis) 
     (b'{"meta": "!!"}', "undecodable"),
 ])
 def test_malformed_messages_say_why(raw: bytes, reason: str) -> None:
-    from pipeline.federation import MalformedMessage
+    from pipeline.modes.federated.federation import MalformedMessage
 
     with pytest.raises(MalformedMessage, match=reason):
         decode_message(raw, n_units=N, d=D, sites=M)
 
 
 def test_messages_with_wrong_shapes_or_sites_are_refused() -> None:
-    from pipeline.federation import MalformedMessage
+    from pipeline.modes.federated.federation import MalformedMessage
 
     rel = _site_releases(seed=3, rounds=1)[0][0]
     raw = encode_message("release", site=7, version=1, release=rel, block_std=np.zeros(N))

@@ -24,9 +24,9 @@ import scipy.sparse as sp
 from models.streaming import ReleasedStats
 from models.streaming.solve import solve_sparse
 from pipeline import services
-from pipeline.catalog import load_catalog
-from pipeline.keys import PublicKeys
-from pipeline.settings import Settings
+from pipeline.data.catalog import load_catalog
+from pipeline.config.keys import PublicKeys
+from pipeline.config.settings import Settings
 from privrec.cli import main
 from producers.lastfm.raw import resolve_data_dir
 
@@ -54,10 +54,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Servi
     started = []
     try:
         started.append(services.start_process(
-            "worker-0", [sys.executable, "-m", "pipeline.worker"], tmp, env=env, timeout=120,
+            "worker-0", [sys.executable, "-m", "pipeline.apps.worker"], tmp, env=env, timeout=120,
             ready=lambda: bool(client.hgetall(f"{NS}:ops:{{{NS}:ops}}:workers"))))
         port = services.free_port()
-        web = services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], tmp,
+        web = services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], tmp,
                                      env=env, address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
         started.append(web)
         out = tmp / "replay"
@@ -159,8 +159,8 @@ def test_goblin_over_every_user_releases_the_laplacian_and_serves_its_solve(redi
     except Exception:
         pytest.skip("the HetRec LastFM data directory is not available (set PRIVREC_DATA_DIR)")
     from models.streaming import UnitStats
-    from pipeline.stages import ReleaseStage, SolveStage
-    from pipeline.trusted import TrustedStore
+    from pipeline.release.stages import ReleaseStage, SolveStage
+    from pipeline.state.trusted import TrustedStore
 
     # without noise, so that an idle user's model can only come from the graph (the CoLin stack runs at eps = 2)
     s = Settings.from_mapping({"catalog": "lastfm", "graph": "users", "algorithm": "goblin", "epsilon": "inf",

@@ -1,5 +1,5 @@
 """The HTTP API against real services: a fresh broker, the session's redis-server, a worker
-and ``python -m pipeline.web``, all as processes; requests over loopback.
+and ``python -m pipeline.apps.web``, all as processes; requests over loopback.
 
 Every error of ``/recommend`` and ``/feedback`` answers a 4xx JSON
 ``{"error": {"parameter", "message"}}`` naming the parameter; the success path is
@@ -23,8 +23,8 @@ import pytest
 import redis
 from kafka import KafkaConsumer
 
-from pipeline.keys import PublicKeys
-from pipeline.settings import DEFAULT_MECHANISM
+from pipeline.config.keys import PublicKeys
+from pipeline.config.settings import DEFAULT_MECHANISM
 from pipeline import services
 from privrec.bench.serve import LocalStack, local_stack
 
@@ -389,7 +389,7 @@ def test_no_model_yet_is_503(stack: LocalStack, tmp_path: Path) -> None:
     """A web server on a namespace no worker has published to: 503 with a JSON error, not a crash."""
     env = {**stack.env, "PRIVREC_NAMESPACE": "http-empty"}
     port = services.free_port()
-    web = services.start_process("web-empty", [sys.executable, "-m", "pipeline.web", "--port", str(port)], tmp_path,
+    web = services.start_process("web-empty", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], tmp_path,
                                  env=env, address=f"127.0.0.1:{port}")
     try:
         empty = LocalStack(tmp_path, "http-empty", env, stack.broker, stack.redis_url, web)

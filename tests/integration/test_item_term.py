@@ -22,10 +22,10 @@ from models.ground.items import ReleasedItems, popularity_feature
 from models.mechanisms import make_mechanism
 from models.mechanisms.participation import replace_sensitivity
 from pipeline import services
-from pipeline.keys import PublicKeys
-from pipeline.records import parse_interaction
-from pipeline.stages import ITEM_MECHANISM, ITEM_STREAM, ITEM_THRESHOLD_STDS, item_term
-from pipeline.trusted import TrustedKeys
+from pipeline.config.keys import PublicKeys
+from pipeline.data.records import parse_interaction
+from pipeline.release.stages import ITEM_MECHANISM, ITEM_STREAM, ITEM_THRESHOLD_STDS, item_term
+from pipeline.state.trusted import TrustedKeys
 
 from pipeline_support import Stack, open_stack, produce, wait_for
 
@@ -84,7 +84,7 @@ def test_noise_off_released_item_sums_are_exact_and_served(stack: Stack) -> None
     # the listens counted in the bandit statistic with weight 0.2 (noise off): check one unit's b exactly
     cat = stack.catalog()
     from models.streaming import UnitStats
-    from pipeline.trusted import TrustedStore
+    from pipeline.state.trusted import TrustedStore
 
     s = stack.settings()
     streamed, _ = TrustedStore(stack.client, s.namespace).snapshot(s.partitions, cat.n_units, cat.d)

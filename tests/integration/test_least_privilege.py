@@ -35,12 +35,13 @@ import redis
 from kafka import KafkaProducer
 
 from models.accounting import gdp_epsilon, gdp_mu
-from pipeline import acl, services
-from pipeline.federation import site_namespace
-from pipeline.keys import PUBLIC_KINDS
-from pipeline.ledger import LedgerRecord
-from pipeline.settings import Settings
-from pipeline.trusted import TrustedKeys, make_durable
+from pipeline.config import acl
+from pipeline import services
+from pipeline.modes.federated.federation import site_namespace
+from pipeline.config.keys import PUBLIC_KINDS
+from pipeline.config.ledger import LedgerRecord
+from pipeline.config.settings import Settings
+from pipeline.state.trusted import TrustedKeys, make_durable
 from privrec import ops
 from privrec.ops.redis_users import role_redis_url
 from privrec.ops.stackfile import OpsError
@@ -50,7 +51,7 @@ from pipeline_support import REPO, wait_for
 pytestmark = pytest.mark.integration
 
 WORLD = dict(d=4, n_users=6, n_arms=30, tick_seconds=0.3, partitions=1)
-#: Kinds the web may read (besides its own ``recs``): the public layout of pipeline.keys and pipeline.acl.
+#: Kinds the web may read (besides its own ``recs``): the public layout of pipeline.config.keys and pipeline.config.acl.
 READABLE = {*PUBLIC_KINDS, "ledger", "ops", "recs"}
 
 

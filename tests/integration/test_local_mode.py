@@ -32,9 +32,9 @@ from models.local import FileStorage, LocalClient, LocalConfig, LocalReport
 from models.local.aggregate import clip_context
 from models.streaming import ReleasedStats, UnitStats
 from pipeline import services
-from pipeline.catalog import load_catalog
-from pipeline.ingest import IngestProcessor
-from pipeline.settings import Settings
+from pipeline.data.catalog import load_catalog
+from pipeline.ingestion.ingest import IngestProcessor
+from pipeline.config.settings import Settings
 from privrec.bench.serve import LocalStack, local_stack
 
 from pipeline_support import wait_for
@@ -296,7 +296,7 @@ def test_kill9_mid_stream_and_a_restarted_device_count_nothing_twice_and_redraw_
     prod.send("ldp-reports", key=b"2", value=queued.to_json()).get(timeout=10)
     prod.close()
     env = {**st.env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    st.handles.append(services.start_process("worker-0", [sys.executable, "-m", "pipeline.worker"], st.state_dir,
+    st.handles.append(services.start_process("worker-0", [sys.executable, "-m", "pipeline.apps.worker"], st.state_dir,
                                              env=env, timeout=60))
     _wait_released(st, start + len(sent))
     time.sleep(1.5)  # the repeat, were it counted, would show in a later release

@@ -1,7 +1,7 @@
 """A catalog directory on the real stack (broker, redis, worker, HTTP server): new users, all items, replays.
 
 Nothing mocked: a generated catalog (string ids, non-ASCII names, tags, a friend graph) is served by a real
-faust worker and ``pipeline.web``; users the catalog does not list are served and learned from.
+faust worker and ``pipeline.apps.web``; users the catalog does not list are served and learned from.
 """
 
 from __future__ import annotations
@@ -72,10 +72,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Servi
     started = []
     try:
         started.append(services.start_process(
-            "worker-0", [sys.executable, "-m", "pipeline.worker"], tmp, env=env, timeout=90,
+            "worker-0", [sys.executable, "-m", "pipeline.apps.worker"], tmp, env=env, timeout=90,
             ready=lambda: bool(client.hgetall("ow:ops:{ow:ops}:workers"))))
         port = services.free_port()
-        web = services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], tmp,
+        web = services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], tmp,
                                      env=env, address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
         started.append(web)
         wait_for(lambda: _get(f"{web.url}/healthz")[0] == 200, 60, "a first model")
@@ -247,9 +247,9 @@ def test_the_item_sums_are_sized_at_start_and_take_items_added_later(redis_clien
                                                                       tmp_path: Path) -> None:
     """Ingest on the real redis-server: the item term's sums have the capacity's coordinates from the start, an
     item added while running fills the next one, an item beyond the capacity is learned from with no sum."""
-    from pipeline.catalog_open import OpenCatalog
-    from pipeline.ingest import IngestProcessor
-    from pipeline.trusted import TrustedStore
+    from pipeline.data.catalog_open import OpenCatalog
+    from pipeline.ingestion.ingest import IngestProcessor
+    from pipeline.state.trusted import TrustedStore
     from producers.catalog import build_catalog
 
     root = write_catalog(tmp_path / "small", n_items=10, n_users=4, seed=3, edges=False)

@@ -26,9 +26,9 @@ import aiohttp
 import pytest
 import redis
 
-from pipeline.keys import PublicKeys
-from pipeline.outbox import OutboxKeys
-from pipeline.settings import Settings
+from pipeline.config.keys import PublicKeys
+from pipeline.serve.outbox import OutboxKeys
+from pipeline.config.settings import Settings
 from privrec import ops
 
 from pipeline_support import admin_url, alive, released_events, wait_for
@@ -264,7 +264,7 @@ def test_broker_down_is_202_into_the_outbox_and_redis_down_is_503(tmp_path: Path
         port = services.free_port()
         env = {**os.environ, **WORLD, "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": rds.url,
                "PRIVREC_NAMESPACE": "down", "PRIVREC_STATE_DIR": str(tmp_path)}
-        web = services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], tmp_path,
+        web = services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], tmp_path,
                                      env=env, address=f"127.0.0.1:{port}")
         url = f"http://127.0.0.1:{port}/listen"
         assert _post(url, {"user": "1", "item": "3"})[0] == 202
@@ -302,7 +302,7 @@ def test_broker_down_is_202_into_the_outbox_and_redis_down_is_503(tmp_path: Path
 def test_where_a_lost_log_was_counted_to_is_recorded(redis_client: redis.Redis) -> None:
     """Adopting a new broker (a worker) or resetting the offsets (``privrec up``, the repair) records, per
     partition, the next offset the old log would have been counted from — what the outbox re-sends beyond."""
-    from pipeline.trusted import TrustedStore
+    from pipeline.state.trusted import TrustedStore
 
     store = TrustedStore(redis_client, "lost")
     public = PublicKeys("lost")
@@ -334,7 +334,7 @@ def test_a_forwarder_killed_between_the_acks_and_their_record_counts_nothing_twi
     from pipeline_support import open_stack
 
     def web(env: dict[str, str], port: int) -> services.ServiceHandle:
-        return services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], tmp_path,
+        return services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], tmp_path,
                                       env={**os.environ, **env}, address=f"127.0.0.1:{port}")
 
     def feedback(base: str, user: str) -> int:
@@ -384,12 +384,13 @@ def test_a_forwarder_killed_between_the_acks_and_their_record_counts_nothing_twi
 
 
 def test_the_web_role_may_use_its_outbox_and_nothing_trusted(tmp_path: Path) -> None:
-    """Under the ACL users of :func:`pipeline.acl.global_rules`, the web role enqueues (the claim and the event in
+    """Under the ACL users of :func:`pipeline.config.acl.global_rules`, the web role enqueues (the claim and the event in
     one script), takes the forwarding lease, records positions and reads the retired logs; it still cannot read
     an offset (a trusted key)."""
-    from pipeline import acl, services
-    from pipeline.outbox import ENQUEUE_SCRIPT, LEASE_SCRIPT
-    from pipeline.trusted import TrustedKeys
+    from pipeline.config import acl
+    from pipeline import services
+    from pipeline.serve.outbox import ENQUEUE_SCRIPT, LEASE_SCRIPT
+    from pipeline.state.trusted import TrustedKeys
 
     handle = services.start_redis(tmp_path, name="redis-acl-outbox")
     try:

@@ -1,6 +1,6 @@
 """The streaming pipeline against a real Tansu broker and a real redis-server.
 
-Workers run as real processes (``python -m pipeline.worker``); events are
+Workers run as real processes (``python -m pipeline.apps.worker``); events are
 produced with kafka-python; results are compared with the offline ``models``
 computation on the same events.
 """
@@ -17,9 +17,9 @@ import pytest
 from models.ground.linalg import ucb_scores
 from models.streaming import ReleasedStats, Releaser, solve
 from pipeline import services
-from pipeline.serving import Recommender
-from pipeline.stages import projection
-from pipeline.trusted import TrustedStore
+from pipeline.serve.serving import Recommender
+from pipeline.release.stages import projection
+from pipeline.state.trusted import TrustedStore
 
 from pipeline_support import (Stack, Stream, assert_exact, assert_releases_deterministic, offline_stats, open_stack,
                               produce, synthetic_events, wait_for)

@@ -34,13 +34,13 @@ from models.policies.baselines import make_baseline
 from models.ground.linalg import ucb_scores
 from models.streaming import UnitStats
 from pipeline import services
-from pipeline.baseline_release import build_baseline
-from pipeline.catalog import SyntheticCatalog
-from pipeline.keys import PublicKeys
-from pipeline.records import parse_interaction
-from pipeline.serving import Recommender
-from pipeline.settings import BASELINE_ALGORITHMS
-from pipeline.trusted import TrustedKeys, TrustedStore
+from pipeline.release.baseline_release import build_baseline
+from pipeline.data.catalog import SyntheticCatalog
+from pipeline.config.keys import PublicKeys
+from pipeline.data.records import parse_interaction
+from pipeline.serve.serving import Recommender
+from pipeline.config.settings import BASELINE_ALGORITHMS
+from pipeline.state.trusted import TrustedKeys, TrustedStore
 
 from pipeline_support import WORLD, Stack, offline_stats, produce, synthetic_events, wait_for
 

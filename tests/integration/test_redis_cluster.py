@@ -48,7 +48,7 @@ def test_the_stack_runs_on_a_three_node_redis_cluster(tmp_path: Path, cluster: l
         assert_releases_deterministic(stack, catalog, stream.produced, stream.watcher, "colin")
         # and the web serves from the cluster
         port = services.free_port()
-        web = services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)],
+        web = services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)],
                                      stack.state_dir, env={**os.environ, **stack.env}, timeout=60,
                                      address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}",
                                      ready=lambda: _ok(f"http://127.0.0.1:{port}/healthz"))

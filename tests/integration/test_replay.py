@@ -42,10 +42,10 @@ def lastfm_stack(tmp_path_factory: pytest.TempPathFactory, redis_server: service
     started = []
     try:
         started.append(services.start_process(
-            "worker-0", [sys.executable, "-m", "pipeline.worker"], tmp, env=env, timeout=90,
+            "worker-0", [sys.executable, "-m", "pipeline.apps.worker"], tmp, env=env, timeout=90,
             ready=lambda: bool(client.hgetall("lf:ops:{lf:ops}:workers"))))
         port = services.free_port()
-        web = services.start_process("web", [sys.executable, "-m", "pipeline.web", "--port", str(port)], tmp,
+        web = services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], tmp,
                                      env=env, address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
         started.append(web)
         yield web.url

@@ -14,9 +14,9 @@ import pytest
 import redis
 
 from pipeline import services
-from pipeline.keys import PublicKeys, partition_of
-from pipeline.serving import BadRequest, Recommender
-from pipeline.trusted import TrustedStore
+from pipeline.config.keys import PublicKeys, partition_of
+from pipeline.serve.serving import BadRequest, Recommender
+from pipeline.state.trusted import TrustedStore
 
 from pipeline_support import Stack, open_stack, synthetic_events, wait_for
 
@@ -135,8 +135,8 @@ def test_serving_reads_only_released_and_model_keys(running: Stack) -> None:
 
 
 def test_serving_module_cannot_reach_trusted_keys() -> None:
-    code = ("import sys, pipeline.serving\n"
-            "print('pipeline.trusted' in sys.modules, hasattr(pipeline.serving, 'TrustedKeys'))")
+    code = ("import sys, pipeline.serve.serving\n"
+            "print('pipeline.state.trusted' in sys.modules, hasattr(pipeline.serve.serving, 'TrustedKeys'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[2]))
     assert out.stdout.split() == ["False", "False"]

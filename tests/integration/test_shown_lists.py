@@ -1,8 +1,8 @@
-"""The shown lists written behind ``/recommend``'s answer (:mod:`pipeline.shown`): what feedback sees, what a crash costs.
+"""The shown lists written behind ``/recommend``'s answer (:mod:`pipeline.serve.shown`): what feedback sees, what a crash costs.
 
-A real ``pipeline.web`` app in its own process, over the session's broker and redis-server, with a model
+A real ``pipeline.apps.web`` app in its own process, over the session's broker and redis-server, with a model
 published in-process by the worker's own stages. The write-behind window is held open (60 s, set on the
-app's :class:`~pipeline.shown.ShownLists` at start-up) so that lists are certainly pending when the test acts:
+app's :class:`~pipeline.serve.shown.ShownLists` at start-up) so that lists are certainly pending when the test acts:
 
 * a feedback on a pending list is accepted (202) and its event is on ``interactions``, though the list is
   not in Redis yet;
@@ -29,9 +29,9 @@ import redis
 from kafka import KafkaConsumer
 
 from pipeline import services
-from pipeline.catalog import SyntheticCatalog
-from pipeline.keys import PublicKeys
-from pipeline.settings import Settings
+from pipeline.data.catalog import SyntheticCatalog
+from pipeline.config.keys import PublicKeys
+from pipeline.config.settings import Settings
 
 from pipeline_support import publish_model, wait_for
 
@@ -39,14 +39,14 @@ pytestmark = pytest.mark.integration
 
 N_USERS, D, N_ARMS = 6, 5, 30
 
-#: the app of ``pipeline.web`` with its write-behind window set from argv (seconds) once it has started
+#: the app of ``pipeline.apps.web`` with its write-behind window set from argv (seconds) once it has started
 LAUNCHER = """
 import sys
 from aiohttp import web
-from pipeline.catalog import load_catalog
-from pipeline.settings import Settings
-from pipeline.shown import SHOWN
-from pipeline.web import create_web_app
+from pipeline.data.catalog import load_catalog
+from pipeline.config.settings import Settings
+from pipeline.serve.shown import SHOWN
+from pipeline.apps.web import create_web_app
 
 settings = Settings.from_mapping({})
 app = create_web_app(settings, load_catalog(settings))
@@ -157,7 +157,7 @@ def test_feedback_on_a_pending_list_is_accepted_and_a_crash_loses_only_pending_l
     ids = {answered["rec_id"], unanswered["rec_id"]}
     assert _on_topic(broker, "recommendations", ids, "rec_id") == set()  # neither was logged
     # the feedback acknowledged before the crash reaches interactions: it was in the durable outbox, which the
-    # restarted server's forwarder drains (pipeline/outbox.py)
+    # restarted server's forwarder drains (pipeline/serve/outbox.py)
     wait_for(lambda: _on_topic(broker, "interactions", {acc["event_id"]}, "event_id") == {acc["event_id"]}, 30,
              "the acknowledged feedback on interactions")
 

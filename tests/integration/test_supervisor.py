@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from pipeline import services
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 from privrec import ops
 from privrec.ops.relaunch import SUPERVISOR
 

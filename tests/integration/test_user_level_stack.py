@@ -23,8 +23,8 @@ import pytest
 
 from models.streaming import ReleasedStats
 from pipeline import services
-from pipeline.keys import PublicKeys
-from pipeline.ledger import LedgerRecord
+from pipeline.config.keys import PublicKeys
+from pipeline.config.ledger import LedgerRecord
 
 from pipeline_support import REPO, Stack, open_stack, wait_for
 
@@ -158,7 +158,7 @@ def _partition_of(stack: Stack, user: str) -> int:
 def _start_web(stack: Stack) -> services.ServiceHandle:
     port = services.free_port()
     env = {**__import__("os").environ, **stack.env, "PYTHONPATH": str(REPO)}
-    return services.start_process("web", [sys.executable, "-m", "pipeline.web", "--host", "127.0.0.1", "--port",
+    return services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--host", "127.0.0.1", "--port",
                                           str(port)], stack.state_dir, env=env, address=f"127.0.0.1:{port}",
                                   ready=lambda: _get_json(f"http://127.0.0.1:{port}/healthz") is not None)
 

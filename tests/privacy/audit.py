@@ -8,7 +8,7 @@ items; one user's, or one interaction's, private part differs) therefore give re
 ``w . y`` with ``w = Sigma^{-1} (m_B - m_A)``: its Gaussian-DP ``mu`` is ``w . (m_B - m_A) / sd(w . N)``.
 
 :func:`run_stream` drives the real code for one stream — ``parse_batch`` inside ``UserIngestProcessor`` /
-``IngestProcessor``, the fold (:class:`pipeline.userlevel.Folder`, inside :meth:`ReleaseStage.tick`), the release
+``IngestProcessor``, the fold (:class:`pipeline.state.userlevel.Folder`, inside :meth:`ReleaseStage.tick`), the release
 stage with its own mechanisms — against a real ``redis-server``, and records what each tick handed the mechanisms
 (the trusted snapshot the tick read). :class:`StageNeighbours` then re-releases those inputs through the stage's own
 ``Releaser`` and item mechanism, each trial with another secret seed (the mechanism object the stage built, keyed by
@@ -35,12 +35,12 @@ from models.ground.noise import KeyedNoise
 from models.mechanisms import Mechanism
 from models.ground.items import ReleasedItems
 from models.streaming import ReleasedStats, UnitStats
-from pipeline.catalog import Catalog
-from pipeline.agents import make_processor
-from pipeline.keys import PublicKeys
-from pipeline.settings import Settings
-from pipeline.stages import ReleaseStage
-from pipeline.trusted import TrustedKeys
+from pipeline.data.catalog import Catalog
+from pipeline.ingestion.agents import make_processor
+from pipeline.config.keys import PublicKeys
+from pipeline.config.settings import Settings
+from pipeline.release.stages import ReleaseStage
+from pipeline.state.trusted import TrustedKeys
 
 __all__ = ["Trace", "run_stream", "reseeded", "StageReleases", "StageNeighbours", "Neighbours", "Estimate",
            "distinguish", "claimed_mu", "margin", "event", "ALPHA"]

@@ -30,9 +30,9 @@ from kafka.partitioner.default import murmur2
 
 from models.accounting import gdp_mu
 from models.local import LocalClient, LocalConfig, MemoryStorage
-from pipeline.catalog import SyntheticCatalog
-from pipeline.settings import Settings
-from pipeline.sites import SiteCatalog, SiteReleaseStage, site_settings
+from pipeline.data.catalog import SyntheticCatalog
+from pipeline.config.settings import Settings
+from pipeline.modes.federated.sites import SiteCatalog, SiteReleaseStage, site_settings
 
 from .audit import (Estimate, Neighbours, StageNeighbours, StageReleases, claimed_mu, distinguish, event, reseeded,
                     run_stream)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from models.accounting import gdp_epsilon, gdp_mu
-from pipeline import acl
-from pipeline.ledger import LedgerRecord, LifetimeBudget, with_budget
-from pipeline.local_http import report_limit
-from pipeline.settings import Settings, SettingsError
+from pipeline.config import acl
+from pipeline.config.ledger import LedgerRecord, LifetimeBudget, with_budget
+from pipeline.modes.local.local_http import report_limit
+from pipeline.config.settings import Settings, SettingsError
 
 DELTA = 1e-5
 

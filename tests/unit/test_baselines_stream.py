@@ -162,7 +162,7 @@ def test_bad_stream_inputs_name_the_parameter() -> None:
 def test_settings_select_the_baselines_and_record_their_own_mechanism() -> None:
     import argparse
 
-    from pipeline.settings import ALGORITHMS, BASELINE_ALGORITHMS, Settings, add_arguments
+    from pipeline.config.settings import ALGORITHMS, BASELINE_ALGORITHMS, Settings, add_arguments
 
     assert set(BASELINE_ALGORITHMS.values()) == set(BASELINES) and set(BASELINE_ALGORITHMS) <= set(ALGORITHMS)
     s = Settings.from_mapping({"algorithm": "ss-wishart", "mechanism": "paper"}, environ={})
@@ -179,10 +179,10 @@ def test_settings_select_the_baselines_and_record_their_own_mechanism() -> None:
 @pytest.mark.parametrize("algorithm", ["ss-gaussian", "ss-gaussian-tight", "ss-wishart", "dgs-laplace",
                                        "dgs-gaussian"])
 def test_privacy_statement_of_each_baseline(algorithm: str) -> None:
-    from pipeline.catalog import SyntheticCatalog
-    from pipeline.baseline_release import build_baseline
-    from pipeline.settings import Settings
-    from pipeline.stages import privacy_statement
+    from pipeline.data.catalog import SyntheticCatalog
+    from pipeline.release.baseline_release import build_baseline
+    from pipeline.config.settings import Settings
+    from pipeline.release.stages import privacy_statement
 
     cat = SyntheticCatalog(n_users=3, d=4, n_arms=20, seed=0)
     s = Settings.from_mapping({"algorithm": algorithm, "epsilon": "2", "tree_levels": "6"}, environ={})

@@ -1,4 +1,4 @@
-"""Catalog directories (producers.catalog, pipeline.catalog_open): shapes, features, units, cache, bad input."""
+"""Catalog directories (producers.catalog, pipeline.data.catalog_open): shapes, features, units, cache, bad input."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.catalog import load_catalog
-from pipeline.catalog_open import OpenCatalog
-from pipeline.settings import Settings, SettingsError
+from pipeline.data.catalog import load_catalog
+from pipeline.data.catalog_open import OpenCatalog
+from pipeline.config.settings import Settings, SettingsError
 from producers.catalog import CatalogFormatError, build_catalog, hash_unit
 from producers.catalog.format import read_events
 from producers.catalog.generate import write_catalog
@@ -183,7 +183,7 @@ def test_settings_take_a_catalog_directory(tmp_path: Path, monkeypatch: pytest.M
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ranking_every_item_in_float32_gives_the_float64_order(seed: int) -> None:
     from models.ground.linalg import ucb_scores
-    from pipeline.serving import RANKED, rank_catalog
+    from pipeline.serve.serving import RANKED, rank_catalog
 
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(20_000, 25))

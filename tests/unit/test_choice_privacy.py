@@ -16,12 +16,12 @@ import pytest
 
 from models.mechanisms import make_mechanism
 from models.mechanisms.participation import B_CLIP, ITEM_CLIP, clip_scale, replace_sensitivity
-from pipeline.catalog import SyntheticCatalog
-from pipeline.keys import partition_of
-from pipeline.records import parse_batch
-from pipeline.settings import Settings
-from pipeline.stages import privacy_statement, user_level_statement
-from pipeline.userlevel import Contribution
+from pipeline.data.catalog import SyntheticCatalog
+from pipeline.config.keys import partition_of
+from pipeline.data.records import parse_batch
+from pipeline.config.settings import Settings
+from pipeline.release.stages import privacy_statement, user_level_statement
+from pipeline.state.userlevel import Contribution
 
 CAT = SyntheticCatalog(n_users=6, d=4, n_arms=30, seed=0)
 
@@ -89,7 +89,7 @@ def test_partition_of_is_kafkas_default_partitioner_on_the_user_key() -> None:
 def test_the_user_level_fold_of_neighbours_differs_only_in_b_and_never_beyond_the_calibrated_difference() -> None:
     """Through the worker's per-user accumulation (the real code), two neighbouring ticks of one user: the Gram is
     the same, and after clipping b differs by at most 2 b_clip (the sensitivity the release is calibrated to)."""
-    from pipeline.ingest import UserIngestProcessor
+    from pipeline.ingestion.ingest import UserIngestProcessor
 
     proc = object.__new__(UserIngestProcessor)
     proc.listen_weight, proc.n_items = 1.0, 30

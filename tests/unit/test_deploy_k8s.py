@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the test extra")
 
@@ -155,7 +155,7 @@ def test_the_web_serves_its_port_with_probes_behind_the_service() -> None:
     web = _one("Deployment", "privrec-web")
     (container,) = web["spec"]["template"]["spec"]["containers"]
     command = container["command"]
-    assert command[:3] == ["python", "-m", "pipeline.web"]
+    assert command[:3] == ["python", "-m", "pipeline.apps.web"]
     port = int(command[command.index("--port") + 1])
     assert {"name": "http", "containerPort": port} in container["ports"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -200,8 +200,8 @@ def test_every_path_the_processes_write_is_a_writable_volume() -> None:
                 return max(found, key=lambda m: len(m["mountPath"]))
 
             writable = ["/tmp"]
-            if "pipeline.worker" in " ".join(c["command"]):
-                writable.append(env["PRIVREC_STATE_DIR"] + "/faust")  # pipeline.app: $PRIVREC_STATE_DIR/faust
+            if "pipeline.apps.worker" in " ".join(c["command"]):
+                writable.append(env["PRIVREC_STATE_DIR"] + "/faust")  # pipeline.apps.worker_app: $PRIVREC_STATE_DIR/faust
             if settings.catalog == "lastfm":
                 assert "PRIVREC_CACHE_DIR" in env, f"{c['name']}: the LastFM cache would go to ~/.cache (read-only)"
                 writable.append(env["PRIVREC_CACHE_DIR"])

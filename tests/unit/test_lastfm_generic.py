@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.catalog import LastFMCatalogAdapter, load_catalog
-from pipeline.catalog_open import LastFMOpenCatalog
-from pipeline.settings import Settings
+from pipeline.data.catalog import LastFMCatalogAdapter, load_catalog
+from pipeline.data.catalog_open import LastFMOpenCatalog
+from pipeline.config.settings import Settings
 from producers.catalog import read_events
 from producers.lastfm import load_catalog as load_lastfm
 from producers.lastfm.raw import data_dir_or_reason

@@ -35,9 +35,9 @@ def test_a_wrong_way_import_breaks_a_contract(tmp_path: Path) -> None:
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     base = tmp_path / "models" / "mechanisms" / "base.py"
     base.write_text(base.read_text() + "\nfrom models.policies import kronecker  # wrong way: mechanisms -> policies\n")
-    serving = tmp_path / "pipeline" / "serving.py"
-    serving.write_text(serving.read_text() + "\nfrom pipeline import trusted  # serving -> trusted store\n")
+    serving = tmp_path / "pipeline" / "serve" / "serving.py"
+    serving.write_text(serving.read_text() + "\nfrom pipeline.state import trusted  # serving -> trusted store\n")
     out = _lint(tmp_path)
     assert out.returncode != 0
     assert "models.mechanisms is not allowed to import models.policies" in out.stdout
-    assert "pipeline.serving is not allowed to import pipeline.trusted" in out.stdout
+    assert "pipeline.serve.serving is not allowed to import pipeline.state" in out.stdout

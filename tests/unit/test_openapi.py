@@ -1,9 +1,9 @@
-"""The HTTP API's OpenAPI document (:mod:`pipeline.openapi`): valid OpenAPI 3, and in step with the app's routes.
+"""The HTTP API's OpenAPI document (:mod:`pipeline.serve.openapi`): valid OpenAPI 3, and in step with the app's routes.
 
 The apps are built (not started: the Redis client connects lazily, there is no Kafka) in each mode, and
 every route registered on ``app.router`` must be in the document with its method, and every operation of
-the document must be a registered route. A route added to ``pipeline.web`` (or ``pipeline.local_http``)
-without its entry in ``pipeline.openapi`` fails here; so does an entry left behind by a removed route.
+the document must be a registered route. A route added to ``pipeline.apps.web`` (or ``pipeline.modes.local.local_http``)
+without its entry in ``pipeline.serve.openapi`` fails here; so does an entry left behind by a removed route.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 
-from pipeline.catalog import SyntheticCatalog
-from pipeline.openapi import openapi_document
-from pipeline.settings import Settings
-from pipeline.web import create_web_app
+from pipeline.data.catalog import SyntheticCatalog
+from pipeline.serve.openapi import openapi_document
+from pipeline.config.settings import Settings
+from pipeline.apps.web import create_web_app
 
 #: no server listens here: the app is only built, its lazily connecting Redis client never used
 _URL = "redis://127.0.0.1:9/0"
@@ -62,8 +62,8 @@ def test_the_document_is_valid_openapi_3() -> None:
 def test_every_route_is_documented_and_every_operation_routed(mode: str) -> None:
     app = _app(mode)
     routes, ops = registered(app), documented(openapi_document())
-    assert routes - ops == set(), f"routes of the app missing from pipeline/openapi.py: {sorted(routes - ops)}"
-    assert ops - routes == set(), f"operations of pipeline/openapi.py no route serves: {sorted(ops - routes)}"
+    assert routes - ops == set(), f"routes of the app missing from pipeline/serve/openapi.py: {sorted(routes - ops)}"
+    assert ops - routes == set(), f"operations of pipeline/serve/openapi.py no route serves: {sorted(ops - routes)}"
 
 
 def test_the_check_catches_an_undocumented_route() -> None:

@@ -4,7 +4,7 @@ The files cannot be run here (no Docker engine, no Kafka cluster, systemd is not
 checks catch the drift that would break them: a renamed setting, an invalid default, a command
 or flag that no longer exists. The environment every deploy file gives a process (compose,
 systemd, Procfile, k8s) is rebuilt and checked name by name and value by value against what the
-code reads (pipeline.settings, and the os.environ reads found in the source).
+code reads (pipeline.config.settings, and the os.environ reads found in the source).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.settings import Settings, SettingsError, env_name
+from pipeline.config.settings import Settings, SettingsError, env_name
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -44,7 +44,7 @@ def _host(v: str) -> bool:
 
 
 #: Process-level variables (not settings) that deploy files may set, each with the values the code accepts
-#: (pipeline.app: metrics port 0..65535, 0 = a free one; pipeline.web: --port from PRIVREC_HTTP_PORT; the
+#: (pipeline.apps.worker_app: metrics port 0..65535, 0 = a free one; pipeline.apps.web: --port from PRIVREC_HTTP_PORT; the
 #: log level goes to logging.basicConfig). Each must be one the code reads (CODE_VARS).
 PROCESS_VARS: dict[str, Callable[[str], bool]] = {
     "PRIVREC_WORKER_ID": bool,
@@ -197,16 +197,16 @@ def test_the_environment_check_can_fail(bad: dict[str, str]) -> None:
 
 
 def test_commands_name_existing_modules_and_flags() -> None:
-    web = (REPO / "pipeline" / "web.py").read_text()
+    web = (REPO / "pipeline" / "apps" / "web.py").read_text()
     found = set()
     for path in DEPLOY_FILES:
         text = path.read_text()
-        for module in re.findall(r"-m\"?,? \"?(pipeline\.[a-z_]+)", text):
+        for module in re.findall(r"-m\"?,? \"?(pipeline(?:\.[a-z_]+)+)", text):
             assert importlib.util.find_spec(module) is not None, f"{path.name}: no module {module}"
             found.add((path.name, module))
-        if "pipeline.web" in text:
+        if "pipeline.apps.web" in text:
             assert '"--host"' in web and '"--port"' in web
-    assert {m for _, m in found} == {"pipeline.worker", "pipeline.web"}
+    assert {m for _, m in found} == {"pipeline.apps.worker", "pipeline.apps.web"}
     assert {f for f, _ in found} >= {"docker-compose.yml", "Procfile", "privrec-worker@.service",
                                       "privrec-web.service", "Dockerfile"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.settings import Settings
+from pipeline.config.settings import Settings
 from privrec import ops
 from privrec.cli import build_parser
 

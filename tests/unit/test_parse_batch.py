@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from models.streaming import UnitStats
-from pipeline.catalog import SyntheticCatalog
-from pipeline.records import MalformedEvent, parse_batch, parse_interaction
+from pipeline.data.catalog import SyntheticCatalog
+from pipeline.data.records import MalformedEvent, parse_batch, parse_interaction
 
 CAT = SyntheticCatalog(n_users=6, d=5, n_arms=40, seed=0)
 HUGE = "1" + "0" * 400

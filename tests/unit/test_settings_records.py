@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.catalog import SyntheticCatalog, load_catalog
-from pipeline.records import MalformedEvent, dead_letter_value, parse_interaction
-from pipeline.settings import Settings, SettingsError
+from pipeline.data.catalog import SyntheticCatalog, load_catalog
+from pipeline.data.records import MalformedEvent, dead_letter_value, parse_interaction
+from pipeline.config.settings import Settings, SettingsError
 
 
 def test_flags_override_environment_over_defaults() -> None:
@@ -133,8 +133,8 @@ def test_dead_letter_value_keeps_the_original_bytes() -> None:
 
 
 def test_kafka_security_settings_reach_every_client(tmp_path) -> None:
-    """SASL/TLS settings: validated, and turned into aiokafka options (pipeline.kafkaconn)."""
-    from pipeline.kafkaconn import client_kwargs, faust_credentials
+    """SASL/TLS settings: validated, and turned into aiokafka options (pipeline.config.kafkaconn)."""
+    from pipeline.config.kafkaconn import client_kwargs, faust_credentials
 
     with pytest.raises(SettingsError, match="needs a user name and a password"):
         Settings(kafka="k:9093", kafka_security_protocol="SASL_SSL")

@@ -22,8 +22,8 @@ from models.mechanisms.participation import (
     tree_bound,
     tree_matrix,
 )
-from pipeline.ledger import LedgerRecord, spent_mu
-from pipeline.userlevel import Contribution, decode_contribution, encode_contribution
+from pipeline.config.ledger import LedgerRecord, spent_mu
+from pipeline.state.userlevel import Contribution, decode_contribution, encode_contribution
 
 
 @pytest.mark.parametrize("p", [3, 4])
@@ -179,7 +179,7 @@ def test_experiment_userlevel_refuses_bad_numbers(tmp_path: Path, capsys: pytest
     ({"privacy_unit": "event"}, "event"),
 ])
 def test_the_protected_unit_in_force(overrides: dict[str, object], unit: str) -> None:
-    from pipeline.settings import Settings
+    from pipeline.config.settings import Settings
 
     assert Settings(**overrides).unit_in_force == unit  # type: ignore[arg-type]
 
@@ -194,7 +194,7 @@ def test_the_protected_unit_in_force(overrides: dict[str, object], unit: str) ->
     ({"cap_policy": "drop"}, "cap_policy"),
 ])
 def test_settings_refuse_a_user_level_they_cannot_give(overrides: dict[str, object], field: str) -> None:
-    from pipeline.settings import Settings, SettingsError
+    from pipeline.config.settings import Settings, SettingsError
 
     with pytest.raises(SettingsError) as exc:
         Settings(**overrides)  # type: ignore[arg-type]
@@ -204,8 +204,8 @@ def test_settings_refuse_a_user_level_they_cannot_give(overrides: dict[str, obje
 def test_batched_user_contributions_equal_adding_events_one_at_a_time() -> None:
     """The worker folds a batch per user with one matrix product; the sums are the sequential loop's up to
     rounding (a few ulps of the entries' magnitude), the counts and item sums exactly."""
-    from pipeline.ingest import UserIngestProcessor
-    from pipeline.records import ParsedBatch
+    from pipeline.ingestion.ingest import UserIngestProcessor
+    from pipeline.data.records import ParsedBatch
 
     rng = np.random.default_rng(3)
     n, d, scale = 300, 5, 0.2

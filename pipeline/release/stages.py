@@ -1,0 +1,617 @@
+"""The release and solve stages (leader-only), as plain classes the faust timers call.
+
+Release (the privacy boundary of global mode): take a consistent snapshot of
+the exact statistics, feed it to the continual-release mechanism as one
+tick, **persist the new mechanism state together with the release, then
+publish** the release. A crash between the two leaves a pending release that
+:meth:`ReleaseStage.recover` publishes as it is: released noise is never
+redrawn (and, with keyed noise, could not differ anyway).
+
+Solve: turn the latest released statistics into per-unit serving models
+``(theta_u, M_u)`` with a version, written atomically.
+
+The other papers' baselines (``--algorithm ss-*`` / ``dgs-*``) keep one
+mechanism per unit (:mod:`pipeline.release.baseline_release`): their release is
+already every unit's serving model ``(theta_u, C_u, width_u)`` (post-processing
+of the noisy per-unit statistics only), persisted with the per-unit mechanism
+states before it is published, and solve copies it to the model keys with
+each unit's own ``width``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+import scipy.sparse as sp
+
+from models.policies.peruser import PerUserLinUCB, ServingModels
+from models.accounting import GDPAccountant, describe, event_to_dict
+from models.ground.items import ReleasedItems, popularity_feature
+from models.policies.dgs import DGSLinUCB, DGSTreeMechanism, first_positive_lambda_prime
+from models.ground.graphs import adjacency_from_w, goblin_projection, sensitivities
+from models.policies.jdp_linucb import SSLinUCB
+from models.mechanisms import MECHANISMS, Mechanism, TreeState, make_mechanism, noise_std
+from models.mechanisms.participation import participation_bound, participation_factor, replace_sensitivity
+from models.streaming import ReleasedStats, Releaser, solve
+from models.streaming.release import SPARSE_STRUCTURES
+from models.streaming.solve import solve_sparse
+from models.streaming.sparse import laplacian_regulariser
+
+from ..config import faults
+from .baseline_release import BaselineStateStore, build_baseline, widths_summary
+from ..data.catalog import Catalog, item_capacity
+from ..config.keys import PublicKeys
+from ..config.ledger import LifetimeBudget, with_budget
+from ..config.settings import Settings
+from ..state.trusted import TrustedStore
+from ..state.userlevel import Folder
+
+__all__ = ["ReleaseStage", "SolveStage", "projection", "privacy_statement"]
+
+
+def projection(algorithm: str, W: Any) -> tuple[str, Any]:
+    """``(structure, V)`` of an algorithm over a catalog's ``W`` (the per-unit baselines: ``linucb``'s).
+
+    A sparse ``W`` (every LastFM user, ``graph = "users"``) keeps everything sparse: CoLin is ``sparse-kron``
+    with ``V = W``; GOB.Lin is ``laplacian``, ``V = I`` and the regulariser ``I + L``
+    (:func:`regulariser`) instead of the dense projection ``(I + L)^{-1/2}`` — the same serving models.
+    """
+    if sp.issparse(W):
+        n = W.shape[0]
+        if algorithm == "colin":
+            return "sparse-kron", sp.csr_matrix(W, dtype=np.float64)
+        return ("laplacian" if algorithm == "goblin" else "linucb"), sp.identity(n, format="csr")
+    if algorithm == "linucb" or algorithm.startswith(("ss-", "dgs-")):
+        return "linucb", np.eye(W.shape[0])
+    if algorithm == "colin":
+        return "kron", np.asarray(W, dtype=np.float64)
+    return "kron", goblin_projection(adjacency_from_w(W))
+
+
+def regulariser(algorithm: str, W: Any) -> Any:
+    """GOB.Lin over a sparse ``W``: ``I + L`` of the graph ``W`` describes (``None`` for everything else)."""
+    if not (sp.issparse(W) and algorithm == "goblin"):
+        return None
+    A = sp.csr_matrix(W)
+    A = ((A + A.T) > 0).astype(np.float64)
+    return laplacian_regulariser(A)
+
+
+def privacy_statement(settings: Settings, mechanism: Mechanism | None,
+                      baseline: PerUserLinUCB | None = None, items: Mechanism | None = None) -> dict[str, Any]:
+    """What the released statistics guarantee, stated plainly (``baseline``: the ss-*/dgs-* policy).
+
+    ``items``: the item sums' mechanism, released beside the bandit statistic; the two compose exactly
+    in Gaussian DP and the statement gives the total and the split.
+    """
+    if baseline is not None:
+        return _baseline_statement(settings, baseline)
+    if mechanism is None:
+        return {"private": False, "guarantee": "none: epsilon = inf, statistics are released without noise",
+                "statistics": released_statistics(settings, None, None), **PUBLIC_AND_PROTECTED,
+                **({"item_term": {"weight": settings.item_term_weight, "released": "item reward sums, without noise"}}
+                   if settings.item_term else {})}
+    if items is not None:
+        return _composed_statement(settings, mechanism, items)
+    g = describe(mechanism.event, settings.delta)
+    return {
+        "private": True,
+        "mechanism": settings.mechanism,
+        "mechanism_about": MECHANISMS[settings.mechanism],
+        "epsilon": g.epsilon,
+        "delta": g.delta,
+        "valid": g.valid,
+        "note": g.note,
+        "neighbours": EVENT_NEIGHBOURS,
+        "scope": "every release ever published from this namespace, per interaction; a user with k "
+                 "interactions is covered at group level k",
+        "statistics": released_statistics(settings, mechanism, None),
+        **PUBLIC_AND_PROTECTED,
+    }
+
+
+#: The event-level relation the calibration covers (one interaction replaced: its reward and the user's choice).
+EVENT_NEIGHBOURS = ("event level, replace-one: two streams differing in one interaction's reward and in the user's "
+                    "choice (which shown item they acted on, which item they listened to); who arrived when and "
+                    "which items were shown are the same (public)")
+#: The user-level relation.
+USER_NEIGHBOURS = ("user level, replace: two streams differing in everything one user contributed — their rewards "
+                   "and their choices (which shown item they acted on, which items they listened to); who arrived "
+                   "when and which items were shown to them are the same (public); at most `user_cap` release "
+                   "ticks per epoch per user, each user's interactions of one tick summed and clipped")
+#: What is public and what is protected, in plain words (/budget, the page, the README say the same).
+PUBLIC_AND_PROTECTED = {
+    "protected": ["the reward of every interaction (click or skip, listen)",
+                  "which of the shown items a user acted on",
+                  "which items a user listened to of their own accord (organic listens)"],
+    "public": ["which user arrived and when (the ledger of participations, the event counts)",
+               "which items were shown to whom (the shown lists: a function of released models and the request)",
+               "the item catalog and its features, and each user's model unit (a public rule)",
+               "the Gram matrices: sums of x x^T over the items of every answered shown list — never the item the "
+               "user chose; an organic listen adds nothing to them"],
+}
+
+
+def released_statistics(settings: Settings, mechanism: Mechanism | None, items: Mechanism | None,
+                        ratio: Any = None) -> list[dict[str, Any]]:
+    """What each released statistic is, its clip and its per-tick sensitivity under the stated relation.
+
+    ``ratio`` (user level): the participation bound ``k -> B(k)/B(cap)``; each noisy statistic then also says
+    what a capped user spends on it per epoch (``mu_at_cap``).
+    """
+    from models.accounting import gdp_mu
+
+    b_clip, item_clip = settings.clips
+    unit = "a user's tick" if settings.user_level else "an interaction"
+    out: list[dict[str, Any]] = []
+    for name, mech, clip, signed, about in (
+            ("b", mechanism, b_clip, True, "per model unit, sum of r x (the reward-weighted contexts of the items "
+                                           "the user acted on or listened to), mixed by the public V"),
+            ("items", items, item_clip, False, "per catalog item, the sum of its rewards (the item term)")):
+        if name == "items" and not settings.item_term:
+            continue
+        entry: dict[str, Any] = {
+            "name": name, "what": about, "released": "through noise" if mech is not None else "without noise",
+            "clip": clip, "clip_of": f"the L2 norm of {unit}'s contribution",
+            "sensitivity_per_tick": replace_sensitivity(clip, signed=signed),
+            "sensitivity_rule": ("2 x clip: two replacing contributions of any sign" if signed else
+                                 "sqrt(2) x clip: two replacing nonnegative contributions")}
+        if mech is not None:
+            g = describe(mech.event, settings.delta)
+            entry["epsilon"] = g.epsilon
+            entry["mu"] = gdp_mu(g.epsilon, settings.delta) if math.isfinite(g.epsilon) else math.inf
+            if ratio is not None:
+                entry["mu_at_cap"] = entry["mu"]
+        out.append(entry)
+    out.append({"name": "gram", "what": "per model unit, sum of x x^T over every item of every answered shown list",
+                "released": "exactly (public: it depends only on which items were shown, never on the choice)"})
+    out.append({"name": "count", "what": "interactions per model unit", "released": "exactly (public: arrivals)"})
+    return out
+
+
+#: The item sums' mechanism (sensitivity 1 per interaction; exact Gaussian-DP accounting) and its noise stream.
+ITEM_MECHANISM = "blt-exact"
+ITEM_STREAM = 7
+#: Released item sums within this many noise stds of zero count as zero (models.ground.items).
+ITEM_THRESHOLD_STDS = 2.0
+#: The item term's weight shrinks as ``weight / (1 + (std / ITEM_NOISE_SCALE)**2)`` (models.policies.popularity).
+ITEM_NOISE_SCALE = 2.0
+
+
+def item_term(items: ReleasedItems, weight: float) -> tuple[float, np.ndarray]:
+    """``(weight in force, popularity feature)`` of released item sums: the serving model's item term.
+
+    The same rule as :class:`models.policies.PopularityUCB` (the offline twin); public inputs only.
+    """
+    pop = popularity_feature(items.sums, total=items.total, threshold=ITEM_THRESHOLD_STDS * items.noise_std)
+    return weight / (1.0 + (items.noise_std / ITEM_NOISE_SCALE) ** 2), pop
+
+
+def _composed_statement(settings: Settings, mechanism: Mechanism, items: Mechanism) -> dict[str, Any]:
+    """The bandit statistic and the item sums together: exact GDP composition (mu adds in quadrature)."""
+    bandit = describe(mechanism.event, settings.delta)
+    item = describe(items.event, settings.delta)
+    total = GDPAccountant().compose(mechanism.event).compose(items.event).guarantee(settings.delta)
+    return {
+        "private": True,
+        "mechanism": settings.mechanism,
+        "mechanism_about": MECHANISMS[settings.mechanism] + f"; plus the item sums through '{ITEM_MECHANISM}'",
+        "epsilon": total.epsilon,
+        "delta": total.delta,
+        "valid": total.valid and bandit.valid and item.valid,
+        "note": f"{total.note}: the bandit statistic ({bandit.note}) and the item reward sums ({item.note}) compose "
+                f"exactly in Gaussian DP",
+        "neighbours": EVENT_NEIGHBOURS,
+        "scope": "every release ever published from this namespace (both statistics), per interaction; a user with "
+                 "k interactions is covered at group level k",
+        "statistics": released_statistics(settings, mechanism, items),
+        **PUBLIC_AND_PROTECTED,
+        "composition": {"bandit": {"epsilon": bandit.epsilon, "mechanism": settings.mechanism},
+                        "items": {"epsilon": item.epsilon, "mechanism": ITEM_MECHANISM},
+                        "share": settings.item_share,
+                        "rule": "mu = sqrt(mu_bandit**2 + mu_items**2) (Gaussian DP); share = mu_bandit**2 / mu**2"},
+        "item_term": {"weight": settings.item_term_weight, "listen_weight": settings.listen_weight_in_force},
+    }
+
+
+def user_level_statement(settings: Settings, statement: dict[str, Any], ratio: Any,
+                         mechanism: Mechanism | None = None, items: Mechanism | None = None) -> dict[str, Any]:
+    """The statement at user level: a capped user's whole epoch is (epsilon, delta)-DP; the ledger's rule."""
+    from models.accounting import gdp_mu
+
+    out = dict(statement)
+    if not statement.get("private"):
+        out.update({"unit": "user", "cap": settings.user_cap, "cap_policy": settings.cap_policy})
+        return out
+    mu = gdp_mu(float(statement["epsilon"]), float(statement["delta"]))
+    out.update({
+        "unit": "user",
+        "cap": settings.user_cap,
+        "cap_policy": settings.cap_policy,
+        "mu_at_cap": mu,
+        "neighbours": USER_NEIGHBOURS + f" (b to norm {settings.clips[0]:g}, item rewards to norm "
+                                        f"{settings.clips[1]:.4g})",
+        "statistics": released_statistics(settings, mechanism, items, ratio),
+        "scope": f"per epoch of {settings.tree_ticks} release ticks, all of one user's contributions (up to "
+                 f"{settings.user_cap} ticks) are ({statement['epsilon']:.4g}, {statement['delta']:g})-DP; epochs compose "
+                 f"(Gaussian DP: mu adds in quadrature); a user with k < cap ticks spends mu sqrt(B(k)/B(cap))",
+        "sensitivity": {"rule": "multi-participation sensitivity sqrt(B(cap)) (models.mechanisms.participation): "
+                                "an upper bound of max over <= cap ticks of ||sum of columns of C||",
+                        "factor_vs_one_tick": math.sqrt(ratio(settings.user_cap) / ratio(1)),
+                        "group_bound_factor": settings.user_cap},
+        # B(k) / B(cap) for k = 1..cap: a user with k ticks this epoch spends mu_at_cap * sqrt(ratio) (public)
+        "ratios": [ratio(k) for k in range(1, settings.user_cap + 1)],
+    })
+    return out
+
+
+#: What each baseline's mechanism is (``mechanism_about`` of its statement).
+BASELINE_ABOUT = {
+    "SS-LinUCB-Gaussian": "Shariff & Sheffet (2018) joint-DP LinUCB: per unit, one binary tree over the augmented "
+                          "Gram matrix [[G, u], [u^T, .]] of [x; r] with symmetrised Gaussian node noise, the "
+                          "paper's calibration (Prop. 11), shifted by 2 Upsilon to stay positive definite; their "
+                          "width (Prop. 4)",
+    "SS-LinUCB-Gaussian-tight": "Shariff & Sheffet (2018) joint-DP LinUCB with the tree's noise calibrated by exact "
+                                "Gaussian-DP accounting (ERRATA 6: 6-14x less noise than the paper's); their width",
+    "SS-LinUCB-Wishart": "Shariff & Sheffet (2018) joint-DP LinUCB: per unit, one binary tree over the augmented "
+                         "Gram matrix with Wishart node noise, padded to m k degrees of freedom and shifted (Prop. 9, "
+                         "Eq. 4, spec D.3), calibrated at epsilon/2 for replace-one neighbours (spec D.5); their width",
+    "DGS-LinUCB-Laplace": "dynamic global sensitivity (Wang, Zhao, Wang 2022): per unit, tree noise on the estimate "
+                          "theta itself, Laplace with the paper's scale Delta/epsilon' (an L2 sensitivity)",
+    "DGS-LinUCB-Gaussian": "dynamic global sensitivity (Wang, Zhao, Wang 2022): per unit, tree noise on the estimate "
+                           "theta itself, Gaussian calibrated in zCDP (spec D.6)",
+}
+
+
+def _baseline_statement(settings: Settings, policy: PerUserLinUCB) -> dict[str, Any]:
+    """The guarantee of a per-unit baseline: S&S joint DP (contexts too); DGS a claim, not a proof."""
+    name = settings.baseline or ""
+    tree = policy.mechanisms[0]  # SSTreeMechanism / DGSTreeMechanism: both have `levels` and `capacity`
+    common: dict[str, Any] = {
+        "algorithm": settings.algorithm,
+        "mechanism": name,
+        "mechanism_about": BASELINE_ABOUT.get(name, name),
+        "mechanism_setting": f"not used: {settings.algorithm} brings its own per-unit mechanism (the mechanism "
+                             f"setting {settings.mechanism!r} applies to linucb/colin/goblin only)",
+        "trees": {"per_unit": True, "levels": int(getattr(tree, "levels")),
+                  "unit_releases_per_epoch": int(getattr(tree, "capacity")),
+                  "advance": "a unit's tree advances at a release only if the unit's interaction count grew "
+                             "(a public count, never a value)"},
+    }
+    if not policy.private:
+        return {"private": False, **common,
+                "guarantee": "none: epsilon = inf, the per-unit models are released without noise"}
+    g = describe(policy.mechanisms[0].event, settings.delta)
+    out: dict[str, Any] = {"private": True, **common, "epsilon": g.epsilon, "delta": g.delta, "valid": g.valid,
+                           "target_epsilon": settings.epsilon, "target_delta": settings.delta,
+                           "scope": "every release ever published from this namespace, per interaction; each "
+                                    "interaction enters only its own unit's tree (parallel composition over "
+                                    "units); a user with k interactions is covered at group level k"}
+    if isinstance(policy, SSLinUCB):
+        note = g.note
+        if policy.noise_kind == "gaussian" and policy.calibration == "paper":
+            note += (f"; the paper's sigma targets epsilon = {settings.epsilon:g}, exact accounting of that same "
+                     f"noise gives epsilon = {g.epsilon:.4g} (the paper's calibration is conservative, ERRATA 6)")
+        out.update({
+            "notion": "joint DP (Shariff & Sheffet 2018, Def. 1): the published per-unit models are "
+                      "(epsilon, delta)-DP in each interaction's context and reward; a recommendation is computed "
+                      "from them plus the request's own candidates in the clear (Claim 7), so it protects every "
+                      "interaction except against the requester's own query",
+            "protects": "each interaction's reward and its context (the Gram matrix is noised too)",
+            "neighbours": "event level, replace-one: two streams differing in one interaction's context and "
+                          "reward (contexts clipped to norm 1, rewards in [0, 1], L~^2 = 2)",
+            "limits": "context protection covers everything published from the statistics; the pipeline still "
+                      "treats which items a user was shown and answered as public (shown lists in the "
+                      "recommendations topic and recs keys, DESIGN 2): keep those private for end-to-end context "
+                      "protection",
+            "note": note,
+        })
+        return out
+    assert isinstance(policy, DGSLinUCB)
+    mech = policy.mechanisms[0]
+    assert isinstance(mech, DGSTreeMechanism)
+    shrink: Any = None
+    if policy.lambda_0 is not None:
+        shrink = first_positive_lambda_prime(policy.lambda_0, mech.delta_node)
+    out.update({
+        "valid": False,
+        "notion": "claimed (epsilon, delta)-DP of the published estimates w.r.t. one reward (the paper's claim, "
+                  "NOT a proof)",
+        "protects": "each interaction's reward only (contexts are public)",
+        "neighbours": "event level, replace-one: two streams differing in the reward of one interaction "
+                      "(rewards in [0, 1], contexts clipped to norm 1)",
+        "note": "NOT a valid DP guarantee (spec tree-dp B.5): one reward changes every later tree leaf "
+                "theta_(t+1) - theta_t through b, not m of them (B.5-1), so the per-node budget split does not "
+                "compose to the claimed (epsilon, delta); the shrinking sensitivity L R / (lambda + lambda'_t) "
+                "holds only with probability 1 - delta' under an i.i.d.-context assumption (B.5-2)"
+                + ("; the Laplace scale is calibrated to an L2 sensitivity (B.5-3)"
+                   if policy.noise_kind == "laplace" and policy.calibration == "paper" else "")
+                + ". The numbers are what the paper claims, recorded for comparison only",
+        "sensitivity": {"lambda_0": policy.lambda_0,
+                        "lambda_0_source": "lambda_min of the catalog's arm features' second moment (spec D.9 "
+                                           "option 2); interactions with their own contexts are outside this "
+                                           "assumption",
+                        "initial": mech.sensitivity(0),
+                        "shrinks_after_unit_releases": shrink},
+    })
+    return out
+
+
+@dataclass
+class ReleaseStage:
+    """Leader-only: one call of :meth:`tick` is one release."""
+
+    settings: Settings
+    catalog: Catalog
+    client: redis.Redis
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.store = TrustedStore(self.client, s.namespace)
+        self.store.ensure_config(s.model_config() | {"catalog_fingerprint": self.catalog.fingerprint})
+        self.structure, self.V = projection(s.algorithm, self.catalog.W)
+        self.mechanism: Mechanism | None = None
+        self.baseline: PerUserLinUCB | None = None
+        if s.baseline is not None:
+            # per-unit mechanisms of their own (the `mechanism` setting does not apply)
+            self.baseline = build_baseline(s, self.catalog, self.store.noise_seed())
+            self.baseline_store = BaselineStateStore(self.client, s.namespace)
+            self._baseline_version: int | None = -1  # which stored state the in-memory policy holds (-1: none)
+        elif s.private:
+            self.mechanism = self.make_mechanism(np.ones(self.catalog.n_units, dtype=bool))
+        self.releaser = Releaser(structure=self.structure, V=self.V, d=self.catalog.d, mechanism=self.mechanism,
+                                 Q=regulariser(s.algorithm, self.catalog.W))
+        # the item term: each item's reward sum, released beside the bandit statistic (its own mechanism and key)
+        self.n_items = item_capacity(self.catalog) if s.item_term else 0
+        self.item_mechanism: Mechanism | None = None
+        if s.item_term and s.private:
+            def items(scale: float) -> Mechanism:
+                scale *= replace_sensitivity(s.clips[1], signed=False)  # item rewards are nonnegative
+                return make_mechanism(ITEM_MECHANISM, dim=self.n_items, sensitivity=scale, epsilon=s.epsilons()[1],
+                                      delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
+                                      stream=ITEM_STREAM)
+
+            self.item_mechanism = items(self._user_scale(items(1.0)))
+        self.folder: Folder | None = None
+        if s.user_level and self.baseline is None:
+            self.folder = Folder(self.client, s.namespace, d=self.catalog.d, n_units=self.catalog.n_units,
+                                 n_items=self.n_items, cap=s.user_cap, capacity=s.tree_ticks,
+                                 ratio=self.participation_ratio, b_clip=s.clips[0], item_clip=s.clips[1])
+        self.statement = privacy_statement(s, self.mechanism, self.baseline, self.item_mechanism)
+        if self.folder is not None:
+            self.statement = user_level_statement(s, self.statement, self.participation_ratio, self.mechanism,
+                                                  self.item_mechanism)
+            self.statement = with_budget(self.statement, s.lifetime_budget, s.delta)  # the lifetime budget (ledger.py)
+            self.folder.budget = LifetimeBudget.of(self.statement, self.participation_ratio)
+
+    def participation_ratio(self, k: int) -> float:
+        """``B(k) / B(cap)`` of the released statistics (the largest over the bandit's and the items' mechanisms)."""
+        cache = self.__dict__.setdefault("_ratio_cache", {})
+        if k not in cache:
+            cap = self.settings.user_cap
+            mechs = [m for m in (self.mechanism, self.item_mechanism) if m is not None]
+            if not mechs:  # noise off: the same structure as the default mechanism decides nothing; count plainly
+                cache[k] = min(k, cap) ** 2 / cap**2
+            else:
+                cache[k] = max(participation_bound(m, min(k, cap)) / participation_bound(m, cap) for m in mechs)
+        out: float = cache[k]
+        return out
+
+    def make_mechanism(self, units: np.ndarray) -> Mechanism:
+        """The mechanism over the statistics of ``units`` (a mask; all units in global mode, a site's own units in
+        federated mode): calibrated to their largest sensitivity; user-space noise only on their blocks."""
+        s = self.settings
+        V = (self.V @ sp.diags(units.astype(np.float64))).tocsr() if sp.issparse(self.V) else self.V * units[None, :]
+        l1 = float(np.asarray(abs(V).sum(axis=0)).max())  # the masked columns are zero
+
+        def build(scale: float) -> Mechanism:
+            scale *= replace_sensitivity(s.clips[0], signed=True)  # neighbours replace a clipped contribution
+            return make_mechanism(
+                s.mechanism, dim=self.catalog.n_units * self.catalog.d,
+                sensitivity=scale * float(sensitivities(self.V)[units].max()), epsilon=s.epsilons()[0], delta=s.delta,
+                horizon=s.tree_ticks, seed=self.store.noise_seed(),
+                sensitivity_l1=scale * l1 * math.sqrt(self.catalog.d),
+                mixing=V, block_dim=self.catalog.d)  # `mixing` is used by the user-space ("user-*") mechanisms
+
+        return build(self._user_scale(build(1.0)))
+
+    def _user_scale(self, event_level: Mechanism) -> float:
+        """User level: the factor that makes one tick's calibration cover a user's ``user_cap`` ticks (else 1)."""
+        if not self.settings.user_level:
+            return 1.0
+        return participation_factor(event_level, self.settings.user_cap)
+
+    def recover(self) -> int:
+        """Publish a release that was persisted but not yet published (after a crash)."""
+        return self.store.publish()
+
+    def tick(self, *, force: bool = False) -> int | None:
+        """Release the statistics as of now; ``None`` if nothing changed since the last release."""
+        self.recover()
+        c = self.catalog
+        fold: dict[str, int] = {}
+        if self.folder is not None:  # user level: this tick's per-user contributions, clipped and capped
+            fold = self.folder.fold(self.settings.partitions, self.store.pending_version() + 1)
+        stats, item_sums, offsets = self.store.snapshot_items(self.settings.partitions, c.n_units, c.d, self.n_items)
+        last = self.client.hget(self.store.keys.pending, "count")
+        if not force and last is not None and int(last) == int(stats.count.sum()):
+            if fold.get("over_budget") or fold.get("dropped"):  # no release, but the ledger's counters moved
+                self._ledger_entry(max(1, self.store.pending_version()), fold)  # (the metrics' figures)
+            return None
+        version = self.store.pending_version() + 1
+        if self.baseline is not None:
+            return self._tick_baseline(self.baseline, stats.gram, stats.b, stats.count, version, offsets)
+        state = None
+        if self.mechanism is not None:
+            state = self.store.load_noise_state(self.mechanism) or self.mechanism.init_state()
+        released, state = self.releaser.release(stats, state, version)
+        event = json.dumps(event_to_dict(released.event))
+        items = self._release_items(item_sums, int(stats.count.sum())) if self.n_items else None
+        ledger = None if self.folder is None else self._ledger_entry(version, fold)
+        self.store.persist_release(state, released, event, offsets, items, ledger)
+        faults.point("release-persisted")
+        self.store.publish()
+        faults.point("release-published")
+        return version
+
+    def _ledger_entry(self, version: int, fold: dict[str, int]) -> str:
+        """What the release's user-level ledger says (persisted and published with the release)."""
+        from ..config.metrics import ledger_figures
+
+        s = self.settings
+        st = self.statement
+        epoch = (version - 1) // s.tree_ticks
+        figures = ledger_figures(self.client.hgetall, s.namespace, s.partitions, epoch=epoch, cap=s.user_cap,
+                                 mu_cap=st.get("mu_at_cap"), delta=s.delta,
+                                 ratio=self.participation_ratio if st.get("private") else None,
+                                 budget=None if self.folder is None else self.folder.budget)
+        self.last_figures = figures
+        finite = [v for v in (figures["spent_max"], figures["spent_median"])]
+        return json.dumps({"version": version, "epoch": epoch, "cap": s.user_cap,
+                           "epsilon_at_cap": st.get("epsilon"), "delta": s.delta, "mu_at_cap": st.get("mu_at_cap"),
+                           "users": figures["users"], "users_at_cap": figures["users_at_cap"],
+                           "capped_events": figures["capped_events"],
+                           "users_at_budget": figures["users_at_budget"], "budget_events": figures["budget_events"],
+                           "spent_max": finite[0] if math.isfinite(finite[0]) else None,
+                           "spent_median": finite[1] if math.isfinite(finite[1]) else None, **fold})
+
+    def _release_items(self, sums: np.ndarray, total: int) -> tuple[TreeState | None, dict[str, bytes]]:
+        """One tick of the item sums: noisy prefix sums (never redrawn), persisted with the release."""
+        state: TreeState | None = None
+        std = 0.0
+        if self.item_mechanism is not None:
+            state = self.store.load_item_noise_state(self.item_mechanism) or self.item_mechanism.init_state()
+            sums, state, _ = self.item_mechanism.step_to(state, sums)
+            std = noise_std(self.item_mechanism, state)
+        return state, ReleasedItems(sums, total=total, noise_std=std).to_mapping()
+
+    def _tick_baseline(self, policy: PerUserLinUCB, gram: np.ndarray, b: np.ndarray, count: np.ndarray,
+                       version: int, offsets: list[int]) -> int:
+        """Per-unit release: restore the stored state if another run wrote it, release, persist, then publish."""
+        store = self.baseline_store
+        stored = store.stored_version()
+        if stored != self._baseline_version:  # a restart, or another leader released since
+            self._baseline_version = store.load(policy)
+        try:
+            models = policy.release_from_stats(gram, b, count)
+            store.persist(policy.stream_state(models.advanced), models, version=version,
+                          event=event_to_dict(policy.mechanisms[0].event), offsets=offsets)
+        except BaseException:
+            self._baseline_version = -1  # the in-memory policy may be ahead of Redis: reload next tick
+            raise
+        self._baseline_version = version
+        self.store.publish()
+        return version
+
+
+@dataclass
+class SolveStage:
+    """Leader-only: released statistics → serving models."""
+
+    settings: Settings
+    client: redis.Redis
+    statement: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        self.keys = PublicKeys(self.settings.namespace)
+
+    def run(self) -> int | None:
+        """Solve the latest release if it is newer than the served models; return the new version."""
+        raw = self.client.hgetall(self.keys.released)
+        if not raw:
+            return None
+        version = int(raw[b"version"])
+        served = self.client.hget(self.keys.model_meta, "version")
+        if served is not None and int(served) >= version:
+            return None
+        s = self.settings
+        t0 = time.perf_counter()
+        width: np.ndarray | None = None
+        extra: dict[str, str] = {}
+        if s.baseline is not None:
+            # the release is already every unit's serving model (post-processing of released values only)
+            models = ServingModels.from_mapping(raw)
+            theta, M, width, count = models.theta, models.conf, models.width, models.count
+            extra = {"width": "per-unit", **widths_summary(width)}
+        else:
+            released = ReleasedStats.from_mapping(raw)
+            if released.structure in SPARSE_STRUCTURES:
+                return self._run_sparse(released, version, raw, t0)
+            theta, M = solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge)
+            extra = {"lambda": repr(s.lambda_ + s.noise_ridge * released.noise_std)}
+            count = released.count
+        items = None if s.baseline is not None else ReleasedItems.from_mapping(raw)
+        self._write(version, theta, M, width, count, (time.perf_counter() - t0) * 1e3, extra,
+                    (raw.get(b"event") or b'{"kind": "none"}').decode(), items)
+        return version
+
+    def _run_sparse(self, released: ReleasedStats, version: int, raw: dict[bytes, bytes], t0: float) -> int:
+        """Every-user release: matrix-free solve warm-started from this process's last solution; ``M`` only for
+        the users with interactions (the others are served the public prior ``(lambda I)^{-1}``)."""
+        s = self.settings
+        active = np.flatnonzero(released.count > 0)
+        out = solve_sparse(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge,
+                           x0=self.__dict__.get("_warm"), users=active)
+        self._warm = out.theta_hat
+        M = np.broadcast_to(out.prior, (released.count.shape[0], *out.prior.shape)).copy()
+        M[out.users] = out.M
+        extra = {"lambda": repr(out.lambda_), "solver": "conjugate gradients (block-Jacobi), warm-started",
+                 "cg_iterations": str(out.iterations), "cg_residual": f"{out.residual:.3g}",
+                 "width_users": str(len(active)), "M_prior": out.prior.astype("<f8").tobytes().hex()}
+        self._write(version, out.theta, M, None, released.count, (time.perf_counter() - t0) * 1e3, extra,
+                    (raw.get(b"event") or b'{"kind": "none"}').decode(), ReleasedItems.from_mapping(raw),
+                    widths=out.users)
+        return version
+
+    def solve_released(self, released: ReleasedStats, version: int, event: str = '{"kind": "none"}') -> int:
+        """Solve given statistics (e.g. a federated site's view) into this namespace's serving models."""
+        s = self.settings
+        t0 = time.perf_counter()
+        theta, M = solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge)
+        self._write(version, theta, M, None, released.count, (time.perf_counter() - t0) * 1e3,
+                    {"lambda": repr(s.lambda_ + s.noise_ridge * released.noise_std)}, event)
+        return version
+
+    def _write(self, version: int, theta: np.ndarray, M: np.ndarray, width: np.ndarray | None, count: np.ndarray,
+               solve_ms: float, extra: dict[str, str], event: str, items: ReleasedItems | None = None,
+               widths: np.ndarray | None = None) -> None:
+        """Publish the serving models; ``widths``: only these units get an ``M`` (the others have none and are
+        served ``meta["M_prior"]``); ``None``: every unit's ``M``."""
+        s = self.settings
+        item_model: dict[str, Any] | None = None
+        if items is not None:  # the item term: post-processing of the released item sums only
+            weight, pop = item_term(items, s.item_term_weight)
+            item_model = {"pop": pop.astype("<f8").tobytes(), "weight": repr(weight), "version": str(version),
+                          "noise_std": repr(items.noise_std), "total": str(items.total)}
+            extra = {**extra, "item_weight": repr(weight)}
+        meta = {
+            "version": str(version), "algorithm": s.algorithm, "alpha": repr(s.alpha), "d": str(theta.shape[1]),
+            "n_units": str(theta.shape[0]), "events": str(int(count.sum())),
+            "solved_at_ms": str(int(time.time() * 1000)), "solve_ms": f"{solve_ms:.1f}",
+            "privacy": json.dumps(self.statement),
+            "event": event,  # what every release spends
+            **extra,
+        }
+        with self.client.pipeline(transaction=True) as pipe:
+            has_m = np.ones(theta.shape[0], dtype=bool)
+            if widths is not None:
+                has_m[:] = False
+                has_m[widths] = True
+            for u in range(theta.shape[0]):
+                unit: dict[str, Any] = {"theta": theta[u].astype("<f8").tobytes(), "version": str(version)}
+                if has_m[u]:  # (released counts never shrink: a unit never loses its M once it has one)
+                    unit["M"] = M[u].astype("<f8").tobytes()
+                if width is not None:
+                    unit["width"] = repr(float(width[u]))  # the unit's own exploration width (repr: exact)
+                pipe.hset(self.keys.model_unit(u), mapping=unit)
+            if item_model is not None:
+                pipe.hset(self.keys.model_items, mapping=item_model)
+            pipe.hset(self.keys.model_meta, mapping=meta)
+            faults.point("solve-before-write")
+            pipe.execute()

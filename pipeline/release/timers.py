@@ -1,0 +1,85 @@
+"""Leader-only release and solve: one release tick per ``tick_seconds``, then a solve.
+
+Both stages do blocking Redis I/O and numpy work, so they run in a worker
+thread, never on the event loop that feeds ingest. :func:`register` adds the
+timer to an app built by :mod:`pipeline.apps.worker_app` (this module never imports it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import faust
+
+from ..config.redisconn import connect
+from ..data.catalog import Catalog
+from ..config.settings import Settings
+from ..config.metrics import WorkerMetrics
+from .stages import ReleaseStage, SolveStage
+
+log = logging.getLogger("privrec.release")
+
+__all__ = ["register", "ReleaseTicker"]
+
+
+class ReleaseTicker:
+    """One release tick then a solve (which also catches up after a restart); stages built on first use."""
+
+    def __init__(self, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None,
+                 release: Callable[..., Any] = ReleaseStage) -> None:
+        self.settings, self.catalog, self.metrics = settings, catalog, metrics
+        self._release = release  # the mode's release stage (local mode: pipeline.modes.local.localmode.LocalReleaseStage)
+        self._stages: tuple[Any, SolveStage] | None = None
+
+    def _build(self) -> tuple[Any, SolveStage]:
+        if self._stages is None:
+            client = connect(self.settings.redis_url or "redis://127.0.0.1:6379/0")
+            release = self._release(self.settings, self.catalog, client)
+            self._stages = (release, SolveStage(self.settings, client, release.statement))
+        return self._stages
+
+    def tick(self) -> tuple[int | None, int | None]:
+        release, solve = self._build()
+        t0 = time.perf_counter()
+        version = release.tick()
+        solved = solve.run()
+        if self.metrics is not None:
+            if version is not None:
+                self.metrics.releases.inc()
+                self.metrics.release_seconds.observe(time.perf_counter() - t0)
+            self._ledger_metrics(release)
+        return version, solved
+
+    def _ledger_metrics(self, release: Any) -> None:
+        """Users at the cap and the spent budget, from the ledger figures of the last release (user level)."""
+        figures = getattr(release, "last_figures", None)
+        if figures is None or self.metrics is None:
+            return
+        self.metrics.users_at_cap.set(figures["users_at_cap"])
+        self.metrics.dropped.set(figures["capped_events"])
+        self.metrics.users_at_budget.set(figures["users_at_budget"])
+        self.metrics.budget_events.set(figures["budget_events"])
+        self.metrics.spent_max.set(figures["spent_max"] if math.isfinite(figures["spent_max"]) else -1)
+        self.metrics.spent_median.set(figures["spent_median"] if math.isfinite(figures["spent_median"]) else -1)
+
+
+def register(app: faust.App, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None,
+             release: Callable[..., Any] = ReleaseStage) -> None:
+    """Run a :class:`ReleaseTicker` every ``tick_seconds`` on the leader of ``app`` (``release``: the mode's stage)."""
+    ticker = ReleaseTicker(settings, catalog, metrics, release)
+
+    @app.timer(settings.tick_seconds, on_leader=True)
+    async def release_and_solve() -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            version, solved = await loop.run_in_executor(None, ticker.tick)
+        except Exception:  # keep the timer alive; the next tick retries
+            log.exception("release/solve tick failed")
+            return
+        if version is not None or solved is not None:
+            log.info("released version %s, solved %s", version, solved)

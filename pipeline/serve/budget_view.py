@@ -1,0 +1,142 @@
+"""What ``/budget``, ``/budget/history`` and ``/dashboard`` say at user level (public ledger keys only).
+
+The release statement (in the served model's metadata) carries what a capped user gets per epoch
+(``mu_at_cap``) and the table ``ratios[k - 1] = B(k) / B(cap)``; the ledger carries each user's
+participations. A user's spent budget is ``mu_at_cap * sqrt(past + B(k) / B(cap))``, converted to
+``(epsilon, delta)`` (:func:`pipeline.state.userlevel.spent_mu`); the statement's ``user_budget`` bounds it for life
+(:class:`pipeline.config.ledger.LifetimeBudget`). Nothing here reads a trusted key (:func:`serving_isolation` asks
+Redis whether it could).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+
+from models.accounting import gdp_epsilon
+
+from ..config.keys import PublicKeys, partition_of
+from ..config.ledger import LedgerRecord, LifetimeBudget, spent_mu
+
+__all__ = ["ratio_of", "user_budget", "ledger_overview", "history", "serving_isolation"]
+
+
+def ratio_of(statement: dict[str, Any]) -> Any:
+    """``k -> B(k) / B(cap)`` from the statement's public table (``None`` without noise)."""
+    table = statement.get("ratios")
+    if not statement.get("private") or not table:
+        return None
+
+    def ratio(k: int) -> float:
+        return float(table[min(max(k, 1), len(table)) - 1])
+    return ratio
+
+
+def _epsilon(mu: float, delta: float) -> float | None:
+    if mu <= 0:
+        return 0.0
+    e = gdp_epsilon(mu, delta)
+    return e if math.isfinite(e) else None
+
+
+async def user_budget(r: Any, keys: PublicKeys, partitions: int, user: str, statement: dict[str, Any],
+                      epoch: int) -> dict[str, Any]:
+    """One user's participations, cap and spent budget (user level): their one ledger record, in their partition
+    (ingest counts a user's events in that partition only, :func:`pipeline.config.keys.partition_of`)."""
+    raw = await r.hget(keys.ledger_participation(partition_of(user, partitions)), user)
+    cap = int(statement.get("cap", 0))
+    ratio = ratio_of(statement)
+    rec = LedgerRecord.loads(raw).at(epoch, ratio or (lambda k: 1.0))
+    delta = float(statement.get("delta", 0.0) or 0.0)
+    out: dict[str, Any] = {"user": user, "unit": "user", "ticks_this_epoch": rec.k, "cap": cap,
+                           "at_cap": rec.k >= cap, "epoch": epoch, "cap_policy": statement.get("cap_policy")}
+    if ratio is None or not statement.get("mu_at_cap"):
+        out.update({"epsilon": None if (rec.k or rec.past) else 0.0, "delta": delta, "valid": False,
+                    "note": "no noise: nothing is protected" if not statement.get("private") else "unknown"})
+        return out
+    mu = spent_mu(rec, epoch, float(statement["mu_at_cap"]), ratio)
+    budget = LifetimeBudget.of(statement, ratio)
+    if budget is not None:  # the lifetime budget: whether this user is still learned from
+        out.update({"user_budget": budget.epsilon, "at_budget": budget.exhausted(rec, epoch),
+                    "budget_left": max(0.0, budget.epsilon - (_epsilon(mu, delta) or math.inf))})
+    out.update({"epsilon": _epsilon(mu, delta), "delta": delta, "valid": bool(statement.get("valid", True)),
+                "mu": mu, "bound": "user level: every release of every epoch, all of this user's contributions "
+                                   "(multi-participation sensitivity of the mechanism; epochs compose in Gaussian DP)",
+                "remaining_ticks": max(0, cap - rec.k)})
+    return out
+
+
+async def ledger_overview(r: Any, keys: PublicKeys, partitions: int, statement: dict[str, Any],
+                          epoch: int) -> dict[str, Any]:
+    """Users, users at the cap, capped events, and the distribution of spent epsilon."""
+    ratio = ratio_of(statement)
+    cap = int(statement.get("cap", 0))
+    delta = float(statement.get("delta", 0.0) or 0.0)
+    mu_cap = statement.get("mu_at_cap")
+    parts = await asyncio.gather(*(r.hgetall(keys.ledger_participation(p)) for p in range(partitions)))
+    summaries = await asyncio.gather(*(r.hgetall(keys.ledger_summary(p)) for p in range(partitions)))
+    spent: list[float] = []
+    at_cap = at_budget = 0
+    budget = LifetimeBudget.of(statement, ratio)
+    for part in parts:
+        for raw in part.values():
+            rec = LedgerRecord.loads(raw).at(epoch, ratio or (lambda k: 1.0))
+            if rec.k >= cap > 0:
+                at_cap += 1
+            if budget is not None and budget.exhausted(rec, epoch):
+                at_budget += 1
+            if ratio is not None and mu_cap:
+                e = _epsilon(spent_mu(rec, epoch, float(mu_cap), ratio), delta)
+                spent.append(math.inf if e is None else e)
+    spent.sort()
+    finite = [v for v in spent if math.isfinite(v)]
+    edges = _edges(finite)
+    counts = [0] * (len(edges) - 1)
+    for v in finite:
+        i = min(len(counts) - 1, max(0, next((j for j in range(len(counts)) if v < edges[j + 1]), len(counts) - 1)))
+        counts[i] += 1
+    return {"users": sum(len(p) for p in parts), "users_at_cap": at_cap, "cap": cap,
+            "capped_events": sum(int(s.get(b"dropped", b"0")) for s in summaries),
+            "user_budget": None if budget is None else budget.epsilon, "users_at_budget": at_budget,
+            "budget_events": sum(int(s.get(b"over_budget", b"0")) for s in summaries),
+            "spent_max": finite[-1] if finite else 0.0, "spent_median": finite[len(finite) // 2] if finite else 0.0,
+            "spent_histogram": {"edges": edges, "counts": counts}}
+
+
+def _edges(values: list[float], bins: int = 10) -> list[float]:
+    hi = max(values) if values else 1.0
+    hi = hi if hi > 0 else 1.0
+    return [round(hi * i / bins, 6) for i in range(bins + 1)]
+
+
+async def history(r: Any, keys: PublicKeys, count: int = 500) -> list[dict[str, Any]]:
+    """Per release: time, version, events covered and the ledger summary (user level), oldest first."""
+    out = []
+    for entry_id, fields in await r.xrevrange(keys.released_log, count=count):
+        ledger = fields.get(b"ledger") or b""
+        entry: dict[str, Any] = {"version": int(fields[b"version"]), "count": int(fields.get(b"count", b"0")),
+                                 "at_ms": int(entry_id.split(b"-")[0])}
+        if ledger:
+            entry["ledger"] = json.loads(ledger)
+        out.append(entry)
+    out.reverse()
+    return out
+
+
+async def serving_isolation(r: Any, namespace: str) -> dict[str, Any]:
+    """Whether Redis refuses this (web) process the trusted key kinds: asked of Redis itself, not of a setting.
+
+    ``EXISTS`` on a key of the ``trusted`` kind answers NOPERM when the process's Redis user is the ``web`` role
+    of :mod:`pipeline.config.acl`; an answer means serving could read the exact statistics and the noise seeds.
+    """
+    import redis
+
+    try:
+        await r.exists(f"{namespace}:trusted:acl-check")
+    except redis.exceptions.NoPermissionError:
+        return {"enforced": True, "note": "Redis refuses this server every trusted key (its own ACL user)"}
+    return {"enforced": False, "note": "NOT ENFORCED: this server's Redis user can read trusted state (the stack "
+                                       "runs without ACL users, `privrec up --no-acl`); only code review keeps "
+                                       "serving from it"}

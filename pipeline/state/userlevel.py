@@ -1,0 +1,263 @@
+"""User-level privacy in the pipeline: per-user tick contributions, clipping, the cap, the ledger.
+
+With ``privacy_unit = user`` (the default), ingest does not add events to the unit statistics at
+once. It accumulates each user's events of the current tick in the partition's *pending* hash
+(``{ns}:trusted:{ns:p<P>}:pending``, field ``u:<user>``: the user's unit, count, Gram, ``b`` and item
+rewards), atomically with the partition's offset (:data:`PENDING_SCRIPT`). At each release tick the
+leader *folds* every partition (:meth:`Folder.fold_partition`), in one optimistic transaction per
+partition (``WATCH`` on the pending hash and the fold generation):
+
+1. a user already folded into this release (their ledger's ``last_version``) waits for the next;
+2. a user at the cap (``user_cap`` ticks in this epoch) is not learned from (``cap_policy =
+   ignore``: the events are dropped from the statistics, counted in ``dropped``); nor is a user whose
+   one more tick would take their spent budget past ``user_budget`` (:class:`~pipeline.config.ledger.LifetimeBudget`;
+   counted in ``over_budget``);
+3. otherwise the user's ``b`` is clipped to norm ``b_clip`` and their item rewards to norm ``item_clip``
+   (the sums of every event of the tick, so a user who clicks 50 times counts like one
+   participation), added to the unit statistics (the Gram as it is: public — the items the user's
+   answered lists showed, never the item they chose), and the user's ledger record counts one more
+   participation. Two neighbouring streams (the same user, other rewards and choices) then differ by at
+   most ``2 b_clip`` in ``b`` and ``sqrt(2) item_clip`` in the nonnegative item sums per tick: the
+   sensitivities the release is calibrated to (defaults: clips 1 and 1, sensitivities 2 and sqrt(2)).
+
+The fold bumps the partition's *fold generation*; ingest's script checks it beside the offset, so an
+ingest batch prepared against pending contributions that were folded meanwhile is redone from Redis
+(never double-counted). A crash between partitions' folds or before the release leaves nothing half
+done: each partition's fold is atomic, and ``last_version`` keeps a user to one fold per release.
+
+The ledger (public: who arrived when is public, DESIGN §2): per user ``{"epoch", "k", "last_version",
+"past"}`` in ``{ns}:ledger:{ns:p<P>}:participation`` (``past`` = the sum over closed epochs of
+``B(k_e) / B(cap)``), and per partition counters in ``{ns}:ledger:{ns:p<P>}:summary``
+(``at_cap:<epoch>``, ``dropped``, ``folded``, ``over_budget``). A user's spent budget is ``mu_user = mu * sqrt(past +
+B(k) / B(cap))`` (Gaussian DP composes over epochs; ``mu`` is what a capped user gets per epoch).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+
+from models.mechanisms.participation import B_CLIP, ITEM_CLIP, clip_scale
+
+from ..config.keys import PublicKeys
+from ..config.ledger import LedgerRecord, LifetimeBudget
+from .trusted import TrustedKeys
+
+__all__ = ["PENDING_SCRIPT", "Contribution", "encode_contribution", "decode_contribution", "Folder",
+           "UserLevelKeys"]
+
+#: Ingest (user level): write the touched users' pending contributions and the new offset atomically, if the
+#: stored offset and fold generation are still the ones the batch was prepared against.
+# KEYS[1] - offset key of the partition        KEYS[2] - pending hash of the partition
+# KEYS[3] - dead-letter counts hash            KEYS[4] - per-user interaction counts (ledger)
+# KEYS[5] - fold generation of the partition
+# ARGV[1] - expected stored offset ("" if none)  ARGV[2] - new next offset  ARGV[3] - expected fold generation
+# ARGV[4] - number of pending fields n; then n field/value pairs; then m dead-letter reason/count pairs after
+#           their count; then user/count pairs to the end
+# return 1 if applied, 0 if the offset or the fold generation differ (nothing written)
+PENDING_SCRIPT = """
+local stored = redis.call('GET', KEYS[1])
+if stored == false then stored = '' end
+if stored ~= ARGV[1] then return 0 end
+local gen = redis.call('GET', KEYS[5])
+if gen == false then gen = '0' end
+if gen ~= ARGV[3] then return 0 end
+local n = tonumber(ARGV[4])
+local i = 5
+if n > 0 then
+  local args = {}
+  for j = 1, 2 * n do args[j] = ARGV[i + j - 1] end
+  redis.call('HSET', KEYS[2], unpack(args))
+end
+i = 5 + 2 * n
+local m = tonumber(ARGV[i])
+i = i + 1
+for j = 1, m do
+  redis.call('HINCRBY', KEYS[3], ARGV[i], tonumber(ARGV[i + 1]))
+  i = i + 2
+end
+while i < #ARGV do
+  redis.call('HINCRBY', KEYS[4], ARGV[i], tonumber(ARGV[i + 1]))
+  i = i + 2
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class UserLevelKeys:
+    """The user-level keys of one partition (all in the partition's hash slot)."""
+
+    ns: str
+    partition: int
+
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.ns}:{kind}:{{{self.ns}:p{self.partition}}}:{name}"
+
+    @property
+    def pending(self) -> str:
+        return self._key("trusted", "pending")
+
+    @property
+    def foldgen(self) -> str:
+        return self._key("trusted", "foldgen")
+
+    @property
+    def participation(self) -> str:
+        """Public ledger: per user, participations per epoch (``LedgerRecord`` JSON)."""
+        return PublicKeys(self.ns).ledger_participation(self.partition)
+
+    @property
+    def summary(self) -> str:
+        """Public ledger: counters of the partition (``at_cap:<epoch>``, ``dropped``, ``folded``)."""
+        return PublicKeys(self.ns).ledger_summary(self.partition)
+
+
+@dataclass
+class Contribution:
+    """One user's events of the open tick, before clipping (trusted)."""
+
+    unit: int
+    count: int
+    gram: np.ndarray   # (d, d)
+    b: np.ndarray      # (d,)
+    items: dict[int, float]
+
+    @classmethod
+    def empty(cls, unit: int, d: int) -> Contribution:
+        return cls(unit, 0, np.zeros((d, d)), np.zeros(d), {})
+
+
+def encode_contribution(c: Contribution) -> bytes:
+    """``[unit, count, gram..., b..., n_items, (item, reward)...]`` as little-endian float64."""
+    items = sorted(c.items.items())
+    head = np.array([c.unit, c.count], dtype=np.float64)
+    tail = np.array([len(items), *[v for pair in items for v in pair]], dtype=np.float64)
+    return np.concatenate([head, c.gram.reshape(-1), c.b, tail]).astype("<f8").tobytes()
+
+
+def decode_contribution(raw: bytes, d: int) -> Contribution:
+    a = np.frombuffer(raw, dtype="<f8")
+    unit, count = int(a[0]), int(a[1])
+    gram = a[2:2 + d * d].reshape(d, d).copy()
+    b = a[2 + d * d:2 + d * d + d].copy()
+    n = int(a[2 + d * d + d])
+    pairs = a[3 + d * d + d:3 + d * d + d + 2 * n].reshape(n, 2)
+    return Contribution(unit, count, gram, b, {int(k): float(v) for k, v in pairs})
+
+
+class Folder:
+    """The release tick's first step at user level: fold each partition's pending contributions."""
+
+    def __init__(self, client: redis.Redis, namespace: str, *, d: int, n_units: int, n_items: int, cap: int,
+                 capacity: int, ratio: Callable[[int], float], b_clip: float = B_CLIP,
+                 item_clip: float = ITEM_CLIP) -> None:
+        self.r, self.ns, self.d, self.n_units, self.n_items = client, namespace, d, n_units, n_items
+        self.cap, self.capacity, self.ratio = int(cap), int(capacity), ratio
+        self.b_clip, self.item_clip = float(b_clip), float(item_clip)
+        self.trusted = TrustedKeys(namespace)
+        #: The users' lifetime budget (``user_budget``), set by the release stage; ``None``: none enforced.
+        self.budget: LifetimeBudget | None = None
+
+    def epoch_of(self, version: int) -> int:
+        return (max(1, version) - 1) // self.capacity
+
+    def fold(self, partitions: int, version: int) -> dict[str, int]:
+        """Fold every partition into the statistics of release ``version``; counters of what happened."""
+        total = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
+        for p in range(partitions):
+            for key, value in self.fold_partition(p, version).items():
+                total[key] += value
+        return total
+
+    def fold_partition(self, partition: int, version: int, retries: int = 50) -> dict[str, int]:
+        keys = UserLevelKeys(self.ns, partition)
+        stats_key = self.trusted.stats(partition)
+        epoch = self.epoch_of(version)
+        for _ in range(retries):
+            with self.r.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(keys.pending, keys.foldgen)
+                    pending = pipe.hgetall(keys.pending)
+                    if not pending:
+                        pipe.unwatch()
+                        return {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
+                    stats_raw = pipe.hgetall(stats_key)
+                    users = [k.decode()[2:] for k in pending]
+                    records_raw = pipe.hmget(keys.participation, users)
+                    out = self._plan(pending, stats_raw, users, records_raw, version, epoch)
+                    pipe.multi()
+                    if out["stats"]:
+                        pipe.hset(stats_key, mapping=out["stats"])
+                    if out["remove"]:
+                        pipe.hdel(keys.pending, *out["remove"])
+                    if out["records"]:
+                        pipe.hset(keys.participation, mapping=out["records"])
+                    for name, value in out["counts"].items():
+                        if value:
+                            pipe.hincrby(keys.summary, name, value)
+                    pipe.incr(keys.foldgen)
+                    pipe.execute()
+                    return out["summary"]
+                except redis.WatchError:  # ingest wrote pending meanwhile: read it again
+                    continue
+        raise RuntimeError(f"partition {partition}: the fold lost {retries} races with ingest in a row")
+
+    def _plan(self, pending: dict[bytes, bytes], stats_raw: dict[bytes, bytes], users: Sequence[str],
+              records_raw: Sequence[bytes | None], version: int, epoch: int) -> dict[str, Any]:
+        from .trusted import decode_items, decode_stats  # the partition's exact statistics
+
+        stats = decode_stats(stats_raw, self.n_units, self.d)
+        items = decode_items(stats_raw, self.n_items) if self.n_items else np.zeros(0)
+        touched_units: set[int] = set()
+        touched_items: set[int] = set()
+        remove: list[bytes] = []
+        records: dict[str, str] = {}
+        summary = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
+        for field_name, user, raw_rec in zip(list(pending), users, records_raw):
+            rec = LedgerRecord.loads(raw_rec).at(epoch, self.ratio)
+            if rec.last_version >= version:
+                summary["waiting"] += 1  # already in this release: the events wait for the next one
+                continue
+            c = decode_contribution(pending[field_name], self.d)
+            remove.append(field_name)
+            if rec.k >= self.cap:
+                summary["dropped"] += c.count  # at the cap: served and logged, not learned from
+                records[user] = LedgerRecord(rec.epoch, rec.k, rec.last_version, rec.past).dumps()
+                continue
+            if self.budget is not None and not self.budget.allows(rec, epoch):
+                summary["over_budget"] += c.count  # past the lifetime budget: served and logged, not learned from
+                records[user] = rec.dumps()
+                continue
+            scale = clip_scale(float(np.linalg.norm(c.b)), self.b_clip)
+            stats.gram[c.unit] += c.gram
+            stats.b[c.unit] += scale * c.b
+            stats.count[c.unit] += c.count
+            touched_units.add(c.unit)
+            if self.n_items and c.items:
+                iscale = clip_scale(math.sqrt(sum(v * v for v in c.items.values())), self.item_clip)
+                for item, value in c.items.items():
+                    items[item] += iscale * value
+                    touched_items.add(item)
+            k = rec.k + 1
+            records[user] = LedgerRecord(epoch, k, version, rec.past).dumps()
+            summary["folded"] += 1
+            if k == self.cap:
+                summary["at_cap"] += 1
+        out_stats: dict[str, Any] = {}
+        for u in touched_units:
+            out_stats[f"g:{u}"] = stats.gram[u].astype("<f8").tobytes()
+            out_stats[f"b:{u}"] = stats.b[u].astype("<f8").tobytes()
+            out_stats[f"n:{u}"] = str(int(stats.count[u]))
+        for a in touched_items:
+            out_stats[f"i:{a}"] = repr(float(items[a]))
+        counts = {f"at_cap:{epoch}": summary["at_cap"], "dropped": summary["dropped"], "folded": summary["folded"],
+                  "over_budget": summary["over_budget"]}
+        return {"stats": out_stats, "remove": remove, "records": records, "counts": counts, "summary": summary}
+
