@@ -55,7 +55,7 @@ FloatArray = NDArray[np.float64]
 #: The default per-tick clip of one privacy unit's (a user's tick, or at event level one interaction's) reward
 #: statistic ``b``: the context bound ``Lx = 1``. Two *replacing* contributions then differ by up to ``2``
 #: (:func:`replace_sensitivity`), and the noise is calibrated to that. Clipping to ``1/2`` instead (the noise of
-#: sensitivity 1) earned slightly less on held-out LastFM events at every user-level epsilon (README, "Privacy
+#: sensitivity 1) earned slightly less on held-out LastFM events at every user-level epsilon (docs/privacy.md, "Privacy
 #: guarantees"), so the default calibrates to the true difference.
 B_CLIP = 1.0
 #: The default clip of one unit's per-tick vector of item rewards (nonnegative: replace sensitivity ``sqrt(2)``).

@@ -560,7 +560,7 @@ def _serve(settings: Settings, catalog: Catalog, host: str, port: int, *, reuse_
     # the imports, the catalog and the app are long-lived: out of the cyclic collector's sight, so that its
     # collections (triggered by every request's allocations) do not walk them
     gc.freeze()
-    # uvloop's event loop: 15-25 % less server CPU per /recommend than asyncio's (README, "Latency")
+    # uvloop's event loop: 15-25 % less server CPU per /recommend than asyncio's (docs/serving.md, "Latency")
     web.run_app(app, host=host, port=port, access_log=None, print=None, loop=uvloop.new_event_loop(),
                 reuse_port=reuse_port)
 

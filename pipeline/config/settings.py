@@ -37,10 +37,10 @@ from models.mechanisms.participation import B_CLIP, ITEM_CLIP
 __all__ = ["Settings", "SettingsError", "add_arguments", "MODEL_FIELDS", "DEFAULT_USER_BUDGET", "DEFAULT_MECHANISM", "DEFAULT_NOISE_RIDGE", "ALGORITHMS",
            "BASELINE_ALGORITHMS"]
 
-#: The default mechanism: the best measured in `privrec experiment mechanisms` (README, "Privacy
+#: The default mechanism: the best measured in `privrec experiment mechanisms` (docs/privacy.md, "Privacy
 #: guarantees"): BLT square-root factorization on the users' own statistics, exact Gaussian-DP accounting.
 DEFAULT_MECHANISM = "user-blt-exact"
-#: Default kappa of the noise-scaled ridge (README, "Continual-release mechanisms").
+#: Default kappa of the noise-scaled ridge (docs/experiments.md, "Continual-release mechanisms").
 DEFAULT_NOISE_RIDGE = 100.0
 
 #: The other papers' private LinUCB variants (``models.policies.baselines``), selectable as algorithms: each
@@ -207,7 +207,7 @@ class Settings:
         to norm ``item_clip``. Neighbours *replace* a unit's rewards and choices, so the release is calibrated
         to the difference ``2 b_clip`` and ``sqrt(2) item_clip`` (the item rewards are nonnegative). The
         defaults (1 and 1: sensitivities 2 and sqrt(2)) earned slightly more than clipping to half (the noise of
-        sensitivity 1) on held-out LastFM events at every user-level epsilon (README, "Privacy guarantees"). The per-unit baselines (ss-*, dgs-*) calibrate
+        sensitivity 1) on held-out LastFM events at every user-level epsilon (docs/privacy.md, "Privacy guarantees"). The per-unit baselines (ss-*, dgs-*) calibrate
         their own noise to whole interactions and clip at 1.
     cap_policy
         User level, a user at the cap: ``"ignore"`` (still served and logged, no longer learned from) or
@@ -217,7 +217,7 @@ class Settings:
         epoch (``inf``: none). User level, the fold stops learning from a user whose spent budget would exceed
         it (their events are counted as "not learned (budget)"); local mode, the server stops aggregating a
         device's reports past it. Unset: 10 at user level, none at event level (local mode, federated sites,
-        ``privacy_unit = event``, where k interactions cost k times one); :attr:`lifetime_budget` (README, "A
+        ``privacy_unit = event``, where k interactions cost k times one); :attr:`lifetime_budget` (docs/privacy.md, "A
         lifetime budget per user").
     default_pool
         Comma-separated arm ids that ``/recommend`` ranks when the request
@@ -560,7 +560,7 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-#: ``user_budget`` at user level when unset: epsilon over a user's whole history (README: why 10).
+#: ``user_budget`` at user level when unset: epsilon over a user's whole history (docs/privacy.md: why 10).
 DEFAULT_USER_BUDGET = 10.0
 
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
@@ -601,7 +601,7 @@ _HELP = {
                      "--epsilon is then the central guarantee of a batch",
     "fed_schedule": "federated mode: share every release tick ('tick') or at ticks 1, 2, 4, ... ('doubling')",
     "catalog": "'synthetic', 'lastfm', or a catalog directory (items.csv, optional users.csv, edges.csv, "
-               "events.csv; see the README section 'Your own catalog')",
+               "events.csv; see docs/own-data.md)",
     "catalog_units": "catalog directory: clusters of edges.csv, or units of the public rule SHA-256(user) mod "
                      "units that also places every user the catalog does not list",
     "graph": "LastFM: 'clusters' (the 100 friend-graph clusters share models) or 'users' (a model per user, the "

@@ -17,7 +17,7 @@ which worker). Items are immutable: a message for a known id is ignored.
 
 The set of items is public (the catalog is public data, DESIGN); adding one reads no one's data and spends
 no privacy. The item term's reward sums are sized at start for :attr:`OpenCatalog.item_capacity` items, so
-every release's sensitivity and guarantee are those of the start (README, "Privacy": new items).
+every release's sensitivity and guarantee are those of the start (docs/privacy.md: new items).
 """
 
 from __future__ import annotations

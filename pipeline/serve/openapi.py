@@ -264,7 +264,7 @@ PATHS: dict[str, dict[str, Any]] = {
 }
 
 _INFO = {"title": "privrec HTTP API", "version": "1",
-         "description": "Recommendations by contextual bandits with differential privacy (README, \"Serving\"). "
+         "description": "Recommendations by contextual bandits with differential privacy (docs/serving.md). "
                         "Errors are JSON {\"error\": {\"parameter\", \"message\"}}."}
 
 

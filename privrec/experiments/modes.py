@@ -407,7 +407,7 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         got = sh["lastfm_ratio"][i]
         untrained = doc.get("lastfm_untrained_ratio")
         doc["local_target"] = {"what": "local mode with shuffling: LastFM ratio at central epsilon = 2 at least the "
-                                       "papers' global system at epsilon = 2 (0.79, README)",
+                                       "papers' global system at epsilon = 2 (0.79, docs/serving.md)",
                                "reached": got, "papers_global": 0.79,
                                "met": bool(isinstance(got, float) and not math.isnan(got) and got >= 0.79),
                                "untrained_ratio": untrained,

@@ -1,6 +1,6 @@
 """Anyone's catalog: the directory format (:mod:`.format`) and its build into features and units (:mod:`.build`).
 
-See the README section "Your own catalog" for the format; :func:`build_catalog` is the entry point.
+See ``docs/own-data.md`` ("Your own catalog") for the format; :func:`build_catalog` is the entry point.
 """
 
 from .build import BuiltCatalog, TagFeaturizer, build_catalog, hash_unit
