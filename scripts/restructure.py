@@ -80,6 +80,10 @@ MOVES: dict[str, str] = {
     "pipeline.app": "pipeline.apps.worker_app",
     "pipeline.worker": "pipeline.apps.worker",
     "pipeline.web": "pipeline.apps.web",
+    # modules the branches written beside issue 23 add directly in pipeline/ (moved once merged)
+    "pipeline.esa": "pipeline.modes.local.esa",
+    "pipeline.shuffler_service": "pipeline.modes.local.shuffler_service",
+    "pipeline.httpstats": "pipeline.serve.httpstats",
 }
 
 #: old directory -> new directory (moved whole)
