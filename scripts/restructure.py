@@ -128,28 +128,42 @@ def _git(*args: str) -> str:
 
 
 def move(check: bool) -> list[str]:
-    """The ``git mv``-s still to do (done unless ``check``); an error if a file is at both places."""
+    """The ``git mv``-s still to do (done unless ``check``); an error if a module is at both places.
+
+    A moved directory that a merge brought new files into at its old place (``pipeline/static/x.js``)
+    has those files moved one by one.
+    """
     todo, clash = [], []
-    pairs = [(_path_of(o) + ".py", _path_of(n) + ".py") for o, n in MOVES.items()] + list(DIR_MOVES.items())
-    for old, new in pairs:
+    for o, n in MOVES.items():
+        old, new = _path_of(o) + ".py", _path_of(n) + ".py"
         if (ROOT / old).exists() and (ROOT / new).exists():
             clash.append(f"{old} and {new}")
         elif (ROOT / old).exists():
             todo.append((old, new))
+    for old, new in DIR_MOVES.items():
+        if not (ROOT / old).exists():
+            continue
+        if not (ROOT / new).exists():
+            todo.append((old, new))
+            continue
+        for f in sorted(p for p in (ROOT / old).rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            rel = f.relative_to(ROOT / old)
+            if (ROOT / new / rel).exists():
+                clash.append(f"{old}/{rel} and {new}/{rel}")
+            else:
+                todo.append((f"{old}/{rel}", f"{new}/{rel}"))
     if clash:
-        sys.exit("restructure: both the old and the new file exist (merge by hand, then rerun):\n  "
-                 + "\n  ".join(clash))
+        sys.exit("restructure: both the old and the new file exist (merge the old one's changes into the new "
+                 "one, git rm the old one, rerun):\n  " + "\n  ".join(clash))
     if not check:
-        for new in sorted({n for n in MOVES.values()}):
-            for i in range(2, new.count(".") + 1):
-                pkg = ROOT / _path_of(".".join(new.split(".")[:i]))
-                if not (pkg / "__init__.py").exists():
-                    pkg.mkdir(parents=True, exist_ok=True)
-                    (pkg / "__init__.py").write_text(f'"""{pkg.name}: see pipeline/__init__.py."""\n')
-                    _git("add", str(pkg / "__init__.py"))
         for old, new in todo:
             (ROOT / new).parent.mkdir(parents=True, exist_ok=True)
             _git("mv", old, new)
+    missing = sorted({str(Path(_path_of(n)).parent) for n in MOVES.values()
+                      if (ROOT / _path_of(n)).with_suffix(".py").exists()
+                      and not (ROOT / _path_of(n)).parent.joinpath("__init__.py").exists()})
+    if missing:  # the packages' __init__.py (their docstring maps) come with the restructure branch
+        print("restructure: packages without __init__.py (merge the restructure branch): " + ", ".join(missing))
     return [f"git mv {o} {n}" for o, n in todo]
 
 
