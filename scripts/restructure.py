@@ -97,6 +97,37 @@ DIR_MOVES: dict[str, str] = {"pipeline/static": "pipeline/apps/static"}
 #: modules that stay where they are
 STAYS = {"pipeline", "pipeline.services"}
 
+#: The restructure branch's hand edits to files other branches may edit too, done by the script as well: a run
+#: on a merge of those branches then produces the same lines as the branch, and merging it brings no conflict.
+#: (path in the new layout, text before, text after); each applied where the text before is found.
+FIXUPS: list[tuple[str, str, str]] = [
+    ("pipeline/serve/appkeys.py",
+     "from __future__ import annotations\n\nfrom aiohttp import web\n",
+     "from __future__ import annotations\n\nfrom typing import TYPE_CHECKING\n\nfrom aiohttp import web\n"),
+    ("pipeline/serve/appkeys.py",
+     "from ..modes.federated.federated_serving import SiteRouter\nfrom ..config.keys import PublicKeys\n"
+     "from .serving import Recommender\nfrom ..config.settings import Settings\n",
+     "from ..config.keys import PublicKeys\nfrom .serving import Recommender\nfrom ..config.settings import Settings\n"
+     "\nif TYPE_CHECKING:  # an annotation only: serving does not import a mode\n"
+     "    from ..modes.federated.federated_serving import SiteRouter\n"),
+    ("tests/unit/test_ops_deploy.py", r'(pipeline\.[a-z_]+)", text)', r'(pipeline(?:\.[a-z_]+)+)", text)'),
+    # the README's sections moved to docs/
+    ("models/mechanisms/participation.py", '(README, "Privacy\n#: guarantees")', '(docs/privacy.md, "Privacy\n#: guarantees")'),
+    ("pipeline/apps/web.py", '(README, "Latency")', '(docs/serving.md, "Latency")'),
+    ("pipeline/config/settings.py", '(README, "Privacy\n#: guarantees")', '(docs/privacy.md, "Privacy\n#: guarantees")'),
+    ("pipeline/config/settings.py", '(README, "Continual-release mechanisms")',
+     '(docs/experiments.md, "Continual-release mechanisms")'),
+    ("pipeline/config/settings.py", '(README, "Privacy guarantees")', '(docs/privacy.md, "Privacy guarantees")'),
+    ("pipeline/config/settings.py", ':attr:`lifetime_budget` (README, "A', ':attr:`lifetime_budget` (docs/privacy.md, "A'),
+    ("pipeline/config/settings.py", "(README: why 10)", "(docs/privacy.md: why 10)"),
+    ("pipeline/config/settings.py", "see the README section 'Your own catalog')", "see docs/own-data.md)"),
+    ("pipeline/serve/items_live.py", '(README, "Privacy": new items)', "(docs/privacy.md: new items)"),
+    ("pipeline/serve/openapi.py", '(README, \\"Serving\\")', "(docs/serving.md)"),
+    ("privrec/experiments/modes.py", "(0.79, README)", "(0.79, docs/serving.md)"),
+    ("producers/catalog/__init__.py", 'See the README section "Your own catalog" for the format',
+     'See ``docs/own-data.md`` ("Your own catalog") for the format'),
+]
+
 _OLD_NAMES = sorted((m.split(".", 1)[1] for m in MOVES), key=len, reverse=True)
 _ALT = "|".join(_OLD_NAMES)
 _DOTTED = re.compile(rf"(?<![\w.])pipeline\.({_ALT})(?!\w)")
@@ -312,6 +343,9 @@ def rewrite(text: str, path: Path) -> str:
     text = _JOINED.sub(_joined, text)
     for pattern, new in _DIRS:
         text = pattern.sub(new, text)
+    for where, before, after in FIXUPS:
+        if path == ROOT / where and before in text:
+            text = text.replace(before, after)
     return text
 
 
