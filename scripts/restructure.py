@@ -22,6 +22,21 @@ A relative import is read in the new layout first and in the old one only if it 
 
 Usage: ``python3 scripts/restructure.py [--check]`` from the repository root (``--check``: change
 nothing, exit 1 if a run would change something).
+
+Merging branches written against the flat layout (tried on the branches of 2026-11-25)::
+
+    git merge A B ...                        # the other branches first, in the flat layout
+    git checkout restructure -- scripts/restructure.py
+    python3 scripts/restructure.py           # moves + rewrites their code too; commit
+    git commit -qam "pipeline/ in subpackages (scripts/restructure.py)"
+    git merge -X ours restructure            # same moves and lines on both sides; brings the package
+                                             # maps, README, docs/, contracts, tests
+    python3 scripts/restructure.py           # must say: 0 moves, 0 files rewritten
+    lint-imports && ./scripts/test.sh
+
+A module another branch added directly in ``pipeline/`` is listed at the end of a run: give it a place in
+:data:`MOVES` (the layers contract is exhaustive) and run again. The hand edits the branch made to files
+other branches may touch are in :data:`FIXUPS`, so the run reproduces them and ``-X ours`` loses nothing.
 """
 
 from __future__ import annotations
