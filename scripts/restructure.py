@@ -31,6 +31,8 @@ Merging branches written against the flat layout (tried on the branches of 2026-
     git commit -qam "pipeline/ in subpackages (scripts/restructure.py)"
     git merge -X ours restructure            # same moves and lines on both sides; brings the package
                                              # maps, README, docs/, contracts, tests
+    # a moved module git does not see as renamed on our side (main's local_http.py on 2026-11-25:
+    # "rename/delete"): keep ours, e.g. git checkout --ours -- pipeline/modes/local/local_http.py && git add it
     python3 scripts/restructure.py           # must say: 0 moves, 0 files rewritten
     lint-imports && ./scripts/test.sh
 
