@@ -350,7 +350,11 @@ def local_reports(size: Size, algorithm: str) -> Audit:
     """(6) Local mode: ``tree`` (a device's whole epoch of running-sum reports; the epoch is ``size.ticks``
     reports) and ``round`` (each report alone: the differing one and one more)."""
     def make() -> Audit:
-        s = Settings(mode="local", local_algorithm=algorithm, local_capacity=size.ticks, d=size.d, kafka=None)
+        # event level: the audited neighbours differ in one interaction, the unit the device's event-level claim
+        # is about (at user level, the default since issue 21, the claim covers a whole capped epoch of reports
+        # and a one-interaction difference would test it with far less power)
+        s = Settings(mode="local", local_algorithm=algorithm, local_capacity=size.ticks, d=size.d, kafka=None,
+                     privacy_unit="event")
         config = s.local_config(size.d)
         g = config.guarantee()
         nb = LocalNeighbours(config, size.ticks if algorithm == "tree" else 2)
