@@ -53,7 +53,7 @@ ENVELOPE_SCHEMA = "privrec.Envelope/1"
 SEALED_BATCH_SCHEMA = "privrec.SealedBatch/1"
 #: Largest sealed content accepted (a d = 25 vector of JSON floats is about 700 bytes).
 MAX_SEALED_BYTES = 1 << 14
-_ENVELOPE_FIELDS = {"schema", "user", "version", "rec_id", "sealed"}
+_ENVELOPE_FIELDS = {"schema", "user", "version", "rec_id", "sealed", "epoch"}
 _CONTENT_FIELDS = {"schema", "algorithm", "m"}
 #: Fields that would tie a content to a person or a request: refused inside a content.
 _LINKING = ("user", "version", "rec_id", "shown", "item", "reward")
@@ -71,6 +71,8 @@ class Envelope:
     """Device → shuffler: identity and metadata in the clear, the content sealed to the analyzer.
 
     ``shown``: the answered list's items, added by the shuffler from the web's shown lists (never sent).
+    ``epoch``: at user level, the device's epoch of the report (in the clear, as the version: the shuffler checks
+    the cap per epoch from them, :func:`pipeline.modes.local.localmode.check_user_level`).
     """
 
     user: str
@@ -78,10 +80,13 @@ class Envelope:
     rec_id: str
     sealed: bytes
     shown: tuple[str, ...] = ()
+    epoch: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema": ENVELOPE_SCHEMA, "user": self.user, "version": self.version,
                                "rec_id": self.rec_id, "sealed": b64encode(self.sealed)}
+        if self.epoch is not None:
+            out["epoch"] = self.epoch
         if self.shown:
             out["shown"] = list(self.shown)
         return out
@@ -95,7 +100,8 @@ class Envelope:
 
 def seal_report(report: LocalReport, public_key: bytes) -> Envelope:
     """The envelope of ``report``: its content sealed to ``public_key``, its identity and metadata in the clear."""
-    return Envelope(report.user, report.version, report.rec_id, seal(public_key, report_content(report)))
+    return Envelope(report.user, report.version, report.rec_id, seal(public_key, report_content(report)),
+                    epoch=report.epoch)
 
 
 def _json_object(raw: bytes | str, parameter: str) -> dict[str, Any]:
@@ -129,6 +135,9 @@ def parse_envelope(raw: bytes | str | dict[str, Any], *, stored: bool = False) -
     version = body.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**53:
         raise ReportError("version", f"must be an integer >= 1 (the device's report counter), got {version!r:.60}")
+    epoch = body.get("epoch")
+    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**53):
+        raise ReportError("epoch", f"must be an integer >= 0 (the device's epoch of the report), got {epoch!r:.60}")
     text = body.get("sealed")
     if not isinstance(text, str) or len(text) > 2 * MAX_SEALED_BYTES:
         raise ReportError("sealed", f"must be a base64 string of at most {MAX_SEALED_BYTES} bytes")
@@ -140,7 +149,7 @@ def parse_envelope(raw: bytes | str | dict[str, Any], *, stored: bool = False) -
     shown = body.get("shown", [])
     if not isinstance(shown, list) or len(shown) > MAX_SHOWN or not all(isinstance(a, str) and a for a in shown):
         raise ReportError("shown", "must be a list of item ids")
-    return Envelope(user, version, rec_id, sealed, tuple(shown))
+    return Envelope(user, version, rec_id, sealed, tuple(shown), epoch)
 
 
 def parse_content(raw: bytes, *, d: int, algorithm: str) -> NDArray[np.float64]:

@@ -24,7 +24,7 @@ from models.local.seal import AnalyzerKey
 from pipeline.config.settings import Settings
 from privrec import ops
 
-ENVELOPE_FIELDS = {"schema", "user", "version", "rec_id", "sealed"}
+ENVELOPE_FIELDS = {"schema", "user", "version", "rec_id", "sealed", "epoch"}  # epoch: user level, the cap
 
 
 @pytest.fixture(scope="module")

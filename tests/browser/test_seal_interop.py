@@ -19,7 +19,7 @@ import pytest
 from models.local.esa import parse_content, parse_envelope
 from models.local.seal import AnalyzerKey, SealError, b64encode
 
-SEAL_JS = Path(__file__).resolve().parents[2] / "pipeline" / "static" / "seal.js"
+SEAL_JS = Path(__file__).resolve().parents[2] / "pipeline" / "apps" / "static" / "seal.js"
 ORIGIN = "http://127.0.0.1:9/"
 
 

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import re
@@ -295,12 +297,16 @@ def test_local_mode_refuses_a_users_reports_past_the_lifetime_budget(tmp_path: P
     mu = gdp_mu(2.0, 1e-5)
     budget_eps = gdp_epsilon(2.5 * mu, 1e-5)  # a tree device's k reports cost k * mu: 2 fit, the 3rd does not
     state = tmp_path / "stack"
-    ops.up(Settings(mode="local", namespace="lr", user_budget=budget_eps, **WORLD), state, timeout=90,
+    # event level: the budget above is counted in event-level reports (user level, local mode's default since
+    # issue 21, has a device ledger of its own: tests/unit/test_local_userlevel.py)
+    ops.up(Settings(mode="local", namespace="lr", user_budget=budget_eps, privacy_unit="event", **WORLD), state,
+           timeout=90,
            supervise=False, loglevel="WARNING")
     try:
         stack = ops.read_stack(state)
         base = stack["http"]
-        cfg = config_from_public(_get(f"{base}/local/config")[1])
+        # a device that does not enforce the budget itself (the server must): the public calibration, no budget
+        cfg = dataclasses.replace(config_from_public(_get(f"{base}/local/config")[1]), user_budget=math.inf)
         device = LocalClient("3", cfg)
         answers = []
         for _ in range(5):

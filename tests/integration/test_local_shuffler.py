@@ -248,6 +248,10 @@ def test_bad_envelopes_get_a_4xx_naming_the_field(stack: Stack) -> None:
         ({**good, "user": "no-such-user"}, 404 if _unknown(st, "no-such-user") else 400, "user"),
         ({**good, "rec_id": "no-such-list"}, 404, "rec_id"),
         ({**good, "user": other}, 400, "user"),
+        # user level (the default): the shuffler checks the cap per epoch from the envelope's epoch
+        ({k: v for k, v in good.items() if k != "epoch"}, 400, "epoch"),
+        ({**good, "epoch": "soon"}, 400, "epoch"),
+        ({**good, "epoch": good["epoch"] + 5}, 403, "epoch"),
     ]
     for body, status, parameter in cases:
         got, answer = _post(st.submit, body)
@@ -275,7 +279,7 @@ def test_contents_that_do_not_open_are_dead_lettered_and_the_rest_counts(stack: 
         elif i == 1:  # a content that names its user (it would re-identify the report)
             content = json.dumps({"schema": "privrec.ReportContent/1", "algorithm": "round",
                                   "m": rep.vector.tolist(), "user": user}).encode()
-            env = type(env)(env.user, env.version, env.rec_id, seal(st.pk, content))
+            env = type(env)(env.user, env.version, env.rec_id, seal(st.pk, content), epoch=env.epoch)
         assert _post(st.submit, env.to_dict())[0] == 202
         sent.append((rep, env))
     rel = st.wait_count(start + 1)  # the one good content of the batch of three

@@ -66,7 +66,18 @@ def test_envelope_carries_identity_and_sealed_content_only() -> None:
     assert parse_content(KEY.open(back.sealed), d=2, algorithm="round").tolist() == [0.5, -1.25]
 
 
+def test_a_user_level_envelope_carries_the_reports_epoch_in_the_clear() -> None:
+    import dataclasses
+
+    env = seal_report(dataclasses.replace(_report(), epoch=7), PK)
+    assert env.to_dict()["epoch"] == 7  # the shuffler checks the cap per epoch from it
+    assert parse_envelope(env.to_json()) == env
+
+
 @pytest.mark.parametrize("change, parameter", [
+    ({"epoch": -1}, "epoch"),
+    ({"epoch": "7"}, "epoch"),
+    ({"epoch": True}, "epoch"),
     ({"sealed": None}, "sealed"),
     ({"sealed": "***"}, "sealed"),
     ({"sealed": b64encode(b"\x04" + b"\x00" * 100)}, "sealed"),  # the ephemeral "point" is not on the curve

@@ -50,8 +50,10 @@ window.PrivrecSeal = (() => {
   // envelope(config, report) -> the JSON body for the shuffler (config.esa from GET /local/config)
   async function envelope(config, report) {
     const sealed = await seal(config.esa.public_key, content(report));
-    return { schema: ENVELOPE_SCHEMA, user: report.user, version: report.version, rec_id: report.rec_id,
-             sealed: toB64(sealed) };
+    const body = { schema: ENVELOPE_SCHEMA, user: report.user, version: report.version, rec_id: report.rec_id,
+                   sealed: toB64(sealed) };
+    if (report.epoch !== undefined && report.epoch !== null) body.epoch = report.epoch;  // user level: the cap's epoch
+    return body;
   }
 
   // Where and what to POST for `report`: the shuffler and the envelope when the stack has one, else /report.

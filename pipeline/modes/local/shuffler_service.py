@@ -32,6 +32,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import redis
@@ -43,6 +44,8 @@ from models.local.esa import SealedShuffler, parse_envelope
 from ...data.catalog import Catalog, UnknownUserError, load_catalog
 from ...config.keys import PublicKeys
 from .local_http import report_limit
+from .localmode import BeyondLimit, check_user_level
+from ...config.ledger import LedgerRecord
 from ...config.kafkaconn import client_kwargs
 from ...data.records import TOPICS
 from ...config.redisconn import connect
@@ -68,7 +71,8 @@ class ShufflerStore:
     ``open`` (hash: arrival number → stored envelope with its unit), ``versions`` (hash: user → latest version),
     ``seq`` (hash: unit → batches sent), ``accepted`` (hash: user → envelopes accepted, for the lifetime budget:
     :func:`pipeline.modes.local.local_http.report_limit`), ``arrivals`` (counter), ``outbox`` (list of batches not yet produced),
-    ``answered:<rec_id>`` (strings with a TTL).
+    ``answered:<rec_id>`` (strings with a TTL), ``ledger`` (hash: user → their user-level ledger record, the
+    epoch of their last accepted envelope and its count: the cap's check, :func:`check_user_level`).
     """
 
     def __init__(self, client: redis.Redis, namespace: str) -> None:
@@ -78,6 +82,7 @@ class ShufflerStore:
         self.open, self.versions, self.seq = f"{p}open:{tag}", f"{p}versions:{tag}", f"{p}seq:{tag}"
         self.arrivals, self.outbox, self.accepted = f"{p}arrivals:{tag}", f"{p}outbox:{tag}", f"{p}accepted:{tag}"
         self._answered = f"{p}answered:{tag}:"
+        self.ledger = f"{p}ledger:{tag}"
 
     def answered(self, rec_id: str) -> str:
         return self._answered + rec_id
@@ -142,6 +147,16 @@ class ShufflerService:
                 return 403, _err("user", f"user {env.user!r} has sent the {limit} reports their lifetime budget "
                                          f"allows (user_budget epsilon {self.settings.lifetime_budget:g}): no further "
                                          f"report is accepted")
+            record = None
+            if self.config.user_level:  # the cap per epoch, from the envelope's version and epoch alone
+                raw_record = self.r.hget(st.ledger, env.user)
+                ledger = {} if raw_record is None else {env.user: LedgerRecord.loads(raw_record)}
+                try:
+                    record = check_user_level(self.config, ledger, env, time.time())  # type: ignore[arg-type]
+                except ReportError as e:
+                    return 400, _err(e.parameter, e.message)
+                except BeyondLimit as e:
+                    return 403, _err("epoch" if e.counter == "dropped" else "version", str(e))
             self.shuffler.just_closed = []
             batches = self.shuffler.add_envelope(env, unit=unit)
             arrival = int(self.r.incr(st.arrivals))
@@ -151,6 +166,8 @@ class ShufflerService:
                 pipe.hset(st.open, name, json.dumps({"unit": unit, "envelope": env.to_dict()}))
                 pipe.hset(st.versions, env.user, env.version)
                 pipe.hincrby(st.accepted, env.user, 1)
+                if record is not None:
+                    pipe.hset(st.ledger, env.user, record.dumps())
                 pipe.set(st.answered(env.rec_id), "1", ex=ANSWERED_TTL)
                 gone = [self.field.pop((e.user, e.version)) for e in self.shuffler.just_closed]
                 if gone:
