@@ -1,4 +1,6 @@
-"""The Table-1 claims that the issue requires, re-measured on the full protocol (~2 min: part of the default run).
+"""The Table-1 claims that the issue requires, re-measured on the full protocol.
+
+An experiment of ~3 minutes, opt-in under ``-m slow`` (``pytest -m slow tests/experiments``).
 
 Deterministic: every run is seeded, so these are exact re-computations, not samples.
 """
@@ -8,9 +10,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from privrec.experiments.runner import Job, run_jobs
 from privrec.experiments.table1 import NONPRIVATE, Table1Config, assemble, build_jobs
+
+pytestmark = pytest.mark.slow
 
 
 
