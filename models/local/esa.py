@@ -41,7 +41,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .config import LocalConfig
-from .reports import MAX_ABS, MAX_SHOWN, LocalReport, ReportError, _string  # the reports' string rule
+from .reports import (MAX_ABS, MAX_SHOWN, LocalReport, ReportError, _string,  # the reports' field rules
+                      _version_and_epoch)
 from .seal import SealError, b64decode, b64encode, check_sealed, seal
 from .shuffle import Shuffler, _Open
 
@@ -132,12 +133,7 @@ def parse_envelope(raw: bytes | str | dict[str, Any], *, stored: bool = False) -
     if body.get("schema") != ENVELOPE_SCHEMA:
         raise ReportError("schema", f"must be {ENVELOPE_SCHEMA!r}, got {body.get('schema')!r:.60}")
     user, rec_id = _string(body, "user"), _string(body, "rec_id")
-    version = body.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**53:
-        raise ReportError("version", f"must be an integer >= 1 (the device's report counter), got {version!r:.60}")
-    epoch = body.get("epoch")
-    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**53):
-        raise ReportError("epoch", f"must be an integer >= 0 (the device's epoch of the report), got {epoch!r:.60}")
+    version, epoch = _version_and_epoch(body)
     text = body.get("sealed")
     if not isinstance(text, str) or len(text) > 2 * MAX_SEALED_BYTES:
         raise ReportError("sealed", f"must be a base64 string of at most {MAX_SEALED_BYTES} bytes")

@@ -106,6 +106,18 @@ def _string(body: dict[str, Any], key: str, limit: int = 200) -> str:
     return v
 
 
+def _version_and_epoch(body: dict[str, Any]) -> tuple[int, int | None]:
+    """A report's (or an envelope's) ``version`` (the device's report counter, >= 1) and optional ``epoch``
+    (>= 0); :class:`ReportError` naming the bad one."""
+    version = body.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**53:
+        raise ReportError("version", f"must be an integer >= 1 (the device's report counter), got {version!r:.60}")
+    epoch = body.get("epoch")
+    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**53):
+        raise ReportError("epoch", f"must be an integer >= 0 (the device's epoch of the report), got {epoch!r:.60}")
+    return version, epoch
+
+
 def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | None = None) -> LocalReport:
     """Parse and check one report; raise :class:`ReportError` naming the first bad field.
 
@@ -136,12 +148,7 @@ def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | 
     if not isinstance(shown, list) or len(shown) > MAX_SHOWN or not all(
             isinstance(a, str) and a and len(a) <= 200 for a in shown):
         raise ReportError("shown", f"must be a list of at most {MAX_SHOWN} item id strings (added by the server)")
-    version = body.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version < 2**53:
-        raise ReportError("version", f"must be an integer >= 1 (the device's report counter), got {version!r:.60}")
-    epoch = body.get("epoch")
-    if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < 2**53):
-        raise ReportError("epoch", f"must be an integer >= 0 (the device's epoch of the report), got {epoch!r:.60}")
+    version, epoch = _version_and_epoch(body)
     alg = body.get("algorithm")
     if not isinstance(alg, str) or alg not in _VECTOR:
         raise ReportError("algorithm", f"must be one of {sorted(_VECTOR)}, got {alg!r:.60}")
