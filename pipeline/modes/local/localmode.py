@@ -40,7 +40,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import redis
@@ -244,7 +244,18 @@ class BeyondLimit(Exception):
         self.counter = counter
 
 
-def check_user_level(config: LocalConfig, ledger: dict[str, LedgerRecord], rep: LocalReport, now: float
+class Counted(Protocol):
+    """What the cap is checked from: a report's (or a sealed envelope's) user, version and epoch."""
+
+    @property
+    def user(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def epoch(self) -> int | None: ...
+
+
+def check_user_level(config: LocalConfig, ledger: dict[str, LedgerRecord], rep: Counted, now: float
                      ) -> LedgerRecord:
     """The user's ledger record with ``rep`` counted, or :class:`BeyondLimit` / :class:`ReportError` naming why
     not (user level; ``now``: the server's clock). Checked from the report's version and epoch alone: the

@@ -152,7 +152,7 @@ class ShufflerService:
                 raw_record = self.r.hget(st.ledger, env.user)
                 ledger = {} if raw_record is None else {env.user: LedgerRecord.loads(raw_record)}
                 try:
-                    record = check_user_level(self.config, ledger, env, time.time())  # type: ignore[arg-type]
+                    record = check_user_level(self.config, ledger, env, time.time())
                 except ReportError as e:
                     return 400, _err(e.parameter, e.message)
                 except BeyondLimit as e:
