@@ -7,6 +7,7 @@ Started on loopback on a free port (``start_broker``), probed with a metadata re
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -203,7 +204,12 @@ def ensure_identity(address: str, *, timeout: float = 10.0) -> str:
         producer.send(IDENTITY_TOPIC, uuid.uuid4().hex.encode()).get(timeout=timeout)
     finally:
         producer.close()
+    # a fresh topic may be missing from the first metadata a new consumer gets: read again until the deadline
+    deadline = time.monotonic() + timeout
     found = read_identity(address, timeout=timeout)
+    while found is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        found = read_identity(address, timeout=max(1.0, deadline - time.monotonic()))
     if found is None:
         raise KafkaError(f"the broker at {address} did not keep its identity record")
     return found
