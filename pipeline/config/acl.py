@@ -104,9 +104,12 @@ def stack_rules(settings: Any) -> dict[str, list[str]]:
 
 def shuffler_rules(namespace: str) -> list[str]:
     """Local mode's separate shuffler: its own keys ``{ns}-shuffler:*`` (outside the worker's ``{ns}:*``, so
-    neither the worker nor the web can read them) and read-only the web's shown lists (public: which items
-    were shown to whom), to check that a report answers a list shown to its sender."""
-    return [f"~{namespace}-shuffler:*", f"%R~{namespace}:recs:*"]
+    neither the worker nor the web can read them), read-only the web's shown lists (public: which items
+    were shown to whom), to check that a report answers a list shown to its sender, and the public ledger's
+    participation and summary hashes (``{ns}:ledger:{ns:p<P>}:participation`` / ``:summary``): it checks the
+    user-level cap, so it mirrors each user's record there (participations are public) for ``/budget``."""
+    return [f"~{namespace}-shuffler:*", f"%R~{namespace}:recs:*", f"~{namespace}:ledger:*:participation",
+            f"~{namespace}:ledger:*:summary"]
 
 
 def _commands(role: str) -> tuple[str, ...]:

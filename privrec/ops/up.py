@@ -158,9 +158,6 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
     if not 1 <= workers <= settings.partitions:
         raise OpsError(f"`--workers` must be between 1 and the partition count ({settings.partitions}, "
                        f"setting `partitions`), got {workers}.")
-    if settings.mode == "local" and settings.shuffle_batch and workers != 1:
-        raise OpsError(f"local mode with a shuffler (`shuffle_batch` {settings.shuffle_batch}) runs one worker: the "
-                       f"shuffler's open batches live in one process; got `--workers` {workers}.")
     if not 0 <= http_port < 65536:
         raise OpsError(f"`--http-port` must be a port number (0 = a free one), got {http_port}.")
     if state.exists() and not state.is_dir():

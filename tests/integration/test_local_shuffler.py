@@ -18,7 +18,11 @@ recommendations and send sealed envelopes to the shuffler. Then:
   content that names its user are dead-lettered by the analyzer with the reason, and the rest of the batch counts;
 * the Redis ACL: neither the worker nor the web can read the shuffler's keys; the shuffler can read no trusted key
   and cannot write the shown lists; only the worker's environment names the private key;
-* kill -9 of the shuffler mid-batch: the supervisor starts it again and the accepted envelopes are still there.
+* kill -9 of the shuffler mid-batch: the supervisor starts it again and the accepted envelopes are still there;
+* two workers (analyzers only: the open batches live in the shuffler), one partition of ``ldp-shuffled`` each;
+  batches of units on both partitions are counted, each once;
+* a batch with a content that does not open counts not at all (its shown items cannot be told apart);
+* ``/budget`` shows the users' user-level ledger, which the shuffler mirrors to the public ledger keys.
 """
 
 from __future__ import annotations
@@ -130,7 +134,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     settings = Settings(mode="local", namespace=NS, catalog="lastfm", data_dir=str(data), local_algorithm="round",
                         shuffle_batch=N, epsilon=2.0, algorithm="linucb", tick_seconds=0.3, partitions=2,
                         user_cap=64)  # user level (the default): a cap above what a device here reports in one epoch
-    ops.up(settings, state, timeout=120, loglevel="INFO")
+    ops.up(settings, state, workers=2, timeout=120, loglevel="INFO")  # two analyzers, a partition each
     try:
         yield Stack(state)
     finally:
@@ -181,6 +185,17 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
     assert count >= 12  # several batches closed
     rel = st.wait_count(start + count)
     np.testing.assert_allclose(rel.b_tilde.reshape(-1, st.config.d)[[1, 2]], sums[[1, 2]], rtol=0, atol=1e-9)
+    # units 1 and 2's batches are keyed to different partitions, so the two workers each counted some
+    from pipeline.config.keys import partition_of
+
+    assert {partition_of("1", 2), partition_of("2", 2)} == {0, 1}
+    assert {n for n in ops.status(st.state, probe=False)["processes"] if n.startswith("worker-")} == {
+        "worker-0", "worker-1"}
+    # the shuffler checked the cap and mirrored each user's ledger record to the public keys: /budget has them
+    counts = {u: sum(r.user == u for r in reports) for u in users}
+    status, b = _get(f"{st.base}/budget?user={users[0]}")
+    assert b["user"]["ticks_this_epoch"] == counts[users[0]] and b["user"]["epsilon"] > 0
+    assert b["ledger"]["users"] >= sum(c > 0 for c in counts.values())
     time.sleep(1.0)  # let the logs flush
 
     messages = _all_messages(st.info["kafka"])
@@ -265,7 +280,7 @@ def test_bad_envelopes_get_a_4xx_naming_the_field(stack: Stack) -> None:
     assert got == 409 and "stale or repeated version" in answer["error"]["message"]
 
 
-def test_contents_that_do_not_open_are_dead_lettered_and_the_rest_counts(stack: Stack) -> None:
+def test_a_batch_with_a_content_that_does_not_open_counts_not_at_all(stack: Stack) -> None:
     st = stack
     rng = random.Random(4)
     users = st.users_of(5, N)
@@ -282,12 +297,24 @@ def test_contents_that_do_not_open_are_dead_lettered_and_the_rest_counts(stack: 
             env = type(env)(env.user, env.version, env.rec_id, seal(st.pk, content), epoch=env.epoch)
         assert _post(st.submit, env.to_dict())[0] == 202
         sent.append((rep, env))
-    rel = st.wait_count(start + 1)  # the one good content of the batch of three
-    np.testing.assert_allclose(rel.b_tilde.reshape(-1, st.config.d)[5], sent[2][0].vector, rtol=0, atol=1e-9)
+    before = st.released()
+    good, shown = [], []  # then a whole batch of the same unit: it counts, the first one never did
+    for user in users:
+        rep, env, rec = st.report(user, 0.5, rng)
+        assert _post(st.submit, env.to_dict())[0] == 202
+        good.append(rep)
+        shown += [np.asarray(item["x"]) for item in rec["items"]]
+    rel = st.wait_count(start + N)
+    d = st.config.d
+    np.testing.assert_allclose(rel.b_tilde.reshape(-1, d)[5] - before.b_tilde.reshape(-1, d)[5],
+                               sum(r.vector for r in good), rtol=0, atol=1e-9)
+    X = np.stack(shown)  # the Gram took the good batch's lists only, none of the first batch's
+    np.testing.assert_allclose(rel.gram[5] - before.gram[5], X.T @ X, rtol=0, atol=1e-9)
     dead = [json.loads(v) for t, v in _all_messages(st.info["kafka"]) if t == "dead-letters"]
     reasons = {d["reason"] for d in dead}
     assert any("authentication failed" in r for r in reasons), reasons
     assert any("malformed" in r and "user" in r for r in reasons), reasons
+    assert any("not counted: 2 of the 3 contents" in r for r in reasons), reasons
 
 
 def test_the_shuffler_is_a_party_apart_in_redis_and_in_its_environment(stack: Stack) -> None:

@@ -133,15 +133,20 @@ def test_the_sealed_shuffler_batches_distinct_users_and_strips_identity() -> Non
 def test_the_analyzer_opens_a_batch_and_dead_letters_what_does_not_open() -> None:
     cfg = LocalConfig(algorithm="round", d=2, epsilon=2.0, shuffle_batch=4)
     good = [seal(PK, report_content(_report(str(i), m=(float(i), 2.0)))) for i in range(2)]
+    raw = SealedBatch(2, 1, ["a", "b"], good, 2.0, 1e-5).to_json()
+    opened = open_batch(raw, KEY, cfg)
+    assert opened.batch is not None and opened.batch.n == 2 and opened.batch.unit == 2 and opened.failed == []
+    assert sorted(opened.batch.vectors) == [[0.0, 2.0], [1.0, 2.0]]
     wrong_key = seal(AnalyzerKey.generate().public_bytes(), report_content(_report("x")))
     linking = seal(PK, json.dumps({"schema": "privrec.ReportContent/1", "algorithm": "round", "m": [1.0, 1.0],
                                    "user": "9"}).encode())
     raw = SealedBatch(2, 1, ["a", "b", "c", "d"], [good[0], wrong_key, good[1], linking], 2.0, 1e-5).to_json()
     opened = open_batch(raw, KEY, cfg)
-    assert opened.batch is not None and opened.batch.n == 2 and opened.batch.unit == 2
-    assert sorted(opened.batch.vectors) == [[0.0, 2.0], [1.0, 2.0]]
+    assert opened.batch is None  # all or nothing: which items were the failed contents' cannot be told
     reasons = dict(opened.failed)
+    assert len(opened.failed) == 4 and set(reasons) == {good[0], good[1], wrong_key, linking}
     assert "authentication failed" in reasons[wrong_key] and "user" in reasons[linking]
+    assert all("not counted: 2 of the 4 contents of batch 1 of unit 2 did not open" in reasons[g] for g in good)
     with pytest.raises(ValueError, match="sealed batch"):
         open_batch(b'{"schema": "privrec.SealedBatch/1", "unit": -1}', KEY, cfg)
 
@@ -171,3 +176,36 @@ def test_the_stacks_key_is_made_once_owner_only_and_kept(tmp_path: Path) -> None
     assert desc is not None and desc["shuffler"] == "http://127.0.0.1:2/submit"
     assert b64decode(desc["public_key"]) == first.public_bytes()
     assert analyzer_key({}) is None and public_description({}) is None
+
+
+def test_a_tampered_content_adds_nothing_to_the_aggregate_not_even_its_shown_items() -> None:
+    """Three devices' lists of distinct items; the shuffler's batch carries all their items (one multiset) and
+    their sealed contents, one of them tampered in transit. The aggregate must not take the tampered report's
+    list into its Gram (before the fix it did: a list with no vector behind it, as if rewarded 0 noise-free)."""
+    from models.local.aggregate import LocalAggregate
+
+    cfg = LocalConfig(algorithm="round", d=2, epsilon=2.0, shuffle_batch=3)
+    contexts = {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [0.6, 0.8], "e": [0.8, -0.6], "f": [-1.0, 0.0], "g": [0, -1.0]}
+    shown = [("a", "b"), ("c", "e"), ("f", "g")]
+    sh = SealedShuffler(cfg)
+    envs = [seal_report(_report(u, 1, (float(i), 1.0)), PK).with_shown(lists)
+            for i, (u, lists) in enumerate(zip("xyz", shown))]
+    (batch,) = [b for e in envs for b in sh.add_envelope(e, unit=0)]
+    tampered = bytearray(envs[1].sealed)
+    tampered[-1] ^= 1  # the GCM tag no longer matches
+    blobs = [bytes(tampered) if s == envs[1].sealed else s for s in batch.sealed]
+    raw = SealedBatch(batch.unit, batch.seq, batch.items, blobs, batch.epsilon, batch.delta).to_json()
+    opened = open_batch(raw, KEY, cfg)
+    agg = LocalAggregate(cfg, n_units=1)
+    if opened.batch is not None:
+        agg.apply_batch(opened.batch, np.array([contexts[i] for i in opened.batch.items]))
+    failed_list = np.array([contexts[i] for i in shown[1]])
+    counted = int(agg.count[0])
+    # whatever counts, the Gram holds exactly the lists of the counted contents, never the tampered one's
+    assert counted < 3
+    counted_lists = [np.array([contexts[i] for i in lst]) for lst in shown if lst != shown[1]] if counted else []
+    expected = sum((X.T @ X for X in counted_lists), np.zeros((2, 2)))
+    np.testing.assert_allclose(agg.gram[0], expected, rtol=0, atol=1e-12)
+    assert not np.allclose(agg.gram[0], expected + failed_list.T @ failed_list)
+    reasons = dict(opened.failed)
+    assert "authentication failed" in reasons[bytes(tampered)] and len(reasons) == 3

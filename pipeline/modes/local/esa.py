@@ -11,8 +11,12 @@ state directory then holds ``esa/`` (:func:`create_keys`):
 
 The analyzer (:class:`pipeline.modes.local.localmode.BatchIngestProcessor`) takes a sealed batch from ``ldp-shuffled`` and
 opens it here (:func:`open_batch`): each content is decrypted and parsed; one that fails (a wrong key, changed
-bytes, a malformed content) is a dead letter with the reason — its sealed bytes, never an opened content — and
-the rest of the batch counts.
+bytes, a malformed content) is a dead letter with the reason — its sealed bytes, never an opened content. A batch
+with a failed content counts **not at all** (its other contents are dead letters too, naming why): the batch's
+shown items come as one multiset, unlinked from the contents on purpose (a content next to its list would
+re-identify it: the web server knows which list it showed to whom), so the analyzer cannot tell which items were
+the failed content's, and adding them all would put a failed report's list into the Gram with no vector
+(docs/local-fixes.md).
 """
 
 from __future__ import annotations
@@ -84,14 +88,19 @@ def is_sealed_batch(raw: bytes) -> bool:
 
 @dataclass(frozen=True)
 class OpenedBatch:
-    """A sealed batch opened: the batch the aggregate adds (``None`` if no content opened) and the failures."""
+    """A sealed batch opened: the batch the aggregate adds (``None`` if any content failed) and the dead letters
+    (sealed bytes, reason)."""
 
     batch: ShuffledBatch | None
     failed: list[tuple[bytes, str]]
 
 
 def open_batch(raw: bytes, key: AnalyzerKey, config: LocalConfig) -> OpenedBatch:
-    """Open every content of a sealed batch (``ValueError`` if the batch itself is malformed)."""
+    """Open every content of a sealed batch (``ValueError`` if the batch itself is malformed).
+
+    All or nothing: if a content fails, no content and no shown item of the batch counts (each content is a dead
+    letter: the failed ones with their reason, the others naming the batch's failures).
+    """
     sealed = SealedBatch.parse(raw)
     vectors: list[list[float]] = []
     failed: list[tuple[bytes, str]] = []
@@ -104,8 +113,13 @@ def open_batch(raw: bytes, key: AnalyzerKey, config: LocalConfig) -> OpenedBatch
             failed.append((blob, f"sealed report: {e}"))
         except ReportError as e:
             failed.append((blob, f"sealed report: opened, but its content is malformed: {e}"))
-    if not vectors:
-        return OpenedBatch(None, failed)
+    if failed:  # its shown items cannot be told apart from the others' (they are unlinked on purpose): drop it all
+        why = (f"sealed report: not counted: {len(failed)} of the {sealed.n} contents of batch {sealed.seq} of unit "
+               f"{sealed.unit} did not open, and the batch's shown items are not linked to its contents, so the "
+               f"whole batch is dropped (a failed report's list must not enter the Gram)")
+        bad = {blob for blob, _ in failed}
+        opened = [blob for blob in sealed.sealed if blob not in bad]
+        return OpenedBatch(None, failed + [(blob, why) for blob in opened])
     return OpenedBatch(ShuffledBatch(sealed.unit, sealed.seq, sealed.items, vectors, sealed.epsilon, sealed.delta,
                                      sealed.bound), failed)
 

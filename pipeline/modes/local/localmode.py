@@ -328,7 +328,7 @@ class BatchIngestProcessor(_LocalIngestBase):
 
     With a separate shuffler (:mod:`pipeline.modes.local.shuffler_service`) the batches are sealed: ``analyzer_key`` opens
     each content (:func:`pipeline.modes.local.esa.open_batch`); one that does not open is a dead letter (its sealed bytes and
-    the reason), the rest of the batch counts.
+    the reason), and then nothing of its batch counts (the shown items are not linked to the contents).
 
     With ``items`` (the public calibration of the item reports, :class:`models.local.items.ItemBlanket`), a
     batch's item messages (``msgs``: catalog rows, real items and fakes shuffled together) add their histogram's
@@ -463,8 +463,9 @@ class ShufflerTask:
     *outbox* of completed batches) is one Redis value. Completed batches are saved in the outbox with
     the state that produced them *before* they are sent, then sent, then the outbox is cleared: after a
     crash the outbox is sent again as it was (the aggregate drops a batch whose sequence number it has
-    counted), and the reports after the saved offsets are read again. One shuffler per namespace
-    (``privrec up`` runs it in the single worker). At user level it checks each report's cap, epoch and
+    counted), and the reports after the saved offsets are read again. One shuffler per namespace: a
+    worker without the analyzer's key runs it (``privrec up`` runs the separate shuffler service instead, so
+    its workers, analyzers only, may be several). At user level it checks each report's cap, epoch and
     budget as the report ingest does (:func:`check_user_level`; the ledger is part of its state) and mirrors
     the ledger to the public keys after each save.
     """

@@ -10,6 +10,11 @@ list they answer and their report's content sealed to the analyzer's key. The sh
 2. keeps the envelope with the list's items in its own Redis keys (``{ns}-shuffler:*``, its own ACL user: the
    web and the worker cannot read them, and it can read nothing of theirs but the shown lists), then answers
    202 — accepted envelopes survive a restart;
+   at user level it mirrors the user's ledger record (epoch, reports in it, last version) to the public ledger
+   keys ``{ns}:ledger:{ns:p<P>}:participation``, and each refusal for the cap, an epoch or the budget to
+   ``…:summary`` (``dropped`` / ``over_budget``), as the worker's report ingest does
+   (:meth:`pipeline.modes.local.localmode._LocalIngestBase._mirror_ledger`): participations are public, and
+   ``/budget`` and the dashboard read them there. Its ACL user may write exactly those two kinds of keys;
 3. batches with the local mode's policy (:class:`models.local.shuffle.Shuffler`: one report of each of
    ``shuffle_batch`` distinct users of one model unit), and a full batch — the unit, a sequence number, the
    items and the sealed contents, each list shuffled by :class:`random.SystemRandom`, no identity — is saved in
@@ -42,7 +47,7 @@ from models.local import LocalConfig, ReportError
 from models.local.esa import SealedShuffler, parse_envelope
 
 from ...data.catalog import Catalog, UnknownUserError, load_catalog
-from ...config.keys import PublicKeys
+from ...config.keys import PublicKeys, partition_of
 from .local_http import report_limit
 from .localmode import BeyondLimit, check_user_level
 from ...config.ledger import LedgerRecord
@@ -144,6 +149,7 @@ class ShufflerService:
                                             f"{latest}): the device's report counter must grow")
             limit = report_limit(self.config, self.settings.lifetime_budget)
             if limit is not None and int(self.r.hget(st.accepted, env.user) or 0) >= limit:
+                self.mirror_ledger(env.user, refused="over_budget")
                 return 403, _err("user", f"user {env.user!r} has sent the {limit} reports their lifetime budget "
                                          f"allows (user_budget epsilon {self.settings.lifetime_budget:g}): no further "
                                          f"report is accepted")
@@ -156,6 +162,7 @@ class ShufflerService:
                 except ReportError as e:
                     return 400, _err(e.parameter, e.message)
                 except BeyondLimit as e:
+                    self.mirror_ledger(env.user, refused=e.counter)
                     return 403, _err("epoch" if e.counter == "dropped" else "version", str(e))
             self.shuffler.just_closed = []
             batches = self.shuffler.add_envelope(env, unit=unit)
@@ -180,10 +187,25 @@ class ShufflerService:
                 except redis.RedisError:
                     self.load()  # nothing of this envelope was saved: the state as Redis has it
                     raise
+            if record is not None:
+                self.mirror_ledger(env.user, record=record)
         if batches:
             log.info("shuffler: %d batch(es) of unit %d complete (%d reports each)", len(batches), unit,
                      batches[0].n)
         return 202, {"accepted": True, "user": env.user, "version": env.version}
+
+    def mirror_ledger(self, user: str, *, record: LedgerRecord | None = None, refused: str | None = None) -> None:
+        """User level: ``user``'s ledger record, or one refusal (``dropped`` / ``over_budget``), to the public ledger
+        keys of the user's partition. After the shuffler's own transaction (the keys are in other hash slots): a
+        crash in between leaves the mirror one envelope behind until the user's next one (the shuffler's own
+        record decides, never the mirror)."""
+        if not self.config.user_level:
+            return
+        p = partition_of(user, self.settings.partitions)
+        if record is not None:
+            self.r.hset(self.public.ledger_participation(p), user, record.dumps())
+        if refused is not None:
+            self.r.hincrby(self.public.ledger_summary(p), refused, 1)
 
     def outbox(self) -> list[bytes]:
         return [bytes(v) for v in self.r.lrange(self.store.outbox, 0, -1)]
