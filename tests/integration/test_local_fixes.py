@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import redis
 import redis.asyncio
 
-from models.local import LocalClient, LocalConfig
+from models.local import LocalClient, LocalConfig, LocalReport
 from models.local.esa import SealedBatch, SealedShuffler, seal_report
 from models.local.seal import AnalyzerKey
 from pipeline import services
@@ -56,8 +58,6 @@ def test_a_batch_with_a_tampered_content_adds_nothing_to_the_committed_sums(redi
         sh.seq = {0: seq - 1}
         lists = [tuple(arms[3 * i + j] for j in range(3)) for i in range(3)]
         vecs = [rng.normal(size=4) for _ in range(3)]
-        from models.local import LocalReport
-
         envs = [seal_report(LocalReport(str(i), seq, "round", f"r{seq}-{i}", v), key.public_bytes()).with_shown(s)
                 for i, (s, v) in enumerate(zip(lists, vecs))]
         (b,) = [out for e in envs for out in sh.add_envelope(e, unit=0)]
@@ -108,7 +108,7 @@ def test_the_separate_shuffler_mirrors_its_ledger_to_the_public_keys_under_its_a
     arms = [str(a) for a in range(20)]
     n_rec = 0
 
-    def submit(user: str, device: LocalClient) -> tuple[int, dict[str, object]]:
+    def submit(user: str, device: LocalClient) -> tuple[int, dict[str, Any]]:
         nonlocal n_rec
         n_rec += 1
         rec_id = f"rec{n_rec}"
@@ -123,15 +123,13 @@ def test_the_separate_shuffler_mirrors_its_ledger_to_the_public_keys_under_its_a
     # a third envelope of user 1 in the same epoch: the device would refuse it, so send it as a rogue one
     n_rec += 1
     admin.set(public.recommendation(f"rec{n_rec}"), json.dumps({"user": "1", "items": arms[:3]}))
-    from models.local import LocalReport
-
-    epoch = config.epoch_at(__import__("time").time())
+    epoch = config.epoch_at(time.time())
     rogue = LocalReport("1", 3, "round", f"rec{n_rec}", np.zeros(4), epoch=epoch)
     status, body = asyncio.run(service.accept(seal_report(rogue, key.public_bytes()).to_json()))
-    assert status == 403 and "beyond the cap" in body["error"]["message"]  # type: ignore[index]
+    assert status == 403 and "beyond the cap" in body["error"]["message"]
 
     # the public mirror, as the web user reads it for /budget
-    async def web_view() -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
+    async def web_view() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         web = redis.asyncio.Redis.from_url(acl.role_url(own_redis.url, "web", creds["web"]))
         try:
             rec1 = await web.hget(public.ledger_participation(partition_of("1", 2)), "1")
