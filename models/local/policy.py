@@ -82,11 +82,7 @@ class LocalUCB:
         return int(best[0] if len(best) == 1 else self._rng.choice(best))
 
     def update(self, unit: int, x: FloatArray, reward: float, user: str | None = None) -> None:
-        name = str(unit) if user is None else str(user)
-        dev = self._clients.get(name)
-        if dev is None:
-            dev = self._clients[name] = LocalClient(name, self.config, MemoryStorage(),
-                                                    seed=int(self._rng.integers(2**62)), clock=_RUN_CLOCK)
+        dev = self._device(str(unit) if user is None else str(user))
         x = clip_context(x)
         item = str(len(self._contexts))
         self._contexts.append(x)
@@ -105,6 +101,14 @@ class LocalUCB:
             self.reports += 1
         if (self.reports + self.refused) % self.tick == 0:
             self._solve()
+
+    def _device(self, name: str) -> LocalClient:
+        """The device of user ``name`` (made at its first interaction, its seed drawn from the policy's)."""
+        dev = self._clients.get(name)
+        if dev is None:
+            dev = self._clients[name] = LocalClient(name, self.config, MemoryStorage(),
+                                                    seed=int(self._rng.integers(2**62)), clock=_RUN_CLOCK)
+        return dev
 
     def _solve(self) -> None:
         a = self.aggregate

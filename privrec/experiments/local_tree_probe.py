@@ -27,9 +27,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from models.ground.linalg import ucb_scores
-from models.local import LocalClient, LocalConfig, LocalUCB
+from models.local import LocalConfig, LocalUCB
 from models.local.aggregate import clip_context
-from models.local.client import MemoryStorage, ReportRefused
+from models.local.client import ReportRefused
 
 __all__ = ["ProbeUCB", "VARIANTS", "public_prior", "ldp_floor", "run_variant", "main"]
 
@@ -86,13 +86,7 @@ class ProbeUCB(LocalUCB):
         if not self.listens:
             super().update(unit, x, reward, user=user)
             return
-        name = str(unit) if user is None else str(user)
-        dev = self._clients.get(name)
-        if dev is None:
-            from models.local.policy import _RUN_CLOCK
-
-            dev = self._clients[name] = LocalClient(name, self.config, MemoryStorage(),
-                                                    seed=int(self._rng.integers(2**62)), clock=_RUN_CLOCK)
+        dev = self._device(str(unit) if user is None else str(user))
         x = clip_context(x)
         shown = str(len(self._contexts))
         self._contexts.append(x)

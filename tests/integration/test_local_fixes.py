@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,14 +33,9 @@ from pipeline.modes.local.local_http import local_ledger_overview, local_user_bu
 from pipeline.modes.local.localmode import BatchIngestProcessor
 from pipeline.modes.local.shuffler_service import ShufflerService
 
+from test_acl_global import own_redis  # noqa: F401 - a redis-server of the test's own (ACL users change it)
+
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[services.ServiceHandle]:
-    handle = services.start_redis(tmp_path, name="redis-localfix")
-    yield handle
-    services.stop(handle)
 
 
 def test_a_batch_with_a_tampered_content_adds_nothing_to_the_committed_sums(redis_client: redis.Redis) -> None:
