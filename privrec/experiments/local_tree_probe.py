@@ -145,6 +145,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "listens": {"listens": True},
     "listens_pooled_a0": {"listens": True, "mode": "pooled", "alpha": 0.0},
     "prior_listens": {"prior": True, "listens": True},
+    "prior_listens_pooled": {"prior": True, "listens": True, "mode": "pooled", "alpha": 0.0},
+    "prior_listens_pooled_kappa10": {"prior": True, "listens": True, "mode": "pooled", "alpha": 0.0, "kappa": 10.0},
     "nonprivate": {"epsilon": 1e6},
     "prior_nonprivate": {"prior": True, "epsilon": 1e6},
 }
