@@ -4,7 +4,12 @@ This module reads nothing but ``{ns}:model:*`` keys (:mod:`pipeline.config.keys`
 it does not import :mod:`pipeline.state.trusted`, and a test proves both (an
 import check and a scan of every key the serving path reads). A request
 costs one small read of the model's version plus, on a cache miss, one
-unit's model (``d + d*d`` floats); scoring is ``O(K d^2)``.
+unit's model (``d + d*d`` floats). Scores are kept per unit and model version
+(:class:`_Scores`, docs/serving-cache.md): a unit's first request of a version
+scores every catalog item (``O(n d^2)``; a catalog beyond :data:`SCORE_WHOLE_ROWS`
+items: the rows requests name, as they name them), the next requests only index
+them, bit for bit the scores :func:`~models.ground.linalg.ucb_scores` gives the
+request's own candidates (its rows are scored independently of each other).
 
 The exploration width is the unit's own ``width`` when its model hash has
 one (the per-unit baselines ``ss-*`` / ``dgs-*``: e.g. Shariff & Sheffet's
@@ -24,6 +29,7 @@ import math
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,12 +44,18 @@ from ..data.catalog import Catalog, UnknownArmError, UnknownUserError
 from ..config.redisconn import connect
 from ..config.keys import PublicKeys
 
-__all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "rank_catalog", "MAX_K", "RANKED"]
+__all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "rank_catalog", "MAX_K", "RANKED",
+           "SCORE_CACHE_BYTES", "SCORE_WHOLE_ROWS"]
 
 #: Largest list a request may ask for.
 MAX_K = 100
 #: Up to this many model units, a new model version is read for every unit at once; beyond, unit by unit.
 PREFETCH_UNITS = 256
+#: Default bound of the kept item scores (:class:`_Scores`), in bytes: least recently used units go first.
+SCORE_CACHE_BYTES = 64 * 2**20
+#: Catalogs up to this many items are scored whole at a unit's first request of a model version; larger ones
+#: only at the rows the requests name (each row once per unit and version).
+SCORE_WHOLE_ROWS = 4096
 
 
 class BadRequest(ValueError):
@@ -66,6 +78,26 @@ class _UnitModel:
     width: float | None = None  # the unit's own exploration width, if its model has one
 
 
+@dataclass
+class _Scores:
+    """One unit's scores of catalog rows under one served model: ``model`` (the very object :meth:`Recommender.
+    unit_model` returned: a new version is a new object), ``alpha`` and the item ``term``; row ``r`` is valid
+    where ``done[r]``. The arrays grow when items are added (rows never move)."""
+
+    model: _UnitModel
+    alpha: float
+    term: tuple[float, np.ndarray] | None
+    mean: np.ndarray
+    bonus: np.ndarray
+    score: np.ndarray  # mean + bonus (+ popular), summed in that order, as the request would
+    popular: np.ndarray | None  # the item term's part, with one
+    done: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.mean, self.bonus, self.score, self.popular, self.done) if a is not None)
+
+
 class Recommender:
     """Scores candidates for a user from the serving model of the user's unit.
 
@@ -77,9 +109,15 @@ class Recommender:
         Key namespace of the pipeline.
     catalog
         Public catalog: user → unit, arm → features and name.
+    meta_ttl
+        Seconds the model's metadata (its version) may be reused before it is read again.
+    score_cache_bytes
+        Bound of the item scores kept per unit and model version (least recently used units are dropped; the
+        unit being served is always kept).
     """
 
-    def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, meta_ttl: float = 0.0) -> None:
+    def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, meta_ttl: float = 0.0,
+                 score_cache_bytes: int = SCORE_CACHE_BYTES) -> None:
         self.r = client
         self.keys = PublicKeys(namespace)
         self.catalog = catalog
@@ -94,6 +132,10 @@ class Recommender:
         self._ranked: dict[int, tuple[tuple[int, int, float], np.ndarray]] = {}
         self._refreshing: set[int] = set()  # units whose list a background thread is scoring again
         self._refresher: ThreadPoolExecutor | None = None
+        # unit -> its scores under the model it was last served with, least recently used first
+        self._scores: OrderedDict[int, _Scores] = OrderedDict()
+        self._scores_bytes = 0
+        self.score_cache_bytes = int(score_cache_bytes)
 
     def meta(self) -> dict[str, str]:
         """The served model's metadata (version, algorithm, alpha, privacy statement, ...).
@@ -194,11 +236,10 @@ class Recommender:
     def _answer(self, user: str, unit: int, model: _UnitModel, alpha: float, term: tuple[float, np.ndarray] | None,
                 pool: Sequence[str], rows: Sequence[int] | np.ndarray, k: int) -> dict[str, Any]:
         """The answer: the top ``k`` of ``pool`` (catalog ``rows``) by UCB score, ties in pool order."""
-        X = self.catalog.feature_matrix.take(rows, axis=0)  # take: a third of fancy indexing's cost on a list
-        mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
-        # an item added after the release (or beyond the item capacity) has no released sum: 0 (_pad)
-        popular = None if term is None else term[0] * _pad(term[1], rows)
-        score = mean + bonus if popular is None else mean + bonus + popular
+        r = np.asarray(rows, dtype=np.intp)
+        kept = self._scored(unit, model, alpha, term, r)
+        mean, bonus, score = kept.mean.take(r), kept.bonus.take(r), kept.score.take(r)
+        popular = None if kept.popular is None else kept.popular.take(r)
         order = np.argsort(-score, kind="stable")[: min(k, len(pool))].tolist()
         # Python floats once (indexing numpy arrays item by item costs more than converting them whole)
         s_, m_, b_ = score.tolist(), mean.tolist(), bonus.tolist()
@@ -217,6 +258,61 @@ class Recommender:
             "model_version": model.version,
             "items": items,
         }
+
+    def _scored(self, unit: int, model: _UnitModel, alpha: float, term: tuple[float, np.ndarray] | None,
+                rows: np.ndarray) -> _Scores:
+        """The unit's kept scores under ``(model, alpha, term)``, with every row of ``rows`` scored.
+
+        A unit's first request under a model (a new version: a new ``model`` object; or a new item term)
+        replaces its entry; rows not scored yet are scored now (:meth:`_fill`). Least recently used units are
+        dropped beyond :attr:`score_cache_bytes`.
+        """
+        with self._lock:
+            kept = self._scores.get(unit)
+            if kept is None or kept.model is not model or kept.alpha != alpha or kept.term is not term:
+                if kept is not None:
+                    self._scores_bytes -= kept.nbytes
+                kept = self._scores[unit] = self._empty_scores(model, alpha, term)
+                self._scores_bytes += kept.nbytes
+            self._scores.move_to_end(unit)
+            if len(rows) and (int(rows.max()) >= len(kept.done) or not kept.done.take(rows).all()):
+                before = kept.nbytes
+                self._fill(kept, rows)
+                self._scores_bytes += kept.nbytes - before
+            while self._scores_bytes > self.score_cache_bytes and len(self._scores) > 1:
+                self._scores_bytes -= self._scores.popitem(last=False)[1].nbytes
+            return kept
+
+    def _empty_scores(self, model: _UnitModel, alpha: float, term: tuple[float, np.ndarray] | None) -> _Scores:
+        n = len(self.catalog.feature_matrix)
+        return _Scores(model, alpha, term, np.empty(n), np.empty(n), np.empty(n),
+                       None if term is None else np.empty(n), np.zeros(n, dtype=bool))
+
+    def _fill(self, kept: _Scores, rows: np.ndarray) -> None:
+        """Score the rows of ``rows`` not scored yet (in a catalog of at most :data:`SCORE_WHOLE_ROWS` items:
+        every row not scored yet) and keep them; items added since the entry was made get rows first."""
+        X = self.catalog.feature_matrix  # read once: items may be appended (the matrix is replaced, rows stay)
+        n, have = len(X), len(kept.done)
+        if n > have:
+            grow = n - have
+            kept.mean, kept.bonus, kept.score = (np.concatenate([a, np.empty(grow)])
+                                                 for a in (kept.mean, kept.bonus, kept.score))
+            if kept.popular is not None:
+                kept.popular = np.concatenate([kept.popular, np.empty(grow)])
+            kept.done = np.concatenate([kept.done, np.zeros(grow, dtype=bool)])
+        todo = np.flatnonzero(~kept.done) if n <= SCORE_WHOLE_ROWS else rows[~kept.done.take(rows)]
+        # ucb_scores scores each row independently of the others: bit for bit the request's own scoring
+        mean, bonus = ucb_scores(kept.model.theta, kept.model.M, X.take(todo, axis=0), kept.alpha)
+        kept.mean[todo] = mean
+        kept.bonus[todo] = bonus
+        if kept.term is None or kept.popular is None:
+            kept.score[todo] = mean + bonus
+        else:
+            # an item added after the release (or beyond the item capacity) has no released sum: 0 (_pad)
+            popular = kept.term[0] * _pad(kept.term[1], todo)
+            kept.popular[todo] = popular
+            kept.score[todo] = mean + bonus + popular
+        kept.done[todo] = True
 
     def _rank_all(self, user: str, unit: int, k: int) -> dict[str, Any]:
         """Top-``k`` of every catalog item for ``user``: the unit's best rows (:meth:`_ranking`) scored by the
