@@ -81,21 +81,25 @@ class _UnitModel:
 @dataclass
 class _Scores:
     """One unit's scores of catalog rows under one served model: ``model`` (the very object :meth:`Recommender.
-    unit_model` returned: a new version is a new object), ``alpha`` and the item ``term``; row ``r`` is valid
-    where ``done[r]``. The arrays grow when items are added (rows never move)."""
+    unit_model` returned: a new version is a new object), ``alpha`` and the item ``term``.
+
+    ``table`` has a row per quantity and a column per catalog row: the score (``mean + bonus (+ popular)``,
+    summed in that order, as scoring the request's candidates would), the mean, the bonus and, with an item
+    term, its part (popularity); a column is valid where ``done``. It grows when items are added (rows never
+    move). ``whole``: every column is scored; ``finite``: every value scored so far is finite.
+    """
 
     model: _UnitModel
     alpha: float
     term: tuple[float, np.ndarray] | None
-    mean: np.ndarray
-    bonus: np.ndarray
-    score: np.ndarray  # mean + bonus (+ popular), summed in that order, as the request would
-    popular: np.ndarray | None  # the item term's part, with one
+    table: np.ndarray
     done: np.ndarray
+    whole: bool = False
+    finite: bool = True
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.mean, self.bonus, self.score, self.popular, self.done) if a is not None)
+        return int(self.table.nbytes + self.done.nbytes)
 
 
 class Recommender:
@@ -238,19 +242,19 @@ class Recommender:
         """The answer: the top ``k`` of ``pool`` (catalog ``rows``) by UCB score, ties in pool order."""
         r = np.asarray(rows, dtype=np.intp)
         kept = self._scored(unit, model, alpha, term, r)
-        mean, bonus, score = kept.mean.take(r), kept.bonus.take(r), kept.score.take(r)
-        popular = None if kept.popular is None else kept.popular.take(r)
-        order = np.argsort(-score, kind="stable")[: min(k, len(pool))].tolist()
-        # Python floats once (indexing numpy arrays item by item costs more than converting them whole)
-        s_, m_, b_ = score.tolist(), mean.tolist(), bonus.tolist()
-        p_ = None if popular is None else popular.tolist()
+        order = np.argsort(-kept.table[0].take(r), kind="stable")[: min(k, len(pool))]
+        # the top items' score, mean, bonus (and popularity) as Python floats, in one take and one conversion
+        top = kept.table.take(r.take(order), axis=1).tolist()
         name = self.catalog.arm_name
-        if p_ is None and np.isfinite(score).all():  # a finite sum has finite terms: no _num per value
-            items = [{"item": pool[i], "name": name(pool[i]), "score": s_[i], "mean": m_[i], "bonus": b_[i]}
-                     for i in order]
+        picked = order.tolist()
+        if kept.term is None and kept.finite:  # a finite sum has finite terms: no _num per value
+            items = [{"item": pool[i], "name": name(pool[i]), "score": s, "mean": m, "bonus": b}
+                     for i, s, m, b in zip(picked, top[0], top[1], top[2])]
         else:
-            items = [{"item": pool[i], "name": name(pool[i]), "score": _num(s_[i]), "mean": _num(m_[i]),
-                      "bonus": _num(b_[i]), **({} if p_ is None else {"popularity": _num(p_[i])})} for i in order]
+            p_ = top[3] if kept.term is not None else None
+            items = [{"item": pool[i], "name": name(pool[i]), "score": _num(top[0][j]), "mean": _num(top[1][j]),
+                      "bonus": _num(top[2][j]), **({} if p_ is None else {"popularity": _num(p_[j])})}
+                     for j, i in enumerate(picked)]
         return {
             "user": user,
             "unit": unit,
@@ -267,15 +271,19 @@ class Recommender:
         replaces its entry; rows not scored yet are scored now (:meth:`_fill`). Least recently used units are
         dropped beyond :attr:`score_cache_bytes`.
         """
+        n = len(self.catalog.feature_matrix)
         with self._lock:
             kept = self._scores.get(unit)
             if kept is None or kept.model is not model or kept.alpha != alpha or kept.term is not term:
                 if kept is not None:
                     self._scores_bytes -= kept.nbytes
-                kept = self._scores[unit] = self._empty_scores(model, alpha, term)
+                kept = self._scores[unit] = _Scores(model, alpha, term, np.empty((3 if term is None else 4, n)),
+                                                    np.zeros(n, dtype=bool))
                 self._scores_bytes += kept.nbytes
             self._scores.move_to_end(unit)
-            if len(rows) and (int(rows.max()) >= len(kept.done) or not kept.done.take(rows).all()):
+            if not (kept.whole and len(kept.done) == n) and (
+                    n <= SCORE_WHOLE_ROWS or int(rows.max(initial=-1)) >= len(kept.done)
+                    or not kept.done.take(rows).all()):
                 before = kept.nbytes
                 self._fill(kept, rows)
                 self._scores_bytes += kept.nbytes - before
@@ -283,36 +291,31 @@ class Recommender:
                 self._scores_bytes -= self._scores.popitem(last=False)[1].nbytes
             return kept
 
-    def _empty_scores(self, model: _UnitModel, alpha: float, term: tuple[float, np.ndarray] | None) -> _Scores:
-        n = len(self.catalog.feature_matrix)
-        return _Scores(model, alpha, term, np.empty(n), np.empty(n), np.empty(n),
-                       None if term is None else np.empty(n), np.zeros(n, dtype=bool))
-
     def _fill(self, kept: _Scores, rows: np.ndarray) -> None:
         """Score the rows of ``rows`` not scored yet (in a catalog of at most :data:`SCORE_WHOLE_ROWS` items:
-        every row not scored yet) and keep them; items added since the entry was made get rows first."""
+        every row not scored yet) and keep them; items added since the entry was made get columns first."""
         X = self.catalog.feature_matrix  # read once: items may be appended (the matrix is replaced, rows stay)
         n, have = len(X), len(kept.done)
         if n > have:
-            grow = n - have
-            kept.mean, kept.bonus, kept.score = (np.concatenate([a, np.empty(grow)])
-                                                 for a in (kept.mean, kept.bonus, kept.score))
-            if kept.popular is not None:
-                kept.popular = np.concatenate([kept.popular, np.empty(grow)])
-            kept.done = np.concatenate([kept.done, np.zeros(grow, dtype=bool)])
-        todo = np.flatnonzero(~kept.done) if n <= SCORE_WHOLE_ROWS else rows[~kept.done.take(rows)]
+            kept.table = np.concatenate([kept.table, np.empty((len(kept.table), n - have))], axis=1)
+            kept.done = np.concatenate([kept.done, np.zeros(n - have, dtype=bool)])
+        whole = n <= SCORE_WHOLE_ROWS
+        todo = np.flatnonzero(~kept.done) if whole else rows[~kept.done.take(rows)]
         # ucb_scores scores each row independently of the others: bit for bit the request's own scoring
         mean, bonus = ucb_scores(kept.model.theta, kept.model.M, X.take(todo, axis=0), kept.alpha)
-        kept.mean[todo] = mean
-        kept.bonus[todo] = bonus
-        if kept.term is None or kept.popular is None:
-            kept.score[todo] = mean + bonus
+        if kept.term is None:
+            score = mean + bonus
         else:
             # an item added after the release (or beyond the item capacity) has no released sum: 0 (_pad)
             popular = kept.term[0] * _pad(kept.term[1], todo)
-            kept.popular[todo] = popular
-            kept.score[todo] = mean + bonus + popular
+            score = mean + bonus + popular
+            kept.table[3, todo] = popular
+        kept.table[0, todo] = score
+        kept.table[1, todo] = mean
+        kept.table[2, todo] = bonus
         kept.done[todo] = True
+        kept.whole = whole
+        kept.finite = kept.finite and bool(np.isfinite(score).all())
 
     def _rank_all(self, user: str, unit: int, k: int) -> dict[str, Any]:
         """Top-``k`` of every catalog item for ``user``: the unit's best rows (:meth:`_ranking`) scored by the
