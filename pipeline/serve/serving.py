@@ -242,7 +242,7 @@ class Recommender:
         """The answer: the top ``k`` of ``pool`` (catalog ``rows``) by UCB score, ties in pool order."""
         r = np.asarray(rows, dtype=np.intp)
         kept = self._scored(unit, model, alpha, term, r)
-        order = np.argsort(-kept.table[0].take(r), kind="stable")[: min(k, len(pool))]
+        order = (-kept.table[0].take(r)).argsort(kind="stable")[: min(k, len(pool))]  # (the method: no wrapper)
         # the top items' score, mean, bonus (and popularity) as Python floats, in one take and one conversion
         top = kept.table.take(r.take(order), axis=1).tolist()
         name = self.catalog.arm_name
