@@ -16,7 +16,10 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.linalg.blas import dger
 
-__all__ = ["check_interaction", "ucb_scores", "sherman_morrison"]
+__all__ = ["check_interaction", "ucb_scores", "ucb_scores_blas", "sherman_morrison"]
+
+#: read-only vectors of ones by length, for row sums as matrix-vector products
+_ONES: dict[int, FloatArray] = {}
 
 FloatArray = NDArray[np.float64]
 
@@ -56,6 +59,29 @@ def ucb_scores(theta: FloatArray, M: FloatArray, contexts: FloatArray, alpha: fl
     mean = Z[:, 0, 0].copy()
     XM = Z[:, 0, 1:] * X
     q = XM.sum(axis=1)  # x^T M x per row
+    bonus = np.sqrt(np.maximum(q, 0.0, out=q), out=q)
+    bonus *= alpha
+    return mean, bonus
+
+
+def ucb_scores_blas(theta: FloatArray, M: FloatArray, contexts: FloatArray, alpha: float
+                    ) -> tuple[FloatArray, FloatArray]:
+    """:func:`ucb_scores` with one BLAS product for all rows: about twice as fast at d = 25, but a row's last
+    bit may depend on the other rows scored with it. For the simulations' policies, which only take an argmax
+    among the candidates of one step; serving and whatever is compared with it use :func:`ucb_scores`."""
+    X = np.asarray(contexts, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] != theta.shape[0]:
+        raise ValueError(f"`contexts` must have shape (K, {theta.shape[0]}), got {X.shape}.")
+    # ndarray.dot, not @: the same BLAS calls at a third less overhead per call on d = 25 arrays
+    mean = X.dot(theta)
+    XM = X.dot(M)
+    XM *= X
+    ones = _ONES.get(X.shape[1])
+    if ones is None:
+        ones = np.ones(X.shape[1])
+        ones.flags.writeable = False
+        _ONES[X.shape[1]] = ones
+    q = XM.dot(ones)  # x^T M x per row (a gemv: 0.4 µs less than sum(axis=1) at d = 25)
     bonus = np.sqrt(np.maximum(q, 0.0, out=q), out=q)
     bonus *= alpha
     return mean, bonus

@@ -285,8 +285,10 @@ class Recommender:
                     n <= SCORE_WHOLE_ROWS or int(rows.max(initial=-1)) >= len(kept.done)
                     or not kept.done.take(rows).all()):
                 before = kept.nbytes
-                self._fill(kept, rows)
-                self._scores_bytes += kept.nbytes - before
+                try:
+                    self._fill(kept, rows)
+                finally:  # (the entry may have grown before an error)
+                    self._scores_bytes += kept.nbytes - before
             while self._scores_bytes > self.score_cache_bytes and len(self._scores) > 1:
                 self._scores_bytes -= self._scores.popitem(last=False)[1].nbytes
             return kept
