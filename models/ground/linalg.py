@@ -18,10 +18,11 @@ from scipy.linalg.blas import dger
 
 __all__ = ["check_interaction", "ucb_scores", "ucb_scores_blas", "sherman_morrison"]
 
-#: read-only vectors of ones by length, for row sums as matrix-vector products
+FloatArray = NDArray[np.float64]
+
+#: read-only vectors of ones by length, for row sums as matrix-vector products (ucb_scores_blas)
 _ONES: dict[int, FloatArray] = {}
 
-FloatArray = NDArray[np.float64]
 
 def check_interaction(context: object, reward: float, d: int) -> tuple[NDArray[np.float64], float]:
     """``(x, r)``: ``context`` as a float vector of shape ``(d,)`` and a finite ``reward``, or a ``ValueError``."""

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.ground.linalg import ucb_scores
+from models.ground.linalg import ucb_scores, ucb_scores_blas
 
 
 def _world(seed: int, n: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -44,12 +44,16 @@ def test_rows_score_the_same_alone_as_in_the_whole_catalog(seed: int, n: int, d:
     assert np.concatenate([p[1] for p in parts]).tobytes() == bonus.tobytes()
 
 
-def test_the_kernel_is_ucb_and_differs_from_one_matrix_product_only_in_rounding() -> None:
+def test_the_kernel_is_ucb_and_differs_from_the_one_product_kernel_only_in_rounding() -> None:
     # what the row-independent kernel computes is x theta and alpha sqrt(x M x), up to float rounding
     X, theta, M = _world(7, 500, 25)
     mean, bonus = ucb_scores(theta, M, X, 0.3)
     np.testing.assert_allclose(mean, X @ theta, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(bonus, 0.3 * np.sqrt(np.einsum("ij,jk,ik->i", X, M, X)), rtol=1e-12, atol=1e-14)
+    # the policies' one-product kernel computes the same, up to rounding
+    bm, bb = ucb_scores_blas(theta, M, X, 0.3)
+    np.testing.assert_allclose(bm, mean, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(bb, bonus, rtol=1e-12, atol=1e-14)
     # a non-contiguous view is scored as its contiguous copy (the catalog's rows are taken into a copy)
     view = np.asfortranarray(X)[::3]
     vm, vb = ucb_scores(theta, M, view, 0.3)
