@@ -16,11 +16,11 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.linalg.blas import dger
 
-__all__ = ["check_interaction", "ucb_scores", "sherman_morrison"]
+__all__ = ["check_interaction", "ucb_scores", "ucb_scores_blas", "sherman_morrison"]
 
 FloatArray = NDArray[np.float64]
 
-#: read-only vectors of ones by length, for row sums as matrix-vector products
+#: read-only vectors of ones by length, for row sums as matrix-vector products (ucb_scores_blas)
 _ONES: dict[int, FloatArray] = {}
 
 
@@ -37,7 +37,39 @@ def check_interaction(context: object, reward: float, d: int) -> tuple[NDArray[n
 
 def ucb_scores(theta: FloatArray, M: FloatArray, contexts: FloatArray, alpha: float
                ) -> tuple[FloatArray, FloatArray]:
-    """``(mean, bonus)`` per candidate row: ``x^T theta`` and ``alpha sqrt(x^T M x)``."""
+    """``(mean, bonus)`` per candidate row: ``x^T theta`` and ``alpha sqrt(x^T M x)``.
+
+    Each row's result depends on that row alone, bit for bit, not on which or how many rows are scored
+    together: the products ``x [theta | M]`` are numpy's stacked ``matmul`` of ``(1, d)`` rows, one BLAS
+    vector-matrix product per row with the same sizes and strides, and ``x^T M x`` is the row sum of their
+    elementwise product along the contiguous axis (numpy's pairwise summation, whose order depends only on
+    ``d``). One matrix product for all rows (a ``gemm``) rounds a row differently depending on its neighbours
+    and its position in the block, which is why it is not used: serving scores every catalog item once per
+    unit and model version and answers by indexing (:mod:`pipeline.serve.serving`, docs/serving-cache.md),
+    which must equal the scores of the request's own rows.
+    """
+    X = np.asarray(contexts, dtype=np.float64)
+    d = theta.shape[0]
+    if X.ndim != 2 or X.shape[1] != d:
+        raise ValueError(f"`contexts` must have shape (K, {d}), got {X.shape}.")
+    X = np.ascontiguousarray(X)
+    T = np.empty((d, d + 1))
+    T[:, 0] = theta
+    T[:, 1:] = M
+    Z = np.matmul(X[:, None, :], T)  # (K, 1, d + 1): one vector-matrix product per row
+    mean = Z[:, 0, 0].copy()
+    XM = Z[:, 0, 1:] * X
+    q = XM.sum(axis=1)  # x^T M x per row
+    bonus = np.sqrt(np.maximum(q, 0.0, out=q), out=q)
+    bonus *= alpha
+    return mean, bonus
+
+
+def ucb_scores_blas(theta: FloatArray, M: FloatArray, contexts: FloatArray, alpha: float
+                    ) -> tuple[FloatArray, FloatArray]:
+    """:func:`ucb_scores` with one BLAS product for all rows: about twice as fast at d = 25, but a row's last
+    bit may depend on the other rows scored with it. For the simulations' policies, which only take an argmax
+    among the candidates of one step; serving and whatever is compared with it use :func:`ucb_scores`."""
     X = np.asarray(contexts, dtype=np.float64)
     if X.ndim != 2 or X.shape[1] != theta.shape[0]:
         raise ValueError(f"`contexts` must have shape (K, {theta.shape[0]}), got {X.shape}.")

@@ -28,7 +28,7 @@ from numpy.typing import NDArray
 
 from models.accounting import NoNoiseEvent
 from models.ground.items import popularity_feature
-from models.ground.linalg import ucb_scores
+from models.ground.linalg import ucb_scores_blas
 from models.streaming import ReleasedStats, solve
 
 from .aggregate import LocalAggregate, clip_context
@@ -76,7 +76,7 @@ class LocalUCB:
         self.M = np.broadcast_to(np.eye(d) / lambda_, (n_units, d, d)).copy()
 
     def select(self, unit: int, X: FloatArray) -> int:
-        mean, bonus = ucb_scores(self.theta[unit], self.M[unit], X, self.alpha)
+        mean, bonus = ucb_scores_blas(self.theta[unit], self.M[unit], X, self.alpha)
         score = mean + bonus
         best = np.flatnonzero(score >= score.max() - 1e-12)
         return int(best[0] if len(best) == 1 else self._rng.choice(best))
@@ -215,7 +215,7 @@ class LocalItemUCB:
 
     def select(self, unit: int, X: FloatArray, user: str | None = None, items: NDArray[np.int64] | None = None) -> int:
         g = self._group(unit)
-        mean, bonus = ucb_scores(self.theta[g], self.M[g], X, self.alpha)
+        mean, bonus = ucb_scores_blas(self.theta[g], self.M[g], X, self.alpha)
         score = mean + bonus
         if items is not None and (self.items is not None or not self.private):
             score = score + self.item_weight * self._pop[np.asarray(items)]

@@ -52,7 +52,7 @@ from scipy.linalg.blas import dger
 
 from models.ground.codec import decode_arrays, encode_arrays
 from models.ground.graphs import sensitivities
-from models.ground.linalg import check_interaction, sherman_morrison, ucb_scores
+from models.ground.linalg import check_interaction, sherman_morrison, ucb_scores_blas
 from models.mechanisms import Mechanism, TreeState, make_mechanism, noise_std
 
 __all__ = ["Policy", "KroneckerUCB", "RandomPolicy", "PrivacyConfig", "PrivacyMode"]
@@ -283,7 +283,7 @@ class KroneckerUCB:
         """``(mean, bonus)`` per candidate; the UCB score is their sum."""
         self._check_user(user)
         theta, C = self.serving_model(user)
-        return ucb_scores(theta, C, contexts, self.current_alpha())
+        return ucb_scores_blas(theta, C, contexts, self.current_alpha())
 
     def select(self, user: int, contexts: FloatArray) -> int:
         """Index (into ``contexts``) of the arm with the highest UCB score; first on ties."""

@@ -48,7 +48,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from models.ground.codec import decode_arrays, encode_arrays
-from models.ground.linalg import check_interaction, sherman_morrison, ucb_scores
+from models.ground.linalg import check_interaction, sherman_morrison, ucb_scores_blas
 from models.mechanisms import Mechanism, TreeState
 
 FloatArray = NDArray[np.float64]
@@ -241,7 +241,7 @@ class PerUserLinUCB:
     def scores(self, user: int, contexts: FloatArray) -> tuple[FloatArray, FloatArray]:
         self._check_user(user)
         theta, C, width = self.serving_model(user)
-        return ucb_scores(theta, C, contexts, width)
+        return ucb_scores_blas(theta, C, contexts, width)
 
     def select(self, user: int, contexts: FloatArray) -> int:
         """Index of the arm with the highest UCB score; first on ties."""

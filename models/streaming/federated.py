@@ -66,7 +66,7 @@ from numpy.typing import NDArray
 from models.accounting import NoNoiseEvent
 from models.ground.consensus import mixing_matrix, topology_adjacency
 from models.ground.graphs import sensitivities
-from models.ground.linalg import check_interaction, ucb_scores
+from models.ground.linalg import check_interaction, ucb_scores_blas
 from models.mechanisms import Mechanism, TreeState, make_mechanism, noise_std
 
 from .release import ReleasedStats, Releaser
@@ -309,7 +309,7 @@ class FederatedUCB:
 
     def select(self, user: int, contexts: FloatArray) -> int:
         theta, M = self.serving_model(user)
-        mean, bonus = ucb_scores(theta, M, contexts, self.alpha)
+        mean, bonus = ucb_scores_blas(theta, M, contexts, self.alpha)
         return int(np.argmax(mean + bonus))
 
     # ------------------------------------------------------------------ learning

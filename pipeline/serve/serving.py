@@ -4,7 +4,12 @@ This module reads nothing but ``{ns}:model:*`` keys (:mod:`pipeline.config.keys`
 it does not import :mod:`pipeline.state.trusted`, and a test proves both (an
 import check and a scan of every key the serving path reads). A request
 costs one small read of the model's version plus, on a cache miss, one
-unit's model (``d + d*d`` floats); scoring is ``O(K d^2)``.
+unit's model (``d + d*d`` floats). Scores are kept per unit and model version
+(:class:`_Scores`, docs/serving-cache.md): a unit's first request of a version
+scores every catalog item (``O(n d^2)``; a catalog beyond :data:`SCORE_WHOLE_ROWS`
+items: the rows requests name, as they name them), the next requests only index
+them, bit for bit the scores :func:`~models.ground.linalg.ucb_scores` gives the
+request's own candidates (its rows are scored independently of each other).
 
 The exploration width is the unit's own ``width`` when its model hash has
 one (the per-unit baselines ``ss-*`` / ``dgs-*``: e.g. Shariff & Sheffet's
@@ -24,6 +29,7 @@ import math
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,12 +44,18 @@ from ..data.catalog import Catalog, UnknownArmError, UnknownUserError
 from ..config.redisconn import connect
 from ..config.keys import PublicKeys
 
-__all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "rank_catalog", "MAX_K", "RANKED"]
+__all__ = ["Recommender", "ModelNotReadyError", "BadRequest", "recommend", "rank_catalog", "MAX_K", "RANKED",
+           "SCORE_CACHE_BYTES", "SCORE_WHOLE_ROWS"]
 
 #: Largest list a request may ask for.
 MAX_K = 100
 #: Up to this many model units, a new model version is read for every unit at once; beyond, unit by unit.
 PREFETCH_UNITS = 256
+#: Default bound of the kept item scores (:class:`_Scores`), in bytes: least recently used units go first.
+SCORE_CACHE_BYTES = 64 * 2**20
+#: Catalogs up to this many items are scored whole at a unit's first request of a model version; larger ones
+#: only at the rows the requests name (each row once per unit and version).
+SCORE_WHOLE_ROWS = 4096
 
 
 class BadRequest(ValueError):
@@ -66,6 +78,30 @@ class _UnitModel:
     width: float | None = None  # the unit's own exploration width, if its model has one
 
 
+@dataclass
+class _Scores:
+    """One unit's scores of catalog rows under one served model: ``model`` (the very object :meth:`Recommender.
+    unit_model` returned: a new version is a new object), ``alpha`` and the item ``term``.
+
+    ``table`` has a row per quantity and a column per catalog row: the score (``mean + bonus (+ popular)``,
+    summed in that order, as scoring the request's candidates would), the mean, the bonus and, with an item
+    term, its part (popularity); a column is valid where ``done``. It grows when items are added (rows never
+    move). ``whole``: every column is scored; ``finite``: every value scored so far is finite.
+    """
+
+    model: _UnitModel
+    alpha: float
+    term: tuple[float, np.ndarray] | None
+    table: np.ndarray
+    done: np.ndarray
+    whole: bool = False
+    finite: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes + self.done.nbytes)
+
+
 class Recommender:
     """Scores candidates for a user from the serving model of the user's unit.
 
@@ -77,9 +113,15 @@ class Recommender:
         Key namespace of the pipeline.
     catalog
         Public catalog: user → unit, arm → features and name.
+    meta_ttl
+        Seconds the model's metadata (its version) may be reused before it is read again.
+    score_cache_bytes
+        Bound of the item scores kept per unit and model version (least recently used units are dropped; the
+        unit being served is always kept).
     """
 
-    def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, meta_ttl: float = 0.0) -> None:
+    def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, meta_ttl: float = 0.0,
+                 score_cache_bytes: int = SCORE_CACHE_BYTES) -> None:
         self.r = client
         self.keys = PublicKeys(namespace)
         self.catalog = catalog
@@ -94,6 +136,10 @@ class Recommender:
         self._ranked: dict[int, tuple[tuple[int, int, float], np.ndarray]] = {}
         self._refreshing: set[int] = set()  # units whose list a background thread is scoring again
         self._refresher: ThreadPoolExecutor | None = None
+        # unit -> its scores under the model it was last served with, least recently used first
+        self._scores: OrderedDict[int, _Scores] = OrderedDict()
+        self._scores_bytes = 0
+        self.score_cache_bytes = int(score_cache_bytes)
 
     def meta(self) -> dict[str, str]:
         """The served model's metadata (version, algorithm, alpha, privacy statement, ...).
@@ -194,22 +240,21 @@ class Recommender:
     def _answer(self, user: str, unit: int, model: _UnitModel, alpha: float, term: tuple[float, np.ndarray] | None,
                 pool: Sequence[str], rows: Sequence[int] | np.ndarray, k: int) -> dict[str, Any]:
         """The answer: the top ``k`` of ``pool`` (catalog ``rows``) by UCB score, ties in pool order."""
-        X = self.catalog.feature_matrix.take(rows, axis=0)  # take: a third of fancy indexing's cost on a list
-        mean, bonus = ucb_scores(model.theta, model.M, X, alpha)
-        # an item added after the release (or beyond the item capacity) has no released sum: 0 (_pad)
-        popular = None if term is None else term[0] * _pad(term[1], rows)
-        score = mean + bonus if popular is None else mean + bonus + popular
-        order = np.argsort(-score, kind="stable")[: min(k, len(pool))].tolist()
-        # Python floats once (indexing numpy arrays item by item costs more than converting them whole)
-        s_, m_, b_ = score.tolist(), mean.tolist(), bonus.tolist()
-        p_ = None if popular is None else popular.tolist()
+        r = np.asarray(rows, dtype=np.intp)
+        kept = self._scored(unit, model, alpha, term, r)
+        order = (-kept.table[0].take(r)).argsort(kind="stable")[: min(k, len(pool))]  # (the method: no wrapper)
+        # the top items' score, mean, bonus (and popularity) as Python floats, in one take and one conversion
+        top = kept.table.take(r.take(order), axis=1).tolist()
         name = self.catalog.arm_name
-        if p_ is None and np.isfinite(score).all():  # a finite sum has finite terms: no _num per value
-            items = [{"item": pool[i], "name": name(pool[i]), "score": s_[i], "mean": m_[i], "bonus": b_[i]}
-                     for i in order]
+        picked = order.tolist()
+        if kept.term is None and kept.finite:  # a finite sum has finite terms: no _num per value
+            items = [{"item": pool[i], "name": name(pool[i]), "score": s, "mean": m, "bonus": b}
+                     for i, s, m, b in zip(picked, top[0], top[1], top[2])]
         else:
-            items = [{"item": pool[i], "name": name(pool[i]), "score": _num(s_[i]), "mean": _num(m_[i]),
-                      "bonus": _num(b_[i]), **({} if p_ is None else {"popularity": _num(p_[i])})} for i in order]
+            p_ = top[3] if kept.term is not None else None
+            items = [{"item": pool[i], "name": name(pool[i]), "score": _num(top[0][j]), "mean": _num(top[1][j]),
+                      "bonus": _num(top[2][j]), **({} if p_ is None else {"popularity": _num(p_[j])})}
+                     for j, i in enumerate(picked)]
         return {
             "user": user,
             "unit": unit,
@@ -217,6 +262,62 @@ class Recommender:
             "model_version": model.version,
             "items": items,
         }
+
+    def _scored(self, unit: int, model: _UnitModel, alpha: float, term: tuple[float, np.ndarray] | None,
+                rows: np.ndarray) -> _Scores:
+        """The unit's kept scores under ``(model, alpha, term)``, with every row of ``rows`` scored.
+
+        A unit's first request under a model (a new version: a new ``model`` object; or a new item term)
+        replaces its entry; rows not scored yet are scored now (:meth:`_fill`). Least recently used units are
+        dropped beyond :attr:`score_cache_bytes`.
+        """
+        n = len(self.catalog.feature_matrix)
+        with self._lock:
+            kept = self._scores.get(unit)
+            if kept is None or kept.model is not model or kept.alpha != alpha or kept.term is not term:
+                if kept is not None:
+                    self._scores_bytes -= kept.nbytes
+                kept = self._scores[unit] = _Scores(model, alpha, term, np.empty((3 if term is None else 4, n)),
+                                                    np.zeros(n, dtype=bool))
+                self._scores_bytes += kept.nbytes
+            self._scores.move_to_end(unit)
+            if not (kept.whole and len(kept.done) == n) and (
+                    n <= SCORE_WHOLE_ROWS or int(rows.max(initial=-1)) >= len(kept.done)
+                    or not kept.done.take(rows).all()):
+                before = kept.nbytes
+                try:
+                    self._fill(kept, rows)
+                finally:  # (the entry may have grown before an error)
+                    self._scores_bytes += kept.nbytes - before
+            while self._scores_bytes > self.score_cache_bytes and len(self._scores) > 1:
+                self._scores_bytes -= self._scores.popitem(last=False)[1].nbytes
+            return kept
+
+    def _fill(self, kept: _Scores, rows: np.ndarray) -> None:
+        """Score the rows of ``rows`` not scored yet (in a catalog of at most :data:`SCORE_WHOLE_ROWS` items:
+        every row not scored yet) and keep them; items added since the entry was made get columns first."""
+        X = self.catalog.feature_matrix  # read once: items may be appended (the matrix is replaced, rows stay)
+        n, have = len(X), len(kept.done)
+        if n > have:
+            kept.table = np.concatenate([kept.table, np.empty((len(kept.table), n - have))], axis=1)
+            kept.done = np.concatenate([kept.done, np.zeros(n - have, dtype=bool)])
+        whole = n <= SCORE_WHOLE_ROWS
+        todo = np.flatnonzero(~kept.done) if whole else rows[~kept.done.take(rows)]
+        # ucb_scores scores each row independently of the others: bit for bit the request's own scoring
+        mean, bonus = ucb_scores(kept.model.theta, kept.model.M, X.take(todo, axis=0), kept.alpha)
+        if kept.term is None:
+            score = mean + bonus
+        else:
+            # an item added after the release (or beyond the item capacity) has no released sum: 0 (_pad)
+            popular = kept.term[0] * _pad(kept.term[1], todo)
+            score = mean + bonus + popular
+            kept.table[3, todo] = popular
+        kept.table[0, todo] = score
+        kept.table[1, todo] = mean
+        kept.table[2, todo] = bonus
+        kept.done[todo] = True
+        kept.whole = whole
+        kept.finite = kept.finite and bool(np.isfinite(score).all())
 
     def _rank_all(self, user: str, unit: int, k: int) -> dict[str, Any]:
         """Top-``k`` of every catalog item for ``user``: the unit's best rows (:meth:`_ranking`) scored by the
