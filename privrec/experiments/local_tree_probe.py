@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from models.ground.linalg import ucb_scores
+from models.ground.linalg import ucb_scores_blas
 from models.local import LocalConfig, LocalUCB
 from models.local.aggregate import clip_context
 from models.local.client import ReportRefused
@@ -76,7 +76,7 @@ class ProbeUCB(LocalUCB):
         self.with_items = listens  # lastfm_reward then passes the logged item's context
 
     def select(self, unit: int, X: FloatArray, user: str | None = None, items: Any = None) -> int:
-        mean, bonus = ucb_scores(self.theta[unit], self.M[unit], X, self.alpha)
+        mean, bonus = ucb_scores_blas(self.theta[unit], self.M[unit], X, self.alpha)
         score = mean + bonus
         best = np.flatnonzero(score >= score.max() - 1e-12)
         return int(best[0] if len(best) == 1 else self._rng.choice(best))
