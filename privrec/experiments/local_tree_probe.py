@@ -236,12 +236,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--floor", action="store_true")
     p.add_argument("--data-dir", default=None)
     args = p.parse_args(argv)
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(map(repr, unknown))}; known: {', '.join(VARIANTS)}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        p.error(f"--seeds: a comma-separated list of integers, got {args.seeds!r}")
     lf = _lastfm_arrays(args.events, args.data_dir)
     if args.floor:
         print(json.dumps(ldp_floor(lf)), flush=True)
         return
     for name in args.variants.split(","):
-        runs = [run_variant(name, lf, int(s)) for s in args.seeds.split(",")]
+        runs = [run_variant(name, lf, s) for s in seeds]
         rs = [r["ratio"] for r in runs]
         print(json.dumps({"variant": name, "ratio_mean": round(float(np.mean(rs)), 3),
                           "ratio_sd": round(float(np.std(rs, ddof=1)), 3) if len(rs) > 1 else 0.0,
