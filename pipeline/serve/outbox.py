@@ -462,6 +462,9 @@ class Forwarder:
         assert self._consumer is not None
         tps = [TopicPartition(t, p) for t in topics for p in sorted(await self.producer.partitions_for(t))]
         ends = await asyncio.wait_for(self._consumer.end_offsets(tps), READ_TIMEOUT)
+        if await self.identity() != ident:  # the reads outlived the identity read, and another broker answers now
+            self.forget_broker()
+            return
         await self.r.hset(self.keys.inflight, mapping={  # type: ignore[arg-type]
             "ident": ident, "ids": json.dumps([eid.decode() for eid, _ in todo]),
             "ends": json.dumps([[tp.topic, tp.partition, int(off)] for tp, off in ends.items()])})
