@@ -246,10 +246,6 @@ def _outage(stack: Path, service: str) -> None:
     assert max(out.unavailable_s, default=0.0) < 2.0  # a 503 comes back within 2 s
 
 
-@pytest.mark.xfail(strict=False, reason="known bug (issue 25 stays open): in 1 of the 3 full runs of 2026-11-25 the "
-                   "outbox drained while 202 of 3,000 acknowledged events were never released (2,798 of 3,000); one "
-                   "cause (Kafka offsets committed past a batch whose Redis commit failed) is fixed, whether it was "
-                   "this one is not shown (docs/reliability.md)")
 def test_broker_killed_during_a_replay(stack: Path) -> None:
     _outage(stack, "kafka")
 
