@@ -56,7 +56,7 @@ from ..modes.federated.federated_serving import SiteRouter, federated_budget, in
 from ..modes.federated.federation import site_namespace
 from ..serve.budget_view import history, ledger_overview, serving_isolation, user_budget
 from ..config.keys import PublicKeys, partition_of
-from ..config.kafkaconn import client_kwargs
+from ..config.kafkaconn import PRODUCE_TIMEOUT_MS, client_kwargs
 from ..config.redisconn import connect, connect_async
 from ..serve.items_live import add_routes as add_items_routes
 from ..modes.local.local_http import (add_routes as add_local_routes, budget_counter, local_budget, local_ledger_overview,
@@ -158,7 +158,7 @@ async def _clients(app: web.Application) -> Any:
         # feedback waits for the broker's ack, so its producer does not linger; the log of
         # shown lists is fire-and-forget and batched by pipeline.serve.shown (one record batch per
         # partition every 100 ms: docs/serving-performance.md), so its producer does not linger either
-        producer = AIOKafkaProducer(**client_kwargs(s), linger_ms=0, request_timeout_ms=5000)  # a dead broker: 5 s
+        producer = AIOKafkaProducer(**client_kwargs(s), linger_ms=0, request_timeout_ms=PRODUCE_TIMEOUT_MS)
         log_producer = AIOKafkaProducer(**client_kwargs(s), linger_ms=0, max_batch_size=512 * 1024)
         await producer.start()
         await log_producer.start()

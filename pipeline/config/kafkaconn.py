@@ -22,7 +22,13 @@ from typing import Any
 
 from .settings import Settings
 
-__all__ = ["client_kwargs", "faust_credentials"]
+__all__ = ["client_kwargs", "faust_credentials", "PRODUCE_TIMEOUT_MS"]
+
+#: The request timeout of the web server's feedback producer (the outbox forwarder's): a record batch the broker has
+#: not acknowledged is given up at its first failed attempt this long after it was made, so a dead broker costs a
+#: ``/feedback`` at most this. A replacement broker must not listen before every such batch of the dead broker's
+#: time is given up (:data:`privrec.ops.repair.NEW_BROKER_AFTER_S`).
+PRODUCE_TIMEOUT_MS = 5000
 
 
 def client_kwargs(settings: Settings) -> dict[str, Any]:

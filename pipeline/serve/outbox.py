@@ -39,6 +39,15 @@ narrow cases: the broker writes a record but its answer is lost (the producer's 
 a worker counts both), or dies after a worker counted a record it had not yet acknowledged; or a forwarder
 dies with a batch in flight and the broker is replaced before the batch is recovered, after a worker
 counted past it (logged as an error). Nothing accepted is lost unless Redis loses its AOF.
+
+**Which broker acknowledged.** A position names the broker whose identity was read before the batch, so nothing
+but that broker may acknowledge the batch: the forwarder reads the identity again when its reads before the batch
+outlived the cached one, and a replacement broker on the same address starts no sooner than
+:data:`privrec.ops.repair.NEW_BROKER_AFTER_S` after the old one was seen dead, when the producer
+(:data:`~pipeline.config.kafkaconn.PRODUCE_TIMEOUT_MS`) has given up retrying the batches the dead broker did not
+acknowledge. A new Tansu broker would take such a retry before its topics exist, acknowledge it without keeping it
+(the entries then look counted in the old log) and answer later records at the same offsets without ever
+returning them (issue 25).
 """
 
 from __future__ import annotations
@@ -462,6 +471,9 @@ class Forwarder:
         assert self._consumer is not None
         tps = [TopicPartition(t, p) for t in topics for p in sorted(await self.producer.partitions_for(t))]
         ends = await asyncio.wait_for(self._consumer.end_offsets(tps), READ_TIMEOUT)
+        if await self.identity() != ident:  # the reads outlived the identity read, and another broker answers now
+            self.forget_broker()
+            return
         await self.r.hset(self.keys.inflight, mapping={  # type: ignore[arg-type]
             "ident": ident, "ids": json.dumps([eid.decode() for eid, _ in todo]),
             "ends": json.dumps([[tp.topic, tp.partition, int(off)] for tp, off in ends.items()])})

@@ -7,7 +7,8 @@ supervisor (so the two do not restart the same process), then starts again, with
 ``stack.json`` recorded:
 
 * a dead ``redis`` — on its port, from its AOF (the workers reconnect on their own);
-* a dead ``kafka`` — a *new* memory-only broker on its port, whose log starts at offset 0: every worker is
+* a dead ``kafka`` — a *new* memory-only broker on its port (no sooner than :data:`NEW_BROKER_AFTER_S` after the
+  old one was seen dead, see :func:`start_new_broker`), whose log starts at offset 0: every worker is
   restarted too (its in-memory positions belong to the old log), the topics created again and the
   namespace's stored ingest offsets reset, exactly as ``up`` does for a new broker (otherwise the new log's
   first events would be skipped as "already counted"), where they stood in the old logs recorded for the web's
@@ -30,6 +31,7 @@ from typing import Any
 import redis
 
 from pipeline import services
+from pipeline.config.kafkaconn import PRODUCE_TIMEOUT_MS
 from pipeline.services import PortInUseError, ServiceHandle
 from pipeline.config.settings import Settings
 
@@ -38,7 +40,16 @@ from .relaunch import (SUPERVISION_DEFAULTS, fallback_handle, relaunch, stack_se
 from .stackfile import KAFKA, REDIS, WEB, OpsError, admin_redis_url, read_stack, recorded_handles, running_processes, settings_dict, worker_status_key, write_stack
 from .workers import create_stack_topics, reset_after_new_broker, wait_workers
 
-__all__ = ["check_same_settings", "repair"]
+__all__ = ["check_same_settings", "repair", "start_new_broker", "NEW_BROKER_AFTER_S"]
+
+#: Seconds between seeing the embedded broker dead and starting its replacement on the same port: the web server's
+#: feedback producer retries a record batch the dead broker did not acknowledge until its first failed attempt
+#: :data:`~pipeline.config.kafkaconn.PRODUCE_TIMEOUT_MS` after the batch was made, and a new broker listening
+#: meanwhile would take the retry. Tansu acknowledges a produce to a topic it does not have yet (the repair creates the
+#: topics a moment after the start) without keeping it, and the partition's log is damaged from then on: a record
+#: produced later at an offset of that batch is acknowledged and never read — acknowledged feedback lost (issue 25).
+#: The margin (5 s) covers a web server whose event loop stalls under load.
+NEW_BROKER_AFTER_S = PRODUCE_TIMEOUT_MS / 1000 + 5.0
 
 
 def check_same_settings(state: Path, stack: Mapping[str, Any], settings: Settings, workers: int) -> None:
@@ -62,6 +73,36 @@ def check_same_settings(state: Path, stack: Mapping[str, Any], settings: Setting
 
 def _port(address: str) -> int:
     return int(address.rstrip("/").rpartition(":")[2].split("/")[0])
+
+
+def start_new_broker(state: Path, address: str, *, dead_since: float, timeout: float,
+                     note: Callable[[str], None]) -> ServiceHandle:
+    """A new memory-only broker on ``address``'s port (another port if it is taken), started no sooner than
+    :data:`NEW_BROKER_AFTER_S` after ``dead_since`` (``time.monotonic()`` when the old broker was seen dead), so that
+    no produce begun against the old broker is taken by the new one.
+
+    Parameters
+    ----------
+    state
+        The stack's state directory (the broker's handle and log).
+    address
+        The dead broker's ``host:port``.
+    dead_since
+        When the dead broker was seen dead, on the ``time.monotonic()`` clock.
+    timeout
+        Seconds to wait for the new broker to answer.
+    note
+        Says what it waited.
+    """
+    wait = dead_since + NEW_BROKER_AFTER_S - time.monotonic()
+    if wait > 0:
+        note(f"waiting {wait:.1f} s before the new broker: clients' produce requests begun against the dead one are "
+             f"given up by then ({NEW_BROKER_AFTER_S:g} s after it was seen dead)")
+        time.sleep(wait)
+    try:
+        return services.start_broker(state, port=_port(address), timeout=timeout)
+    except PortInUseError:
+        return services.start_broker(state, timeout=timeout)
 
 
 def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], timeout: float,
@@ -112,10 +153,7 @@ def repair(state: Path, stack: dict[str, Any], *, note: Callable[[str], None], t
         # the web server stays: its clients reconnect to the same address, and its outbox keeps the feedback
         # (3 s: a worker whose broker died may not get to its exit; it commits atomically, so a kill is safe)
         stop_clients("the broker is memory-only: they read the old broker's log", web=False, grace=3)
-        try:
-            kafka = services.start_broker(state, port=_port(settings.kafka), timeout=timeout)
-        except PortInUseError:
-            kafka = services.start_broker(state, timeout=timeout)
+        kafka = start_new_broker(state, settings.kafka, dead_since=t0, timeout=timeout, note=note)
         settings = settings.replace(kafka=kafka.address)
         done["restarted"][KAFKA] = kafka.pid
         done["new_broker"] = True

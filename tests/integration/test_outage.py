@@ -246,10 +246,6 @@ def _outage(stack: Path, service: str) -> None:
     assert max(out.unavailable_s, default=0.0) < 2.0  # a 503 comes back within 2 s
 
 
-@pytest.mark.xfail(strict=False, reason="known bug (issue 25 stays open): in 1 of the 3 full runs of 2026-11-25 the "
-                   "outbox drained while 202 of 3,000 acknowledged events were never released (2,798 of 3,000); one "
-                   "cause (Kafka offsets committed past a batch whose Redis commit failed) is fixed, whether it was "
-                   "this one is not shown (docs/reliability.md)")
 def test_broker_killed_during_a_replay(stack: Path) -> None:
     _outage(stack, "kafka")
 
@@ -440,3 +436,70 @@ def test_the_web_role_may_use_its_outbox_and_nothing_trusted(tmp_path: Path) -> 
         web.close()
     finally:
         services.stop(handle)
+
+
+def test_a_produce_begun_against_a_dead_broker_is_not_taken_by_its_replacement(tmp_path: Path) -> None:
+    """Issue 25: the broker is SIGKILLed while the web's feedback producer holds batches it has not acknowledged, and a
+    new broker is started on its port as the repair does (:func:`privrec.ops.repair.start_new_broker`, the topics
+    created right after). The producer's retries must not reach the new broker: Tansu acknowledges a produce to a topic
+    it does not have yet without keeping it (the outbox then drops the events as counted), and the partition's log is
+    damaged from then on (a later record is acknowledged and never read). Each such produce fails instead, and the new
+    broker's log reads back exactly what it acknowledged afterwards."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    from pipeline import services
+    from pipeline.config.kafkaconn import PRODUCE_TIMEOUT_MS
+    from privrec.ops.repair import start_new_broker
+
+    old = services.start_broker(tmp_path)
+    new = None
+    notes: list[str] = []
+    try:
+        services.create_topics(old.address, {"interactions": 2})
+
+        async def run() -> tuple[list[BaseException | Any], dict[tuple[int, int], bytes], set[tuple[int, int, bytes]]]:
+            nonlocal new
+            loop = asyncio.get_running_loop()
+            producer = AIOKafkaProducer(bootstrap_servers=old.address, linger_ms=0, request_timeout_ms=PRODUCE_TIMEOUT_MS)
+            await producer.start()
+            try:
+                await producer.send_and_wait("interactions", b"before", partition=0)
+                os.kill(old.pid, signal.SIGKILL)
+                await loop.run_in_executor(None, lambda: wait_for(lambda: not alive(old.pid), 10, "the broker to exit"))
+                seen = time.monotonic()
+                pending = [await producer.send("interactions", b"pending-%d" % i, partition=i % 2) for i in range(10)]
+                new = await loop.run_in_executor(None, lambda: start_new_broker(
+                    tmp_path, old.address, dead_since=seen, timeout=30, note=notes.append))
+                await loop.run_in_executor(None, lambda: services.create_topics(new.address, {"interactions": 2}))
+                outcomes = await asyncio.gather(*pending, return_exceptions=True)
+                after = [await producer.send("interactions", b"after-%d" % i, partition=i % 2) for i in range(10)]
+                later = await asyncio.gather(*after, return_exceptions=True)
+                acked = {(md.partition, md.offset): b"after-%d" % i for i, md in enumerate(later)
+                         if not isinstance(md, BaseException)}
+                assert len(acked) == 10 or [o for o in outcomes if not isinstance(o, BaseException)], later
+            finally:
+                await producer.stop()
+            consumer = AIOKafkaConsumer(bootstrap_servers=new.address, enable_auto_commit=False)
+            await consumer.start()
+            try:
+                tps = [TopicPartition("interactions", p) for p in range(2)]
+                consumer.assign(tps)
+                await consumer.seek_to_beginning(*tps)
+                read: set[tuple[int, int, bytes]] = set()
+                while batches := await consumer.getmany(timeout_ms=2000):
+                    read |= {(tp.partition, r.offset, bytes(r.value or b"")) for tp, rs in batches.items() for r in rs}
+            finally:
+                await consumer.stop()
+            return outcomes, acked, read
+
+        outcomes, acked, read = asyncio.run(run())
+        assert new is not None and new.address == old.address  # the same port
+        taken = [o for o in outcomes if not isinstance(o, BaseException)]
+        assert taken == [], (f"the new broker acknowledged {len(taken)} of 10 produces begun against the dead one, at "
+                             f"{[(md.partition, md.offset) for md in taken]}")
+        assert read == {(p, o, v) for (p, o), v in acked.items()}  # every acknowledged record read back, nothing else
+        assert notes and "waiting" in notes[0], notes
+    finally:
+        for h in (new, old):
+            if h is not None:
+                services.stop(h)
