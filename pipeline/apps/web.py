@@ -225,7 +225,8 @@ async def recommend(request: web.Request) -> web.Response:
         candidates = [p.strip() for p in q["candidates"].split(",")]
         if not all(candidates):
             return _error(400, "candidates", "must be a comma-separated list of item ids without empty entries")
-    rec: Recommender | SiteRouter = request.app[RECOMMENDER]
+    app = request.app  # (a property: read once)
+    rec: Recommender | SiteRouter = app[RECOMMENDER]
     try:
         out = rec.recommend(user, candidates, k)
     except BadRequest as exc:
@@ -235,12 +236,12 @@ async def recommend(request: web.Request) -> web.Response:
         resp = _error(503, None, f"{exc}; try again in a moment")
         resp.headers["Retry-After"] = "1"  # about one release tick (the client waits at least this)
         return resp
-    if request.app[SETTINGS].mode == "local":  # the devices need each item's context for r x
-        with_contexts(out, request.app[CATALOG])
+    if app[SETTINGS].mode == "local":  # the devices need each item's context for r x
+        with_contexts(out, app[CATALOG])
     items = [it["item"] for it in out["items"]]
     record = {"rec_id": out["rec_id"], "user": user, "items": items, "model_version": out["model_version"],
               "ts": time.time() * 1000}
-    request.app[SHOWN].put(out["rec_id"], user, orjson.dumps(record))  # stored and logged behind the answer
+    app[SHOWN].put(out["rec_id"], user, orjson.dumps(record))  # stored and logged behind the answer
     # orjson: the same JSON (scores are finite floats, see serving._num), ~5x faster to encode
     return web.Response(body=orjson.dumps(out), content_type="application/json")
 

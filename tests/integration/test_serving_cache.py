@@ -106,6 +106,27 @@ def test_kept_scores_are_the_pools_own_bit_for_bit(redis_client: redis.Redis, va
     assert list(rec._scores) == [catalog.unit_of(u) for u in catalog.users]
 
 
+@pytest.mark.parametrize("kind", ["ties", "nan"])
+def test_ties_rank_in_pool_order_and_nan_ranks_last(redis_client: redis.Redis, kind: str) -> None:
+    # θ = 0 and M = 0: every score is exactly 0, so the order is the pool's (stable); with a NaN in θ every
+    # score of the unit is NaN (non-finite: the numpy path, which ranks NaN last, still in pool order)
+    catalog = SyntheticCatalog(n_users=2, d=6, n_arms=60, seed=8)
+    world = Published(redis_client, catalog, seed=9)
+    world.publish(1)
+    theta = np.zeros(catalog.d)
+    theta[0] = np.nan if kind == "nan" else 0.0
+    for u in range(catalog.n_units):
+        redis_client.hset(world.keys.model_unit(u), mapping={"theta": theta.astype("<f8").tobytes(),
+                                                             "M": np.zeros((catalog.d, catalog.d)).tobytes()})
+    rec = Recommender(redis_client, world.ns, catalog)
+    pool = [str(a) for a in (41, 3, 17, 59, 0, 22, 8)]
+    for user in catalog.users:
+        got = rec.recommend(user, pool, 5)
+        assert [it["item"] for it in got["items"]] == pool[:5]
+        assert all(it["score"] == 0.0 for it in got["items"])  # NaN is answered as 0 (serving._num)
+        assert rec._scores[catalog.unit_of(user)].finite is (kind == "ties")
+
+
 def test_a_new_version_replaces_the_kept_scores_at_once(redis_client: redis.Redis) -> None:
     catalog = SyntheticCatalog(n_users=3, d=8, n_arms=200, seed=4)
     world = Published(redis_client, catalog, seed=5)
