@@ -402,7 +402,7 @@ class BatchIngestProcessor(_LocalIngestBase):
                                          f"dummy)")
                 elif b.messages and self.items is None:
                     raise ValueError("batch: item messages, but this namespace has no item reports")
-                if b.messages and max(b.messages) >= self.items.n_items:  # type: ignore[union-attr]
+                elif b.messages and max(b.messages) >= self.items.n_items:  # type: ignore[union-attr]
                     raise ValueError(f"batch: msgs must be catalog rows below {self.items.n_items}")  # type: ignore[union-attr]
             except (ValueError, UnknownArmError) as e:
                 dead.append(DeadLetterItem(offset, raw, f"shuffled batch: {e}"))
