@@ -475,9 +475,8 @@ class LocalReleaseStage:
             if shard.items is not None:
                 item_sums = shard.items.copy() if item_sums is None else item_sums + shard.items
                 item_var, item_n = item_var + shard.items_var, item_n + shard.items_n
-        if self.config.codewords:  # population-wide batches: every unit serves the population's model
+        if self.config.codewords:  # population-wide batches: every unit serves the population's model (count: as counted)
             stats.gram[:], stats.b[:], var[:] = stats.gram.sum(axis=0), stats.b.sum(axis=0), var.sum()
-            stats.count[:] = stats.count.sum()
         last = self.client.hget(self.store.keys.pending, "count")
         if not force and last is not None and int(last) == int(stats.count.sum()):
             return None
