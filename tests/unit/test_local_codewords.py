@@ -79,3 +79,16 @@ def test_an_envelope_seals_each_message_on_its_own() -> None:
     with pytest.raises(ReportError) as e:
         parse_envelope(body)
     assert e.value.parameter == "msgs"
+
+
+def test_the_setting_needs_shuffling_at_user_level() -> None:
+    from pipeline.config.settings import Settings, SettingsError
+
+    base = {"PRIVREC_MODE": "local", "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_LOCAL_CODEWORDS": "64"}
+    with pytest.raises(SettingsError, match="local_codewords"):
+        Settings.from_mapping({}, environ=base)                          # no shuffler
+    with pytest.raises(SettingsError, match="local_codewords"):
+        Settings.from_mapping({}, environ={**base, "PRIVREC_SHUFFLE_BATCH": "150", "PRIVREC_PRIVACY_UNIT": "event"})
+    s = Settings.from_mapping({}, environ={**base, "PRIVREC_SHUFFLE_BATCH": "150"})
+    assert s.local_config(25).codewords == 64 and s.model_config()["local_codewords"] == 64
+    assert "local_codewords" not in Settings.from_mapping({}, environ={}).model_config()
