@@ -34,16 +34,19 @@ def config_from_public(public: dict[str, Any]) -> LocalConfig:
                        shuffle_batch=int(public.get("shuffle_batch") or 0), unit="user" if user else "event",
                        cap=int(public.get("cap") or DEFAULT_CAP),
                        epoch_seconds=float(public.get("epoch_seconds") or DEFAULT_EPOCH_SECONDS),
-                       user_budget=math.inf if budget is None else float(budget))
+                       user_budget=math.inf if budget is None else float(budget),
+                       codewords=int(public.get("codewords") or 0))
 
 
 class Devices:
     """One :class:`LocalClient` per user, created on first use."""
 
     def __init__(self, config: LocalConfig, state_dir: str | Path | None = None, *,
-                 esa: dict[str, Any] | None = None) -> None:
+                 esa: dict[str, Any] | None = None, codebook: Any = None) -> None:
         self.config = config
         self.esa = esa  # a separate shuffler (GET /local/config's "esa"): reports are sealed and sent there
+        #: ``config.codewords``: the public codebook (GET /local/config's "codebook")
+        self.codebook = None if codebook is None else np.asarray(codebook, dtype=np.float64)
         self.state_dir = None if state_dir is None else Path(state_dir)
         self._clients: dict[str, LocalClient] = {}
 
@@ -55,7 +58,7 @@ class Devices:
             else:
                 safe = re.sub(r"[^A-Za-z0-9_.-]", "_", user)
                 storage = FileStorage(self.state_dir / f"device-{safe}.json")
-            c = self._clients[user] = LocalClient(user, self.config, storage)
+            c = self._clients[user] = LocalClient(user, self.config, storage, codebook=self.codebook)
         return c
 
     def report(self, user: str, *, rec_id: str, x: list[float], reward: float) -> LocalReport:

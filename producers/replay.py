@@ -37,6 +37,8 @@ class ReplayEvent:
     user: str
     arm: str
     pool: tuple[str, ...]
+    #: the logged (listened) item's public features: what a device with codewords reports (its listen)
+    listened: tuple[float, ...] | None = None
 
 
 @dataclass
@@ -73,7 +75,7 @@ async def _one(api: AsyncClient, ev: ReplayEvent, listens: bool = True,
     top = rec.top
     reward = 1.0 if top.item == ev.arm else 0.0
     if devices is not None:  # local mode: the user's device turns the reward into a report; only that is sent
-        await _send_report(api, devices, ev.user, rec.rec_id, top, reward)
+        await _send_report(api, devices, ev.user, rec.rec_id, top, reward, ev.listened)
         return reward, rec.model_version
     try:
         await api.feedback(rec.rec_id, top.item, reward)
@@ -89,11 +91,15 @@ async def _one(api: AsyncClient, ev: ReplayEvent, listens: bool = True,
 
 
 async def _send_report(api: AsyncClient, devices: Devices, user: str, rec_id: str, item: RecommendedItem,
-                       reward: float) -> None:
-    """Send the device's pending reports (an earlier one first, as it was), then forget them."""
+                       reward: float, listened: tuple[float, ...] | None = None) -> None:
+    """Send the device's pending reports (an earlier one first, as it was), then forget them.
+
+    With codewords the report answers the list and carries the logged listen (the user's choice: the offline twin's
+    organic listen, ``models.local.policy.LocalItemUCB``), whether or not it was the recommended item."""
     assert item.x is not None, "local mode's /recommend gives each item's x"
+    x, r = (list(listened), 1.0) if devices.config.codewords and listened is not None else (list(item.x), reward)
     try:
-        devices.report(user, rec_id=rec_id, x=list(item.x), reward=reward)
+        devices.report(user, rec_id=rec_id, x=x, reward=r)
     except ReportRefused:  # user level: past the device's cap or budget, nothing new leaves it (pending ones do)
         pass
     for rep in devices.client(user).pending():

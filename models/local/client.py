@@ -55,7 +55,7 @@ from models.mechanisms.base import TreeState
 from .config import LocalConfig
 from .reports import LocalReport
 
-__all__ = ["Storage", "MemoryStorage", "FileStorage", "LocalClient", "ReportRefused"]
+__all__ = ["Storage", "MemoryStorage", "FileStorage", "LocalClient", "ReportRefused", "codeword_messages"]
 
 STATE_SCHEMA = "privrec.LocalClientState/2"
 #: States written before user level (no ledger): still read, as a device with no report in any epoch yet.
@@ -112,6 +112,18 @@ class FileStorage:
             os.close(fd)
 
 
+def codeword_messages(config: LocalConfig, code: int, reward: float, rng: np.random.Generator) -> tuple[int, ...]:
+    """A listen's messages (``config.codewords`` = ``K``): the blanket's ``Bin(K, p)`` distinct fake codewords, and
+    ``code`` with probability ``reward`` — else the dummy ``K`` in its place, so that every report carries
+    ``Bin(K, p) + 1`` messages whatever the data (a shuffler that counts sealed messages learns nothing); the
+    analyzer drops the dummy. The draws are :meth:`models.local.items.ItemBlanket.randomize`'s, in its order."""
+    K, p = config.codewords, config.blanket.p
+    k = int(rng.binomial(K, p))
+    fakes = [int(v) for v in rng.choice(K, size=k, replace=False)]
+    real = code if rng.random() < reward else K
+    return tuple(sorted([*fakes, real]))
+
+
 def _floats(a: NDArray[np.float64]) -> list[Any]:
     out: list[Any] = np.asarray(a, dtype=np.float64).tolist()  # json writes floats with repr: an exact round trip
     return out
@@ -143,15 +155,24 @@ class LocalClient:
         the storage already holds a state.
     clock
         Seconds since the Unix epoch (default ``time.time``): at user level, which epoch a report falls in.
+    codebook
+        ``config.codewords``: the public codebook (``GET /local/config``'s ``codebook``, ``codewords x d``); a
+        report's ``x`` is then the listened item's context, sent as its nearest codeword with probability
+        ``reward`` among the blanket's fakes (:meth:`models.local.items.ItemBlanket.randomize`), and ``m`` is zero.
     """
 
     def __init__(self, user: str, config: LocalConfig, storage: Storage | None = None, *,
-                 seed: int | None = None, clock: Callable[[], float] = time.time) -> None:
+                 seed: int | None = None, clock: Callable[[], float] = time.time,
+                 codebook: NDArray[np.float64] | None = None) -> None:
         if not isinstance(user, str) or not user:
             raise ValueError(f"`user` must be a non-empty string, got {user!r}.")
         self.user = user
         self.config = config
         self.clock = clock
+        self.codebook = None if codebook is None else np.asarray(codebook, dtype=np.float64)
+        if config.codewords and (self.codebook is None or self.codebook.shape != (config.codewords, config.d)):
+            raise ValueError(f"`codebook` must be the public codebook of {config.codewords} x {config.d} codewords "
+                             f"(GET /local/config), got {None if self.codebook is None else self.codebook.shape}.")
         #: The ledger (user level): the epoch of the last report and the reports made in it.
         self.epoch, self.in_epoch = -1, 0
         self.storage: Storage = storage if storage is not None else MemoryStorage()
@@ -190,7 +211,8 @@ class LocalClient:
             step=int(st["step"]), epoch=int(st["epoch"]), prefix=np.asarray(st["prefix"], dtype=np.float64),
             carry=np.asarray(st["carry"], dtype=np.float64), nodes=np.asarray(st["nodes"], dtype=np.float64))
         self._pending = [LocalReport(user=self.user, version=int(p["version"]), algorithm=self.config.algorithm,
-                                     rec_id=p["rec_id"], vector=np.asarray(p["vector"]), epoch=p.get("epoch"))
+                                     rec_id=p["rec_id"], vector=np.asarray(p["vector"]), epoch=p.get("epoch"),
+                                     messages=tuple(p.get("msgs", ())))
                          for p in data["pending"]]
 
     def _save(self) -> None:
@@ -200,8 +222,8 @@ class LocalClient:
         data = {"schema": STATE_SCHEMA, "user": self.user, "config": self.config.to_dict(), "seed": self.seed,
                 "version": self.version, "exact": _floats(self._exact), "state": st,
                 "ledger": {"epoch": self.epoch, "k": self.in_epoch},
-                "pending": [{"version": p.version, "rec_id": p.rec_id, "vector": _floats(p.vector), "epoch": p.epoch}
-                            for p in self._pending]}
+                "pending": [{"version": p.version, "rec_id": p.rec_id, "vector": _floats(p.vector), "epoch": p.epoch,
+                             "msgs": list(p.messages)} for p in self._pending]}
         self.storage.save(json.dumps(data, separators=(",", ":")).encode())
 
     @property
@@ -255,10 +277,19 @@ class LocalClient:
             x = x / norm
         epoch = self.check()
         version = self.version + 1
+        messages: tuple[int, ...] = ()
         exact = self._exact + r * x
         if self.config.algorithm == "tree":
             assert self.mechanism is not None and self.state is not None
             vector, state, _ = self.mechanism.step_to(self.state, exact)
+        elif self.config.codewords:  # the listen as a codeword among the blanket's fakes; m carries nothing
+            from .items import ITEM_STREAM, nearest_code
+
+            assert self.codebook is not None
+            rng = np.random.default_rng([self.seed, ITEM_STREAM, version])  # keyed: a re-send never redraws
+            code = int(nearest_code(self.codebook, x)[0])
+            messages = codeword_messages(self.config, code, r, rng)
+            vector, state = np.zeros(self.config.d), None
         else:
             source = KeyedNoise(self.seed, ROUND_STREAM)
             if self.config.shuffled:
@@ -267,7 +298,7 @@ class LocalClient:
                 noise = source.normal(self.config.sigma, (self.config.d,), epoch=0, level=0, index=version)
             vector, state = r * x + noise, None
         rep = LocalReport(user=self.user, version=version, algorithm=self.config.algorithm, rec_id=str(rec_id),
-                          vector=vector, epoch=epoch)
+                          vector=vector, epoch=epoch, messages=messages)
         self.version, self._exact, self.state = version, exact, state
         if epoch is not None:
             self.in_epoch = self.in_epoch + 1 if epoch == self.epoch else 1

@@ -88,6 +88,12 @@ class LocalConfig:
     user_budget
         Lifetime budget of one device: epsilon at ``delta`` over everything it ever reports (``inf``: none).
         A device stops reporting before it would exceed it (:meth:`report_limit`).
+    codewords
+        ``round`` with shuffling at user level: ``K > 0`` reports each listen as the codeword of its item's
+        context in a public codebook of ``K`` codewords (:func:`models.local.items.codebook` of the catalog's
+        features), through a blanket of fake messages (:attr:`blanket`, Balcer & Cheu), in population-wide
+        batches; the report's ``m`` is then zero (nothing of the data) and the whole budget is on the messages.
+        ``0`` (default): Laplace reports ``m`` only.
     """
 
     algorithm: str
@@ -101,6 +107,7 @@ class LocalConfig:
     cap: int = DEFAULT_CAP
     epoch_seconds: float = DEFAULT_EPOCH_SECONDS
     user_budget: float = math.inf
+    codewords: int = 0
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -129,6 +136,11 @@ class LocalConfig:
             raise ValueError(f"`epoch_seconds` must be a positive number, got {self.epoch_seconds!r}.")
         if not self.user_budget > 0:  # NaN fails too
             raise ValueError(f"`user_budget` must be a positive epsilon or inf, got {self.user_budget!r}.")
+        if isinstance(self.codewords, bool) or not isinstance(self.codewords, int) or not 0 <= self.codewords <= 4096:
+            raise ValueError(f"`codewords` must be an integer in [0, 4096], got {self.codewords!r}.")
+        if self.codewords and not (self.shuffled and self.user_level):
+            raise ValueError("`codewords` needs shuffling (`shuffle_batch` > 0, `algorithm` 'round') at user level: "
+                             "the blanket's guarantee is central, over a batch of distinct users' messages.")
 
     # ------------------------------------------------------------------ noise of one report
 
@@ -157,6 +169,17 @@ class LocalConfig:
         if self.user_level:
             return self.epsilon / self.cap, self.delta / self.cap
         return self.epsilon, self.delta
+
+    @property
+    def blanket(self) -> Any:
+        """``codewords``: the messages' public calibration (:class:`models.local.items.ItemBlanket` over the ``K``
+        codes, batches of ``shuffle_batch``, ``cap`` batches per epoch together ``(epsilon, delta)``, exact)."""
+        if not self.codewords:
+            raise ValueError("`blanket` is defined with `codewords` > 0 only.")
+        from .items import ItemBlanket
+
+        return ItemBlanket(n_items=self.codewords, batch=self.shuffle_batch, epsilon=self.epsilon, delta=self.delta,
+                           cap=self.cap)
 
     @property
     def sigma(self) -> float:
@@ -237,6 +260,9 @@ class LocalConfig:
         n = max(0, int(reports))
         if n == 0:
             return 0.0, 0.0
+        if self.codewords:  # n batches, grouped by count into blocks of <= cap: each (epsilon, delta), basic composition
+            blocks = -(-n // self.cap)
+            return blocks * self.epsilon, min(1.0, blocks * self.delta)
         if self.shuffled:
             eps, delta = self.batch_guarantee
             return n * eps, min(1.0, n * delta)
@@ -262,6 +288,8 @@ class LocalConfig:
         if not math.isfinite(budget):
             return None
         if self.user_level:
+            if self.codewords:
+                return math.floor(budget / self.epsilon + 1e-9) * self.cap
             if self.shuffled:
                 return math.floor(budget / self.batch_guarantee[0] + 1e-9)
             ratio = (gdp_mu(budget, self.delta) / gdp_mu(self.epsilon, self.delta)) ** 2
@@ -288,6 +316,8 @@ class LocalConfig:
         """
         if version < 1:
             return 0.0
+        if self.codewords:
+            return 0.0  # m is zero: the listen travels as the blanket's messages (their noise: models.local.items)
         if self.algorithm == "round":
             return 2.0 * self.laplace_scale**2 if self.shuffled else self.sigma**2
         mech = self._variance_mechanism()
@@ -364,7 +394,25 @@ class LocalConfig:
                             "delta": self.delta, "reports_allowed": limit}}
         scope = (f"per epoch of {self.epoch_seconds:g} s a device makes at most {self.cap} reports, and any {self.cap} "
                  f"of its reports together are ({self.epsilon:g}, {self.delta:g})-DP; its whole history composes")
-        if self.shuffled:
+        if self.codewords:
+            b = self.blanket
+            out.update({"mu_at_cap": None, "noise": "blanket", "codewords": self.codewords, "p": b.p,
+                        "shuffle_batch": self.shuffle_batch,
+                        "composition": "exact within cap batches (models.local.items); blocks of cap reports: basic",
+                        "against_operator": {"epsilon_per_report": None, "delta": 0.0,
+                                             "why": "the blanket protocol has no local guarantee: whoever sees a "
+                                                    "device's messages with its identity (the in-worker shuffler's "
+                                                    "operator; the analyzer and a separate shuffler colluding) sees "
+                                                    "its codeword among its fakes"}})
+            out["statement"] = (f"{scope}: each report sends its listen as the codeword of the listened item in a "
+                                f"public codebook of {self.codewords}, with a blanket of fake codewords (each with "
+                                f"probability {b.p:.4g}; Balcer & Cheu), shuffled message by message in population-"
+                                f"wide batches of {self.shuffle_batch} distinct users; {self.cap} batches of a device "
+                                f"together are ({self.epsilon:g}, {self.delta:g})-DP against everyone who sees only "
+                                f"the shuffled messages (exact analysis); n reports spend ceil(n / {self.cap}) times "
+                                f"that; against whoever sees a device's messages with its identity there is no local "
+                                f"guarantee")
+        elif self.shuffled:
             eps_b, delta_b = self.batch_guarantee
             out.update({"mu_at_cap": None, "noise": "laplace", "laplace_scale": self.laplace_scale,
                         "epsilon0": self.epsilon0, "shuffle_batch": self.shuffle_batch,
@@ -436,6 +484,12 @@ class LocalConfig:
             else:
                 desc["kind"] = getattr(mech, "name", type(mech).__name__)
             out["mechanism"] = desc
+        elif self.codewords:  # the codebook itself (public, from the catalog) is added by the web server
+            b = self.blanket
+            out["noise"] = {"kind": "blanket", "codewords": self.codewords, "p": b.p, "batch": b.batch,
+                            "messages": "privrec.ItemBlanket/1: the listen's codeword with probability r, and each "
+                                        "of the codewords independently with probability p"}
+            out["codewords"] = self.codewords
         elif self.shuffled:
             out["noise"] = {"kind": "laplace", "scale": self.laplace_scale, "epsilon0": self.epsilon0}
         else:
@@ -447,7 +501,8 @@ class LocalConfig:
         return {"algorithm": self.algorithm, "d": self.d, "epsilon": self.epsilon, "delta": self.delta,
                 "mechanism": self.mechanism, "capacity": self.capacity, "shuffle_batch": self.shuffle_batch,
                 "unit": self.unit, "cap": self.cap, "epoch_seconds": self.epoch_seconds,
-                "user_budget": self.user_budget if math.isfinite(self.user_budget) else None}
+                "user_budget": self.user_budget if math.isfinite(self.user_budget) else None,
+                "codewords": self.codewords}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LocalConfig:
@@ -458,7 +513,8 @@ class LocalConfig:
                    capacity=int(data.get("capacity") or 1023), shuffle_batch=int(data.get("shuffle_batch") or 0),
                    unit=str(data.get("unit") or "event"), cap=int(data.get("cap") or DEFAULT_CAP),
                    epoch_seconds=float(data.get("epoch_seconds") or DEFAULT_EPOCH_SECONDS),
-                   user_budget=math.inf if budget is None else float(budget))
+                   user_budget=math.inf if budget is None else float(budget),
+                   codewords=int(data.get("codewords") or 0))
 
 
 def _participation(config: LocalConfig, what: str) -> Any:
@@ -475,4 +531,5 @@ def _participation(config: LocalConfig, what: str) -> Any:
         hit = _PARTICIPATION[key] = {"factor": math.sqrt(bounds[-1] / bounds[0]),
                                      "ratios": [b / bounds[-1] for b in bounds]}
     return hit[what]
+
 

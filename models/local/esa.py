@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,7 @@ from .reports import (MAX_ABS, MAX_SHOWN, LocalReport, ReportError, _string,  # 
 from .seal import SealError, b64decode, b64encode, check_sealed, seal
 from .shuffle import Shuffler, _Open
 
-__all__ = ["CONTENT_SCHEMA", "ENVELOPE_SCHEMA", "SEALED_BATCH_SCHEMA", "MAX_SEALED_BYTES", "Envelope", "SealedBatch",
+__all__ = ["MESSAGE_SCHEMA", "message_content", "parse_message", "CONTENT_SCHEMA", "ENVELOPE_SCHEMA", "SEALED_BATCH_SCHEMA", "MAX_SEALED_BYTES", "Envelope", "SealedBatch",
            "SealedShuffler", "report_content", "seal_report", "parse_envelope", "parse_content"]
 
 CONTENT_SCHEMA = "privrec.ReportContent/1"
@@ -54,7 +54,11 @@ ENVELOPE_SCHEMA = "privrec.Envelope/1"
 SEALED_BATCH_SCHEMA = "privrec.SealedBatch/1"
 #: Largest sealed content accepted (a d = 25 vector of JSON floats is about 700 bytes).
 MAX_SEALED_BYTES = 1 << 14
-_ENVELOPE_FIELDS = {"schema", "user", "version", "rec_id", "sealed", "epoch"}
+_ENVELOPE_FIELDS = {"schema", "user", "version", "rec_id", "sealed", "epoch", "msgs"}
+#: A listen's codeword message, sealed on its own (``{"schema", "c"}``): the shuffler mixes messages one by one.
+MESSAGE_SCHEMA = "privrec.ItemMessage/1"
+#: The most sealed messages an envelope may carry (a codebook of 4096 and the listen's own).
+MAX_MESSAGES = 4097
 _CONTENT_FIELDS = {"schema", "algorithm", "m"}
 #: Fields that would tie a content to a person or a request: refused inside a content.
 _LINKING = ("user", "version", "rec_id", "shown", "item", "reward")
@@ -65,6 +69,22 @@ def report_content(report: LocalReport) -> bytes:
     """The plaintext a device seals: the algorithm and the noisy vector, nothing that names the user or the list."""
     return json.dumps({"schema": CONTENT_SCHEMA, "algorithm": report.algorithm,
                        "m": [float(v) for v in report.vector]}, separators=(",", ":")).encode()
+
+
+def message_content(code: int) -> bytes:
+    """The plaintext of one item message (a codeword index): nothing else, so messages cannot be linked."""
+    return json.dumps({"schema": MESSAGE_SCHEMA, "c": int(code)}, separators=(",", ":")).encode()
+
+
+def parse_message(raw: bytes, *, codewords: int) -> int:
+    """The codeword index of an opened message (``codewords``: the dummy); :class:`ReportError` naming the field."""
+    body = _json_object(raw, "message")
+    if set(body) != {"schema", "c"} or body.get("schema") != MESSAGE_SCHEMA:
+        raise ReportError("message", f"must be exactly {{'schema': {MESSAGE_SCHEMA!r}, 'c': <codeword>}}")
+    c = body["c"]
+    if not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= codewords:
+        raise ReportError("c", f"must be a codeword index in [0, {codewords}], got {c!r:.40}")
+    return c
 
 
 @dataclass(frozen=True)
@@ -82,10 +102,14 @@ class Envelope:
     sealed: bytes
     shown: tuple[str, ...] = ()
     epoch: int | None = None
+    #: codewords: the report's messages, each sealed on its own (``privrec.ItemMessage/1``)
+    msgs: tuple[bytes, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema": ENVELOPE_SCHEMA, "user": self.user, "version": self.version,
                                "rec_id": self.rec_id, "sealed": b64encode(self.sealed)}
+        if self.msgs:
+            out["msgs"] = [b64encode(m) for m in self.msgs]
         if self.epoch is not None:
             out["epoch"] = self.epoch
         if self.shown:
@@ -102,7 +126,7 @@ class Envelope:
 def seal_report(report: LocalReport, public_key: bytes) -> Envelope:
     """The envelope of ``report``: its content sealed to ``public_key``, its identity and metadata in the clear."""
     return Envelope(report.user, report.version, report.rec_id, seal(public_key, report_content(report)),
-                    epoch=report.epoch)
+                    epoch=report.epoch, msgs=tuple(seal(public_key, message_content(m)) for m in report.messages))
 
 
 def _json_object(raw: bytes | str, parameter: str) -> dict[str, Any]:
@@ -145,7 +169,19 @@ def parse_envelope(raw: bytes | str | dict[str, Any], *, stored: bool = False) -
     shown = body.get("shown", [])
     if not isinstance(shown, list) or len(shown) > MAX_SHOWN or not all(isinstance(a, str) and a for a in shown):
         raise ReportError("shown", "must be a list of item ids")
-    return Envelope(user, version, rec_id, sealed, tuple(shown), epoch)
+    texts = body.get("msgs", [])
+    if not isinstance(texts, list) or len(texts) > MAX_MESSAGES or not all(isinstance(t, str) and len(t) < 512
+                                                                            for t in texts):
+        raise ReportError("msgs", f"must be a list of at most {MAX_MESSAGES} sealed messages (base64 strings)")
+    msgs = []
+    for t in texts:
+        try:
+            m = b64decode(t)
+            check_sealed(m, max_bytes=256)
+        except SealError as e:
+            raise ReportError("msgs", str(e).removeprefix("sealed: ").removeprefix("public key: ")) from None
+        msgs.append(m)
+    return Envelope(user, version, rec_id, sealed, tuple(shown), epoch, tuple(msgs))
 
 
 def parse_content(raw: bytes, *, d: int, algorithm: str) -> NDArray[np.float64]:
@@ -187,15 +223,20 @@ class SealedBatch:
     epsilon: float
     delta: float
     bound: str = ""
+    #: codewords: every report's sealed messages, shuffled together one by one (no order, no report boundary)
+    msgs: list[bytes] = field(default_factory=list)
 
     @property
     def n(self) -> int:
         return len(self.sealed)
 
     def to_json(self) -> bytes:
-        return json.dumps({"schema": SEALED_BATCH_SCHEMA, "unit": self.unit, "seq": self.seq, "items": self.items,
-                           "sealed": [b64encode(s) for s in self.sealed], "epsilon": self.epsilon,
-                           "delta": self.delta, "bound": self.bound}, separators=(",", ":")).encode()
+        body: dict[str, Any] = {"schema": SEALED_BATCH_SCHEMA, "unit": self.unit, "seq": self.seq, "items": self.items,
+                                "sealed": [b64encode(s) for s in self.sealed], "epsilon": self.epsilon,
+                                "delta": self.delta, "bound": self.bound}
+        if self.msgs:
+            body["msgs"] = [b64encode(m) for m in self.msgs]
+        return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
     def parse(cls, raw: bytes | dict[str, Any]) -> SealedBatch:
@@ -224,7 +265,16 @@ class SealedBatch:
                 blobs.append(b64decode(s))
             except SealError:
                 blobs.append(b"")  # the analyzer dead-letters this one content, with the reason, and keeps the rest
-        return cls(unit, seq, list(items), blobs, float(eps), float(delta), str(body.get("bound", "")))
+        texts = body.get("msgs", [])
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise ValueError("sealed batch: msgs must be a list of base64 strings")
+        msgs = []
+        for t in texts:
+            try:
+                msgs.append(b64decode(t))
+            except SealError:
+                msgs.append(b"")  # dead-lettered alone by the analyzer
+        return cls(unit, seq, list(items), blobs, float(eps), float(delta), str(body.get("bound", "")), msgs)
 
 
 class SealedShuffler(Shuffler):
@@ -250,8 +300,10 @@ class SealedShuffler(Shuffler):
         self.just_closed += held
         sealed = [e.sealed for e in held]
         items = [a for e in held for a in e.shown]
+        msgs = [m for e in held for m in e.msgs]
         _RNG.shuffle(sealed)
         _RNG.shuffle(items)
+        _RNG.shuffle(msgs)  # message by message: the analyzer cannot tell which came from one report
         self.seq[unit] = self.seq.get(unit, 0) + 1
         eps, delta, bound = self.guarantee()
-        return SealedBatch(unit, self.seq[unit], items, sealed, eps, delta, bound)
+        return SealedBatch(unit, self.seq[unit], items, sealed, eps, delta, bound, msgs)

@@ -39,7 +39,9 @@ SCHEMA = "privrec.LocalReport/2"
 #: Largest accepted magnitude of a report coordinate (noise at epsilon >= 0.01 stays far below it).
 MAX_ABS = 1e6
 _VECTOR = {"tree": "b", "round": "m"}
-_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "shown", "b", "m", "epoch"}
+_FIELDS = {"schema", "user", "version", "algorithm", "rec_id", "shown", "b", "m", "epoch", "msgs"}
+#: The most item messages a report may carry (a codebook's codewords, and the listen's own).
+MAX_MESSAGES = 4097
 #: The longest shown list a report may carry (``/recommend``'s largest ``k``).
 MAX_SHOWN = 1000
 
@@ -70,6 +72,8 @@ class LocalReport:
     vector: NDArray[np.float64] = field(repr=False)
     shown: tuple[str, ...] = ()
     epoch: int | None = None
+    #: ``codewords``: the blanket's messages (codeword indices, the listen's and the fakes, sorted)
+    messages: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "vector", np.asarray(self.vector, dtype=np.float64))
@@ -77,8 +81,9 @@ class LocalReport:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LocalReport):
             return NotImplemented
-        return (self.user, self.version, self.algorithm, self.rec_id, self.shown, self.epoch) == (
-            other.user, other.version, other.algorithm, other.rec_id, other.shown, other.epoch) and bool(
+        return (self.user, self.version, self.algorithm, self.rec_id, self.shown, self.epoch, self.messages) == (
+            other.user, other.version, other.algorithm, other.rec_id, other.shown, other.epoch,
+            other.messages) and bool(
             np.array_equal(self.vector, other.vector))
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,6 +93,8 @@ class LocalReport:
             out["shown"] = list(self.shown)
         if self.epoch is not None:
             out["epoch"] = self.epoch
+        if self.messages:
+            out["msgs"] = list(self.messages)
         return out
 
     def to_json(self) -> bytes:
@@ -173,5 +180,9 @@ def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | 
         raise ReportError(key, f"holds a value beyond +-{MAX_ABS:g}")
     for a in shown:
         _string({"shown": a}, "shown")
+    msgs = body.get("msgs", [])
+    if not isinstance(msgs, list) or len(msgs) > MAX_MESSAGES or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_MESSAGES for v in msgs):
+        raise ReportError("msgs", f"must be a list of at most {MAX_MESSAGES} codeword indices (integers >= 0)")
     return LocalReport(user=user, version=version, algorithm=alg, rec_id=rec_id, vector=arr, shown=tuple(shown),
-                       epoch=epoch)
+                       epoch=epoch, messages=tuple(msgs))

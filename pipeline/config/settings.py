@@ -111,6 +111,10 @@ class Settings:
         Local mode, ``round``: ``n > 0`` turns the shuffler on — batches of ``n``
         distinct users' reports per unit, stripped and shuffled; ``epsilon`` is then
         the central guarantee of a batch (Feldman, McMillan & Talwar).
+    local_codewords
+        Local mode with shuffling at user level: ``K > 0`` sends each listen as its codeword in a public codebook
+        of ``K`` codewords of the catalog's features, with a blanket of fake codewords, in population-wide
+        batches of ``shuffle_batch`` distinct users (docs/local-live.md); ``0``: Laplace reports per unit.
     sites
         Federated mode: number of sites ``M``; unit ``u`` belongs to site ``u mod M``
         (public and stable).
@@ -254,6 +258,7 @@ class Settings:
     local_mechanism: str = "blt-exact"
     local_capacity: int = 1023
     shuffle_batch: int = 0
+    local_codewords: int = 0
     algorithm: str = "linucb"
     mechanism: str = DEFAULT_MECHANISM
     epsilon: float = 2.0
@@ -436,6 +441,10 @@ class Settings:
             raise SettingsError("privacy_unit", f"user level on the device needs a device mechanism with a "
                                                 f"multi-participation bound ({', '.join(USER_LEVEL_MECHANISMS)}), got "
                                                 f"{self.local_mechanism!r}; or use --privacy-unit event")
+        if self.local_codewords and not (self.shuffle_batch and 0 < self.local_codewords <= 4096
+                                         and self.unit_in_force == "user"):
+            raise SettingsError("local_codewords", f"must be in [1, 4096] with --shuffle-batch n > 0 at user level "
+                                                   f"(the blanket's guarantee is central), got {self.local_codewords}.")
         if self.shuffle_batch and self.local_algorithm != "round":
             raise SettingsError("shuffle_batch", "shuffling applies to per-round reports: use --local-algorithm round "
                                                  "(a per-user continual release has no batch of one report per user)")
@@ -447,7 +456,8 @@ class Settings:
         return LocalConfig(algorithm=self.local_algorithm, d=d, epsilon=self.epsilon, delta=self.delta,
                            mechanism=self.local_mechanism, capacity=self.local_capacity,
                            shuffle_batch=self.shuffle_batch, unit=self.unit_in_force, cap=self.user_cap,
-                           epoch_seconds=self.tree_ticks * self.tick_seconds, user_budget=self.lifetime_budget)
+                           epoch_seconds=self.tree_ticks * self.tick_seconds, user_budget=self.lifetime_budget,
+                           codewords=self.local_codewords)
 
     @property
     def default_pool_ids(self) -> list[str] | None:
@@ -562,6 +572,8 @@ class Settings:
             out["mechanism"] = self.baseline
         if self.graph == "clusters":  # the default, as namespaces made before the setting existed recorded it
             del out["graph"]
+        if not self.local_codewords:  # likewise
+            del out["local_codewords"]
         return out
 
     def replace(self, **changes: Any) -> Settings:
@@ -574,7 +586,7 @@ DEFAULT_USER_BUDGET = 10.0
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
 MAX_DEFAULT_POOL = 1000
 
-MODEL_FIELDS = ("mode", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
+MODEL_FIELDS = ("mode", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "local_codewords", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
                 "item_share", "privacy_unit", "user_cap", "b_clip", "item_clip", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "graph", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "partitions")
 
@@ -605,6 +617,8 @@ _HELP = {
                 "(one 'i j' pair of sites per line)",
     "local_algorithm": "local mode: 'tree' (each device releases its own b_u through its own mechanism) or 'round' "
                        "(one noisy r x per interaction)",
+    "local_codewords": "local mode with shuffling at user level: K > 0 sends listens as codewords of a public "
+                       "codebook of K with a blanket of fakes, population-wide batches (docs/local-live.md)",
     "shuffle_batch": "local mode with --local-algorithm round: n > 0 shuffles batches of n distinct users' reports; "
                      "--epsilon is then the central guarantee of a batch",
     "fed_schedule": "federated mode: share every release tick ('tick') or at ticks 1, 2, 4, ... ('doubling')",

@@ -116,7 +116,9 @@ def _lastfm(args: argparse.Namespace) -> int:
     _check_catalog(base)
     catalog = load_catalog(args.data_dir, progress=not args.no_progress)
     n = min(args.events, catalog.n_events - args.start)
-    events = (ReplayEvent(e.user, e.arm, e.pool) for e in catalog.events(limit=n, start=args.start))
+    features = catalog.feature_matrix  # public: a device with codewords reports the listened artist's codeword
+    events = (ReplayEvent(e.user, e.arm, e.pool, tuple(float(v) for v in features[catalog.artist_index[str(e.arm)]]))
+              for e in catalog.events(limit=n, start=args.start))
     bar = tqdm(total=n, desc="replay lastfm", unit="ev", disable=args.no_progress, dynamic_ncols=True)
 
     def progress(done: int, res: Any) -> None:
@@ -262,7 +264,8 @@ def _devices(base: str, mode: str, state_dir: Path | None) -> Any:
         mode = "local" if running == "local" else "global"
     if mode != ("local" if running == "local" else "global"):
         raise ValueError(f"--mode {mode}: the stack at {base} runs in {running} mode (privrec up --mode {mode})")
-    return Devices(config_from_public(public), state_dir, esa=public.get("esa")) if mode == "local" else None
+    return Devices(config_from_public(public), state_dir, esa=public.get("esa"),
+                   codebook=public.get("codebook")) if mode == "local" else None
 
 
 def _lastfm_events(args: argparse.Namespace, n: int) -> Any:

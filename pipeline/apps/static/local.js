@@ -153,7 +153,11 @@ window.PrivrecLocal = (() => {
       throw new Error(`this page runs the BLT mechanism; the server's devices use ${config.mechanism && config.mechanism.name}`);
     }
     const noise = config.noise;
-    if (!tree && !(config.algorithm === "round" && noise && (noise.kind === "gaussian" || noise.kind === "laplace"))) {
+    const codes = noise && noise.kind === "blanket";
+    if (codes && !(Array.isArray(config.codebook) && config.codebook.length === noise.codewords)) {
+      throw new Error(`the server's codebook of ${noise.codewords} codewords is missing from /local/config`);
+    }
+    if (!tree && !(config.algorithm === "round" && noise && (codes || noise.kind === "gaussian" || noise.kind === "laplace"))) {
       throw new Error(`unknown local algorithm ${config.algorithm} or noise ${noise && noise.kind}`);
     }
     const epoch = check(state, config, now === undefined ? Date.now() / 1000 : now);
@@ -172,6 +176,20 @@ window.PrivrecLocal = (() => {
     }
     if (tree) {
       report.b = bltStep(state, config.mechanism, draw);
+    } else if (codes) {
+      // the listen as its nearest codeword with probability r (else the dummy K), and every codeword with
+      // probability p: Bin(K, p) + 1 messages whatever the data (models.local.client.codeword_messages)
+      const K = noise.codewords;
+      let code = 0, best = Infinity;
+      config.codebook.forEach((w, c) => {
+        const d2 = w.reduce((s, v, i) => s + (v - xc[i]) * (v - xc[i]), 0);
+        if (d2 < best) { best = d2; code = c; }
+      });
+      const msgs = [];
+      for (let c = 0; c < K; c++) if (uniform() <= noise.p) msgs.push(c);
+      msgs.push(uniform() <= reward ? code : K);
+      report.m = xc.map(() => 0);
+      report.msgs = msgs.sort((a, b) => a - b);
     } else {
       const one = (i) => (draw ? draw(i) : noise.kind === "laplace" ? laplace(noise.scale) : gaussian(noise.sigma));
       report.m = xc.map((v, i) => reward * v + one(i));

@@ -53,6 +53,10 @@ window.PrivrecSeal = (() => {
     const body = { schema: ENVELOPE_SCHEMA, user: report.user, version: report.version, rec_id: report.rec_id,
                    sealed: toB64(sealed) };
     if (report.epoch !== undefined && report.epoch !== null) body.epoch = report.epoch;  // user level: the cap's epoch
+    if (report.msgs && report.msgs.length) {  // codewords: each message sealed on its own (privrec.ItemMessage/1)
+      const one = (c) => new TextEncoder().encode(JSON.stringify({ schema: "privrec.ItemMessage/1", c }));
+      body.msgs = await Promise.all(report.msgs.map(async (c) => toB64(await seal(config.esa.public_key, one(c)))));
+    }
     return body;
   }
 

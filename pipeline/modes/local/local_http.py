@@ -42,7 +42,8 @@ from ...config.settings import Settings
 from ...serve.shown import SHOWN
 
 __all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED",
-           "report_limit", "budget_counter", "local_user_budget", "local_ledger_overview"]
+           "report_limit", "budget_counter", "local_user_budget", "local_ledger_overview", "catalog_codebook",
+           "check_messages"]
 
 #: A separate shuffler's public description (:func:`pipeline.modes.local.esa.public_description`), ``None`` without one.
 ESA = web.AppKey("esa", object)
@@ -145,12 +146,41 @@ def budget_counter(keys: PublicKeys, user: str) -> str:
     return keys.recommendation(f"reports:{user}")
 
 
+_CODEBOOKS: dict[tuple[str, int], np.ndarray] = {}
+
+
+def catalog_codebook(catalog: Catalog, size: int) -> np.ndarray:
+    """The public codebook of ``size`` codewords of the catalog's item features (k-means, seed 0: the offline twin's
+    :func:`models.local.items.codebook`), cached per catalog; post-processing of public data."""
+    from models.local.items import codebook
+
+    key = (catalog.fingerprint, int(size))
+    hit = _CODEBOOKS.get(key)
+    if hit is None:
+        hit = _CODEBOOKS[key] = codebook(catalog.features_of(list(catalog.arm_ids)), int(size), seed=0)
+    return hit
+
+
+def check_messages(config: LocalConfig, messages: Any) -> None:
+    """A report's item messages against the calibration: codeword indices below ``codewords`` when on, none when
+    off; :class:`~models.local.ReportError` naming ``msgs``."""
+    if messages and not config.codewords:
+        raise ReportError("msgs", "this namespace takes no item messages (setting local_codewords is 0)")
+    if any(m > config.codewords for m in messages):
+        raise ReportError("msgs", f"must be codeword indices below {config.codewords} (or {config.codewords}: the "
+                                  f"dummy that stands for an absent listen)")
+    if config.codewords and not messages:
+        raise ReportError("msgs", "missing: with codewords a report carries its listen's messages (at least one)")
+
+
 async def config_view(request: web.Request) -> web.Response:
     """The devices' public calibration; ``{"mode": <mode>}`` alone outside local mode."""
     s: Settings = request.app[SETTINGS]
     if s.mode != "local":
         return web.json_response({"mode": s.mode})
     public = _config(request).to_public()
+    if public.get("codewords"):
+        public["codebook"] = catalog_codebook(request.app[CATALOG], public["codewords"]).tolist()
     esa = request.app.get(ESA)
     return web.json_response(public if esa is None else {**public, "esa": esa})
 
@@ -169,6 +199,7 @@ async def report(request: web.Request) -> web.Response:
     raw = await request.read()
     try:
         rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
+        check_messages(cfg, rep.messages)
     except ReportError as e:
         return _error(400, e.parameter, e.message)
     catalog: Catalog = request.app[CATALOG]

@@ -33,6 +33,7 @@ are read by the same code, but in local mode they hold only sums of noisy report
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import struct
@@ -50,7 +51,7 @@ from models.local import LocalConfig, LocalReport, ReportError, StaleReport, par
 from models.local.aggregate import add_report, check_version, clip_context, unit_noise_std
 from models.local.items import ItemBlanket
 from models.local.seal import AnalyzerKey
-from models.local.shuffle import ShuffledBatch, Shuffler
+from models.local.shuffle import POPULATION, ShuffledBatch, Shuffler
 from models.ground.items import ReleasedItems
 from models.streaming import ReleasedStats, UnitStats
 
@@ -65,7 +66,7 @@ from ...config.keys import PublicKeys
 from ...data.records import TOPICS, dead_letter_value
 from ...config.settings import Settings
 from ...config.ledger import LedgerRecord
-from .local_http import local_statement
+from .local_http import catalog_codebook, check_messages, local_statement
 from ...release.stages import projection
 from ...state.trusted import TrustedStore
 
@@ -336,10 +337,19 @@ class BatchIngestProcessor(_LocalIngestBase):
     """
 
     def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, config: LocalConfig,
-                 analyzer_key: AnalyzerKey | None = None, items: ItemBlanket | None = None) -> None:
+                 analyzer_key: AnalyzerKey | None = None, items: ItemBlanket | None = None,
+                 codebook: np.ndarray | None = None) -> None:
         super().__init__(client, namespace, catalog, config)
         self.analyzer_key = analyzer_key
         self.items = items
+        #: ``config.codewords``: the public codebook; a batch's messages are codewords of listens, folded into ``b``
+        self.codebook = codebook
+        if config.codewords:
+            if codebook is None or codebook.shape != (config.codewords, config.d):
+                raise ValueError(f"`codebook` must be {config.codewords} x {config.d} with codewords on")
+            self.codes = config.blanket
+            #: the noise variance one batch message adds per coordinate of b, per unit of n p (1 - p)
+            self.code_var = float((codebook**2).sum(axis=0).max())
 
     def parse_batch(self, offset: int, raw: bytes, dead: list[DeadLetterItem]) -> ShuffledBatch | None:
         """The batch at ``offset`` (opened, if sealed); ``None`` when nothing of it counts (dead letters added)."""
@@ -349,7 +359,24 @@ class BatchIngestProcessor(_LocalIngestBase):
             raise ValueError("a sealed batch, but this worker holds no analyzer key (PRIVREC_ANALYZER_KEY)")
         opened = open_batch(raw, self.analyzer_key, self.config)
         dead += [DeadLetterItem(offset, blob, reason) for blob, reason in opened.failed]
-        return opened.batch
+        if opened.batch is None or not self.config.codewords:
+            return opened.batch
+        return dataclasses.replace(opened.batch, messages=self.open_messages(offset, raw, dead))
+
+    def open_messages(self, offset: int, raw: bytes, dead: list[DeadLetterItem]) -> list[int]:
+        """Codewords: the batch's messages, each opened on its own; one that does not open or is malformed is a dead
+        letter (its sealed bytes and the reason), the rest count."""
+        from models.local.esa import SealedBatch, parse_message
+        from models.local.seal import SealError
+
+        assert self.analyzer_key is not None
+        out: list[int] = []
+        for blob in SealedBatch.parse(raw).msgs:
+            try:
+                out.append(parse_message(self.analyzer_key.open(blob), codewords=self.config.codewords))
+            except (SealError, ReportError) as e:
+                dead.append(DeadLetterItem(offset, blob, f"sealed message: {e}"))
+        return out
 
     def prepare(self, partition: int, messages: Sequence[tuple[int, bytes]]) -> PreparedBatch:
         shard = self.shard(partition)
@@ -369,14 +396,24 @@ class BatchIngestProcessor(_LocalIngestBase):
                 if b.seq <= new.seqs.get(b.unit, 0):
                     raise ValueError(f"batch: repeated batch {b.seq} of unit {b.unit} (latest {new.seqs[b.unit]})")
                 X = np.stack([self.context(i) for i in b.items])
-                if b.messages and self.items is None:
+                if self.config.codewords:
+                    if b.messages and max(b.messages) > self.config.codewords:
+                        raise ValueError(f"batch: msgs must be codeword indices up to {self.config.codewords} (the "
+                                         f"dummy)")
+                elif b.messages and self.items is None:
                     raise ValueError("batch: item messages, but this namespace has no item reports")
-                if b.messages and max(b.messages) >= self.items.n_items:  # type: ignore[union-attr]
+                elif b.messages and max(b.messages) >= self.items.n_items:  # type: ignore[union-attr]
                     raise ValueError(f"batch: msgs must be catalog rows below {self.items.n_items}")  # type: ignore[union-attr]
             except (ValueError, UnknownArmError) as e:
                 dead.append(DeadLetterItem(offset, raw, f"shuffled batch: {e}"))
                 continue
-            if b.messages and self.items is not None:
+            if self.config.codewords:  # the listens: b = sum_c (h_c - n p) codeword_c (models.local.policy)
+                assert self.codebook is not None
+                real = np.asarray([m for m in b.messages if m < self.config.codewords], dtype=np.int64)  # no dummies
+                est = self.codes.estimate(self.codes.histogram(real), b.n)
+                new.stats.b[b.unit] += est @ self.codebook
+                new.var[b.unit] += self.codes.variance(b.n) * self.code_var
+            elif b.messages and self.items is not None:
                 est = self.items.estimate(self.items.histogram(np.asarray(b.messages)), b.n)
                 new.items = est if new.items is None else new.items + est
                 new.items_var += self.items.variance(b.n)
@@ -438,6 +475,8 @@ class LocalReleaseStage:
             if shard.items is not None:
                 item_sums = shard.items.copy() if item_sums is None else item_sums + shard.items
                 item_var, item_n = item_var + shard.items_var, item_n + shard.items_n
+        if self.config.codewords:  # population-wide batches: every unit serves the population's model (count: as counted)
+            stats.gram[:], stats.b[:], var[:] = stats.gram.sum(axis=0), stats.b.sum(axis=0), var.sum()
         last = self.client.hget(self.store.keys.pending, "count")
         if not force and last is not None and int(last) == int(stats.count.sum()):
             return None
@@ -535,6 +574,9 @@ class ShufflerTask:
                     raise ReportError("shown", "missing: the server adds the answered list's items")
                 for a in rep.shown:
                     self.catalog.arm_row(a)
+                check_messages(self.config, rep.messages)
+                if self.config.codewords:
+                    unit = POPULATION  # population-wide batches: distinct users of every unit
                 if rep.version <= self.versions.get(rep.user, 0):
                     raise StaleReport(f"stale or repeated version {rep.version} of user {rep.user!r} "
                                       f"(latest {self.versions[rep.user]})")
@@ -549,7 +591,7 @@ class ShufflerTask:
                 dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
                 continue
             self.versions[rep.user] = rep.version
-            out += self.shuffler.add(rep, unit=unit)
+            out += self.shuffler.add(rep, unit=unit, messages=rep.messages)
         if messages:
             self.offsets[partition] = max(o for o, _ in messages) + 1
         return out, dead
@@ -637,7 +679,9 @@ def register(app: Any, settings: Settings, catalog: Catalog, *, metrics: Any = N
     config = local_config(settings, catalog.d)
     client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
     key = analyzer_key()  # a separate shuffler: this worker is the analyzer, holding the key that opens reports
-    processor: _LocalIngestBase = (BatchIngestProcessor(client, settings.namespace, catalog, config, key)
+    codebook = catalog_codebook(catalog, config.codewords) if config.codewords else None
+    processor: _LocalIngestBase = (BatchIngestProcessor(client, settings.namespace, catalog, config, key,
+                                                        codebook=codebook)
                                    if settings.shuffle_batch else
                                    ReportIngestProcessor(client, settings.namespace, catalog, config))
     agents.register(app, settings, catalog, topic=report_topic(settings), metrics=metrics, metrics_url=metrics_url,

@@ -45,6 +45,7 @@ from aiohttp import web
 
 from models.local import LocalConfig, ReportError
 from models.local.esa import SealedShuffler, parse_envelope
+from models.local.shuffle import POPULATION
 
 from ...data.catalog import Catalog, UnknownUserError, load_catalog
 from ...config.keys import PublicKeys, partition_of
@@ -130,6 +131,12 @@ class ShufflerService:
             unit = self.catalog.unit_of(env.user)
         except UnknownUserError as e:
             return 404, _err("user", str(e))
+        if self.config.codewords:  # population-wide batches; every report carries its sealed messages
+            unit = POPULATION
+            if not env.msgs:
+                return 400, _err("msgs", "missing: with codewords an envelope carries its messages, each sealed")
+        elif env.msgs:
+            return 400, _err("msgs", "this namespace takes no item messages (setting local_codewords is 0)")
         shown = self._shown(env.rec_id)
         if shown is None:  # the web writes its lists behind the answer: look once more
             await asyncio.sleep(SHOWN_RETRY_SECONDS)
@@ -231,7 +238,7 @@ FLUSH = web.AppKey("flush", asyncio.Event)
 def create_app(settings: Settings, catalog: Catalog, client: redis.Redis) -> web.Application:
     """The shuffler's aiohttp app: ``POST /submit``, ``GET /healthz``; the outbox is produced in the background."""
     config = settings.local_config(catalog.d)
-    app = web.Application(client_max_size=64 * 1024)
+    app = web.Application(client_max_size=(64 + config.codewords // 4) * 1024)  # codewords: ~130 B a message
     app[SERVICE] = ShufflerService(client, settings, catalog, config)
     app[FLUSH] = asyncio.Event()
 

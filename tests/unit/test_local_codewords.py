@@ -1,0 +1,94 @@
+"""Local mode with codewords: the calibration's accounting, the device's messages, their wire forms (issue 21)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from models.local import LocalClient, LocalConfig, MemoryStorage, ReportError, parse_report
+from models.local.client import codeword_messages
+from models.local.esa import parse_envelope, seal_report
+from models.local.seal import AnalyzerKey
+
+K, D = 8, 3
+CFG = LocalConfig(algorithm="round", d=D, epsilon=2.0, shuffle_batch=150, unit="user", cap=2, user_budget=10.0,
+                  codewords=K)
+BOOK = np.eye(K, D) + np.eye(K, D, k=-3)
+
+
+def test_codewords_need_shuffling_at_user_level() -> None:
+    with pytest.raises(ValueError, match="codewords"):
+        LocalConfig(algorithm="round", d=D, epsilon=2.0, shuffle_batch=150, unit="event", codewords=K)
+    with pytest.raises(ValueError, match="codewords"):
+        LocalConfig(algorithm="round", d=D, epsilon=2.0, unit="user", codewords=K)
+
+
+def test_spent_counts_blocks_of_cap_reports() -> None:
+    # n reports are n batches; grouped by count into blocks of <= cap, each block (epsilon, delta) (the blanket's
+    # exact calibration), blocks composing basically
+    assert CFG.spent(1) == (2.0, 1e-5) and CFG.spent(2) == (2.0, 1e-5) and CFG.spent(3) == (4.0, 2e-5)
+    assert CFG.report_limit() == 10 and CFG.spent(10)[0] <= 10.0 < CFG.spent(11)[0]
+    assert CFG.blanket.guarantee().epsilon <= 2.0 and CFG.report_variance(1) == 0.0
+
+
+def test_messages_are_the_blanket_and_one_more() -> None:
+    p = CFG.blanket.p
+    rng = np.random.default_rng(0)
+    draws = [codeword_messages(CFG, 5, 1.0, rng) for _ in range(4000)]
+    assert all(5 in m and len(set(m)) >= len(m) - 1 for m in draws)
+    counts = np.array([len(m) for m in draws], dtype=float)
+    # Bin(K, p) + 1 messages: mean K p + 1, sd sqrt(K p (1 - p)) / sqrt(4000) of the mean; 5 sd
+    sd = math.sqrt(K * p * (1 - p) / len(draws))
+    assert abs(counts.mean() - (K * p + 1)) < 5 * sd
+    # reward 0: the dummy K stands in for the listen, so the count's law does not depend on the data
+    silent = [codeword_messages(CFG, 5, 0.0, rng) for _ in range(4000)]
+    assert all(K in m for m in silent)
+    assert abs(np.mean([len(m) for m in silent]) - (K * p + 1)) < 5 * sd
+
+
+def test_the_device_keeps_its_messages_across_a_restart_and_sends_them_as_it_made_them() -> None:
+    store = MemoryStorage()
+    dev = LocalClient("7", CFG, store, seed=3, clock=lambda: 0.0, codebook=BOOK)
+    rep = dev.report(rec_id="r1", x=BOOK[2], reward=1.0)
+    assert 2 in rep.messages and not rep.vector.any()
+    again = LocalClient("7", CFG, store, codebook=BOOK).pending()[0]
+    assert again == rep and parse_report(rep.to_json(), d=D) == rep
+    with pytest.raises(ValueError, match="codebook"):
+        LocalClient("8", CFG, MemoryStorage())
+
+
+@pytest.mark.parametrize("msgs", [[-1], [1.5], ["a"], [True], "3"])
+def test_a_bad_msgs_field_is_named(msgs: object) -> None:
+    body = {"schema": "privrec.LocalReport/2", "user": "7", "version": 1, "algorithm": "round", "rec_id": "r",
+            "m": [0.0] * D, "msgs": msgs}
+    with pytest.raises(ReportError) as e:
+        parse_report(body, d=D)
+    assert e.value.parameter == "msgs"
+
+
+def test_an_envelope_seals_each_message_on_its_own() -> None:
+    key = AnalyzerKey.generate()
+    rep = LocalClient("7", CFG, MemoryStorage(), seed=1, clock=lambda: 0.0, codebook=BOOK).report(
+        rec_id="r1", x=BOOK[1], reward=1.0)
+    env = parse_envelope(seal_report(rep, key.public_bytes()).to_json())
+    assert len(env.msgs) == len(rep.messages) and len(set(m[:65] for m in env.msgs)) == len(env.msgs)  # own keys
+    body = env.to_dict()
+    body["msgs"] = ["not base64!"]
+    with pytest.raises(ReportError) as e:
+        parse_envelope(body)
+    assert e.value.parameter == "msgs"
+
+
+def test_the_setting_needs_shuffling_at_user_level() -> None:
+    from pipeline.config.settings import Settings, SettingsError
+
+    base = {"PRIVREC_MODE": "local", "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_LOCAL_CODEWORDS": "64"}
+    with pytest.raises(SettingsError, match="local_codewords"):
+        Settings.from_mapping({}, environ=base)                          # no shuffler
+    with pytest.raises(SettingsError, match="local_codewords"):
+        Settings.from_mapping({}, environ={**base, "PRIVREC_SHUFFLE_BATCH": "150", "PRIVREC_PRIVACY_UNIT": "event"})
+    s = Settings.from_mapping({}, environ={**base, "PRIVREC_SHUFFLE_BATCH": "150"})
+    assert s.local_config(25).codewords == 64 and s.model_config()["local_codewords"] == 64
+    assert "local_codewords" not in Settings.from_mapping({}, environ={}).model_config()
