@@ -331,3 +331,15 @@ def publish_model(redis_url: str, settings: Settings, catalog: SyntheticCatalog,
         assert SolveStage(settings, client, release.statement).run() is not None
     finally:
         client.close()
+
+
+def lastfm_data_or_skip() -> Path:
+    """The HetRec LastFM data directory (``PRIVREC_DATA_DIR`` or the default), or skip the test without it."""
+    import pytest
+
+    from producers.lastfm.raw import resolve_data_dir
+
+    try:
+        return Path(resolve_data_dir(None))
+    except (OSError, ValueError):
+        pytest.skip("the HetRec LastFM data directory is not available (set PRIVREC_DATA_DIR)")

@@ -20,7 +20,7 @@ from pipeline.config.settings import Settings
 from privrec import ops
 from privrec.ops.redis_users import role_redis_url
 
-from pipeline_support import wait_for
+from pipeline_support import wait_for, lastfm_data_or_skip
 from test_least_privilege import _get
 from test_local_mode import _all_messages, _redis_values
 
@@ -30,12 +30,7 @@ NS = "cwlive"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from producers.lastfm.raw import resolve_data_dir
-
-    try:
-        data = resolve_data_dir(None)
-    except (OSError, ValueError):
-        pytest.skip("the HetRec LastFM data directory is not available (set PRIVREC_DATA_DIR)")
+    data = lastfm_data_or_skip()
     state = tmp_path_factory.mktemp("codewords") / "stack"
     settings = Settings(mode="local", namespace=NS, catalog="lastfm", data_dir=str(data), local_algorithm="round",
                         shuffle_batch=N, user_cap=2, local_codewords=64, epsilon=2.0, noise_ridge=0.0,

@@ -37,7 +37,7 @@ from pipeline.ingestion.ingest import IngestProcessor
 from pipeline.config.settings import Settings
 from privrec.bench.serve import LocalStack, local_stack
 
-from pipeline_support import wait_for
+from pipeline_support import wait_for, lastfm_data_or_skip
 
 WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40",
          "PRIVREC_ALGORITHM": "linucb", "PRIVREC_EPSILON": "2", "PRIVREC_TICK_SECONDS": "0.3",
@@ -361,12 +361,7 @@ def test_shuffler_sends_batches_of_distinct_users_stripped_and_shuffled(tmp_path
     ``ldp-shuffled`` is n reports of n distinct users of its unit, without user, version or request, and the
     aggregate counts exactly the batched reports; /budget states the local and the central guarantee."""
     from privrec.cli import main
-    from producers.lastfm.raw import resolve_data_dir
-
-    try:
-        data = resolve_data_dir(None)
-    except (OSError, ValueError):
-        pytest.skip("the HetRec LastFM data directory is not available (set PRIVREC_DATA_DIR)")
+    data = lastfm_data_or_skip()
     n = 4
     settings = {"PRIVREC_CATALOG": "lastfm", "PRIVREC_DATA_DIR": str(data), "PRIVREC_MODE": "local",
                 "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_SHUFFLE_BATCH": str(n), "PRIVREC_EPSILON": "2",
