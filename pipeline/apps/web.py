@@ -79,6 +79,15 @@ def _error(status: int, parameter: str | None, message: str) -> web.Response:
     return web.json_response({"error": {"parameter": parameter, "message": message}}, status=status)
 
 
+async def _json_object(request: web.Request, shape: str) -> dict[str, Any] | web.Response:
+    """The request's body as a JSON object, or the 400 naming ``body`` and the object's ``shape``."""
+    try:
+        body = await request.json()
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, a 5,000-digit integer, nesting too deep
+        body = None
+    return body if isinstance(body, dict) else _error(400, "body", f"must be a JSON object {shape}")
+
+
 def _utf8(text: str) -> bool:
     """Whether ``text`` encodes to UTF-8 (a JSON body may hold a lone surrogate, ``"\\ud800"``; no Redis key can)."""
     try:
@@ -250,12 +259,9 @@ async def feedback(request: web.Request) -> web.Response:
     refused = refuse_raw_reward(request)  # local mode: raw rewards never reach the server
     if refused is not None:
         return refused
-    try:
-        body = await request.json()
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, a 5,000-digit integer, nesting too deep
-        return _error(400, "body", "must be a JSON object {\"rec_id\", \"item\", \"reward\"}")
-    if not isinstance(body, dict):
-        return _error(400, "body", "must be a JSON object {\"rec_id\", \"item\", \"reward\"}")
+    body = await _json_object(request, '{"rec_id", "item", "reward"}')
+    if isinstance(body, web.Response):
+        return body
     for f in ("rec_id", "item", "reward"):
         if f not in body:
             return _error(400, f, "is required")
@@ -315,12 +321,9 @@ async def listen(request: web.Request) -> web.Response:
     refused = refuse_raw_reward(request)
     if refused is not None:
         return refused
-    try:
-        body = await request.json()
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, a 5,000-digit integer, nesting too deep
-        return _error(400, "body", "must be a JSON object {\"user\", \"item\"[, \"reward\"]}")
-    if not isinstance(body, dict):
-        return _error(400, "body", "must be a JSON object {\"user\", \"item\"[, \"reward\"]}")
+    body = await _json_object(request, '{"user", "item"[, "reward"]}')
+    if isinstance(body, web.Response):
+        return body
     unknown = sorted(set(body) - {"user", "item", "reward"})
     if unknown:
         return _error(400, unknown[0], f"unknown field(s) {unknown}; use user, item, reward")
