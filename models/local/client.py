@@ -116,12 +116,8 @@ def codeword_messages(config: LocalConfig, code: int, reward: float, rng: np.ran
     """A listen's messages (``config.codewords`` = ``K``): the blanket's ``Bin(K, p)`` distinct fake codewords, and
     ``code`` with probability ``reward`` — else the dummy ``K`` in its place, so that every report carries
     ``Bin(K, p) + 1`` messages whatever the data (a shuffler that counts sealed messages learns nothing); the
-    analyzer drops the dummy. The draws are :meth:`models.local.items.ItemBlanket.randomize`'s, in its order."""
-    K, p = config.codewords, config.blanket.p
-    k = int(rng.binomial(K, p))
-    fakes = [int(v) for v in rng.choice(K, size=k, replace=False)]
-    real = code if rng.random() < reward else K
-    return tuple(sorted([*fakes, real]))
+    analyzer drops the dummy (:meth:`models.local.items.ItemBlanket.randomize` with ``dummy``)."""
+    return tuple(config.blanket.randomize(code, reward=reward, rng=rng, dummy=True).tolist())
 
 
 def _floats(a: NDArray[np.float64]) -> list[Any]:

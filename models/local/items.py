@@ -291,8 +291,13 @@ class ItemBlanket:
         """Expected messages a report carries: ``K p`` fakes plus at most one item."""
         return self.n_items * self.p
 
-    def randomize(self, item: int | None, *, reward: float, rng: np.random.Generator) -> IntArray:
-        """The messages of one report: ``item`` with probability ``reward``, and the blanket (sorted)."""
+    def randomize(self, item: int | None, *, reward: float, rng: np.random.Generator,
+                  dummy: bool = False) -> IntArray:
+        """The messages of one report: ``item`` with probability ``reward``, and the blanket (sorted).
+
+        ``dummy``: a report that does not send ``item`` sends the dummy value ``n_items`` in its place, so that every
+        report carries ``Bin(n_items, p) + 1`` messages whatever the data (the analyzer drops the dummy).
+        """
         if item is not None and not 0 <= int(item) < self.n_items:
             raise ValueError(f"`item` must be in [0, {self.n_items}), got {item!r}.")
         r = float(reward)
@@ -300,7 +305,7 @@ class ItemBlanket:
             raise ValueError(f"`reward` must be a number in [0, 1], got {reward!r}.")
         k = int(rng.binomial(self.n_items, self.p))
         fakes = rng.choice(self.n_items, size=k, replace=False)  # k distinct items: Bernoulli(p) per item
-        real = [int(item)] if item is not None and rng.random() < r else []
+        real = [int(item)] if item is not None and rng.random() < r else [self.n_items] if dummy else []
         return np.sort(np.concatenate([fakes.astype(np.int64), np.asarray(real, dtype=np.int64)]))
 
     def histogram(self, messages: IntArray) -> FloatArray:
