@@ -293,21 +293,21 @@ def federated_site(client: redis.Redis, size: Size) -> Audit:
 
 
 class LocalNeighbours(Neighbours):
-    """One device's reports: its first interaction differs in the reward *and* the item acted on (A: reward 1 on
-    item ``a``, context ``+e1``; B: reward 1 on item ``b``, context ``-e1``: ``r x - r' x'`` has norm 2), the others
-    are the same. ``leaks``: report fields other than the noisy vector that differ between A and B.
+    """One device's reports: its first ``differing`` interactions differ in the reward *and* the item acted on (A:
+    reward 1 on item ``a``, context ``+e1``; B: reward 1 on item ``b``, context ``-e1``: ``r x - r' x'`` has norm 2),
+    the others are the same. ``leaks``: report fields other than the noisy vector that differ between A and B.
 
     Every report comes from :meth:`LocalClient.report`, except that ``tree``'s bulk trials step the device's own
     mechanism (``config.device_mechanism``, keyed by the trial's seed) over the exact running sums the device
     computed: the first ``verify`` seeds of each stream check that this gives the device's reports bit for bit.
     """
 
-    def __init__(self, config: LocalConfig, reports: int, verify: int = 20) -> None:
+    def __init__(self, config: LocalConfig, reports: int, verify: int = 20, differing: int = 1) -> None:
         self.config = config
         d = config.d
         self.plans = {
-            "a": [("a", _unit(d, 1.0), 1.0)] + [("c", _unit(d, 1.0), 1.0)] * (reports - 1),
-            "b": [("b", _unit(d, -1.0), 1.0)] + [("c", _unit(d, 1.0), 1.0)] * (reports - 1),
+            "a": [("a", _unit(d, 1.0), 1.0)] * differing + [("c", _unit(d, 1.0), 1.0)] * (reports - differing),
+            "b": [("b", _unit(d, -1.0), 1.0)] * differing + [("c", _unit(d, 1.0), 1.0)] * (reports - differing),
         }
         ea, pa, _ = self._device("a", 1)
         eb, pb, _ = self._device("b", 1)
@@ -322,7 +322,7 @@ class LocalNeighbours(Neighbours):
 
     def _device(self, which: str, seed: int) -> tuple[np.ndarray, list[dict[str, object]], np.ndarray]:
         """``(exact, public fields, vectors)`` of the reports of a device with secret ``seed``."""
-        dev = LocalClient("7", self.config, MemoryStorage(), seed=seed)
+        dev = LocalClient("7", self.config, MemoryStorage(), seed=seed, clock=lambda: 0.0)  # user level: one epoch
         exact, public, vectors = [], [], []
         before = dev.exact_b
         for v, (_item, x, r) in enumerate(self.plans[which], start=1):
@@ -363,6 +363,22 @@ def local_reports(size: Size, algorithm: str) -> Audit:
     return _cached((f"local-{algorithm}", size), make)  # type: ignore[return-value]
 
 
+def local_reports_user(size: Size, algorithm: str) -> Audit:
+    """(6b) Local mode at user level (the default since issue 21): a device's ``cap`` reports of an epoch, every one
+    of them different (the stated relation: everything the user did), against the statement's ``mu_at_cap`` —
+    ``tree``: one block of the device's mechanism (its epoch is ``cap`` reports, calibrated to their
+    multi-participation sensitivity); ``round``: ``cap`` independent reports of ``mu / sqrt(cap)`` each."""
+    def make() -> Audit:
+        s = Settings(mode="local", local_algorithm=algorithm, local_capacity=size.ticks, d=size.d, kafka=None)
+        config = s.local_config(size.d)
+        g = config.guarantee()
+        assert g["unit"] == "user" and config.cap == s.user_cap
+        nb = LocalNeighbours(config, config.cap, differing=config.cap)
+        return _measure(f"local {algorithm}, user level", nb, float(g["mu_at_cap"]), size)
+
+    return _cached((f"local-{algorithm}-user", size), make)  # type: ignore[return-value]
+
+
 # ----------------------------------------------------------------------------------------------------- tests
 
 CONFIGS: dict[str, Callable[[redis.Redis, Size], Audit]] = {
@@ -377,6 +393,8 @@ CONFIGS: dict[str, Callable[[redis.Redis, Size], Audit]] = {
     "federated": federated_site,                             # (5) a federated site
     "local-tree": lambda c, s: local_reports(s, "tree"),     # (6) local devices
     "local-round": lambda c, s: local_reports(s, "round"),
+    "local-tree-user": lambda c, s: local_reports_user(s, "tree"),    # (6b) local devices at user level
+    "local-round-user": lambda c, s: local_reports_user(s, "round"),
 }
 
 
