@@ -27,11 +27,12 @@ Control. The same real code with a blanket an eighth as thick: the batch holds `
 calibrated for ``n`` (``n p / 8`` fakes per value per batch instead of ``n p``) — what the analyzer faces when it
 colludes with seven eighths of a batch (they tell it their fakes: ``n - c`` in the bound of
 :mod:`models.local.items`), or when a shuffler closes batches early. Its ``delta`` at any ``epsilon`` is at least the
-chance that no fake covers the moved-to value in a batch (``(1 - p)^(n/8)`` per batch: 0.2–3 %), three orders above
-the claimed ``1e-5``: a blanket that does not hold. A control closer to the calibration cannot be caught at these
-trial counts: at ``delta = 1e-5`` the calibration is set mostly by ``delta`` (``n p >~ log(1 / delta)`` fakes per
-value, whatever ``epsilon``), so the ``p`` for ``4 epsilon`` is only ~20 % below the claim's and a ``p / 4`` or
-``n / 4`` blanket's ``delta`` floor (0.5–3 %) needs 10^4–10^5 trials to resolve (measured: tests/privacy/README.md).
+chance that no fake covers the moved-to value in a batch (``(1 - p)^(n/8)`` per batch: 2.6–13 %), three to four
+orders above the claimed ``1e-5``: a blanket that does not hold. A control closer to the calibration cannot be caught at
+these trial counts: at ``delta = 1e-5`` the calibration is set mostly by ``delta`` (``n p >~ log(1 / delta)`` fakes per
+value, whatever ``epsilon``), so the ``p`` for ``4 epsilon`` is only 20–45 % below the claim's (a ``delta`` violation
+an audit with ``FPR_hi >~ 10 / N`` cannot resolve), and an ``n / 4`` blanket's ``delta`` floor (0.07–1.7 % per batch)
+needs ~10^4 trials at ``cap = 1`` and more at ``cap = 2`` (measured: tests/privacy/README.md).
 """
 
 from __future__ import annotations
