@@ -115,6 +115,11 @@ class Settings:
         Local mode with shuffling at user level: ``K > 0`` sends each listen as its codeword in a public codebook
         of ``K`` codewords of the catalog's features, with a blanket of fake codewords, in population-wide
         batches of ``shuffle_batch`` distinct users (docs/local-live.md); ``0``: Laplace reports per unit.
+    local_item_term
+        With codewords, ``1``: the codebook is the catalog itself (``local_codewords`` = its number of items, at most
+        4096), so a message names the item listened to, and the analyzer also releases the messages' estimated
+        histogram as the item sums of the item term (served with ``item_weight`` as in the global mode): the same
+        histogram, post-processing, no extra privacy cost.
     sites
         Federated mode: number of sites ``M``; unit ``u`` belongs to site ``u mod M``
         (public and stable).
@@ -266,6 +271,7 @@ class Settings:
     local_capacity: int = 1023
     shuffle_batch: int = 0
     local_codewords: int = 0
+    local_item_term: int = 0
     algorithm: str = "linucb"
     mechanism: str = DEFAULT_MECHANISM
     epsilon: float = 2.0
@@ -462,6 +468,9 @@ class Settings:
                                          and self.unit_in_force == "user"):
             raise SettingsError("local_codewords", f"must be in [1, 4096] with --shuffle-batch n > 0 at user level "
                                                    f"(the blanket's guarantee is central), got {self.local_codewords}.")
+        if self.local_item_term not in (0, 1) or (self.local_item_term and not self.local_codewords):
+            raise SettingsError("local_item_term", f"must be 0 or 1, and 1 needs --local-codewords set to the "
+                                                   f"catalog's number of items, got {self.local_item_term}.")
         if self.shuffle_batch and self.local_algorithm != "round":
             raise SettingsError("shuffle_batch", "shuffling applies to per-round reports: use --local-algorithm round "
                                                  "(a per-user continual release has no batch of one report per user)")
@@ -591,6 +600,8 @@ class Settings:
             del out["graph"]
         if not self.local_codewords:  # likewise
             del out["local_codewords"]
+        if not self.local_item_term:  # likewise
+            del out["local_item_term"]
         if not self.prior_strength:  # likewise: no prior, and then its reward does not matter
             del out["prior_strength"], out["prior_reward"]
         return out
@@ -605,7 +616,7 @@ DEFAULT_USER_BUDGET = 10.0
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
 MAX_DEFAULT_POOL = 1000
 
-MODEL_FIELDS = ("mode", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "local_codewords", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
+MODEL_FIELDS = ("mode", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "local_codewords", "local_item_term", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
                 "item_share", "privacy_unit", "user_cap", "b_clip", "item_clip", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "graph", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "prior_strength", "prior_reward", "partitions")
 
@@ -641,6 +652,9 @@ _HELP = {
     "prior_reward": "with --prior-strength: the expected reward of an average recommendation (LastFM: 1/25)",
     "local_codewords": "local mode with shuffling at user level: K > 0 sends listens as codewords of a public "
                        "codebook of K with a blanket of fakes, population-wide batches (docs/local-live.md)",
+    "local_item_term": "local mode with codewords: 1 makes the codebook the catalog itself (--local-codewords = its "
+                       "number of items, at most 4096): messages name items, and their histogram is also served as "
+                       "the item term at no extra privacy cost (docs/local-live.md)",
     "shuffle_batch": "local mode with --local-algorithm round: n > 0 shuffles batches of n distinct users' reports; "
                      "--epsilon is then the central guarantee of a batch",
     "fed_schedule": "federated mode: share every release tick ('tick') or at ticks 1, 2, 4, ... ('doubling')",
