@@ -160,7 +160,8 @@ def test_the_page_sends_sealed_codeword_messages_and_keeps_its_cap_and_budget(
         assert set(body) == ENVELOPE_FIELDS and body["user"] == user and isinstance(body["msgs"], list)
         # nothing in the clear: no index, no vector, no reward, no message plaintext
         assert MESSAGE_SCHEMA not in raw and '"c"' not in raw and "reward" not in raw.lower()
-        assert not any(isinstance(v, (int, float)) for v in body["msgs"])
+        assert all(isinstance(body[f], str) for f in ("schema", "user", "rec_id", "sealed"))
+        assert all(isinstance(v, str) for v in body["msgs"])  # the only numbers: the version and the epoch
         assert 1 <= len(body["msgs"]) <= K + 1 and len(set(body["msgs"])) == len(body["msgs"])
         env = parse_envelope(body)  # the shuffler's parser takes what the page made
         assert len(env.msgs) == len(body["msgs"])

@@ -1,7 +1,9 @@
 """``privrec up --mode local --local-codewords 64`` on LastFM with the separate shuffler (the real broker, redis-server,
 shuffler, worker and web server): a LastFM replay's listens, sealed message by message, change the released ``b`` and
-the served scores; the boundary holds with the messages — no shuffled batch names a user, a version or a request, and
-no opened message appears where the shuffler keeps, logs or sends anything."""
+the served scores; the boundary holds with the messages — the separate shuffler's full boundary scan
+(:func:`test_local_shuffler.assert_parties_apart`) over every topic, Redis key/value and log: no shuffled batch names a
+user, a version or a request, the analyzer holds no opened message and no codeword next to a user id, the shuffler no
+opened message or content, nobody a raw reward or an exact per-user statistic."""
 
 from __future__ import annotations
 
