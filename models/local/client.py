@@ -113,10 +113,11 @@ class FileStorage:
 
 
 def codeword_messages(config: LocalConfig, code: int, reward: float, rng: np.random.Generator) -> tuple[int, ...]:
-    """A listen's messages (``config.codewords`` = ``K``): the blanket's ``Bin(K, p)`` distinct fake codewords, and
-    ``code`` with probability ``reward`` — else the dummy ``K`` in its place, so that every report carries
-    ``Bin(K, p) + 1`` messages whatever the data (a shuffler that counts sealed messages learns nothing); the
-    analyzer drops the dummy (:meth:`models.local.items.ItemBlanket.randomize` with ``dummy``)."""
+    """A listen's messages (``config.codewords`` = ``K``): the blanket's ``Bin(K + 1, p)`` distinct fake values of
+    ``[0, K]`` (the dummy ``K`` is blanketed too), and ``code`` with probability ``reward`` — else the dummy ``K`` in
+    its place, so that every report carries ``Bin(K + 1, p) + 1`` messages whatever the data (a shuffler that counts
+    sealed messages learns nothing) and a listen against no listen is the blanket's covered pair; the analyzer
+    drops the dummies (:meth:`models.local.items.ItemBlanket.randomize` with ``dummy``)."""
     return tuple(config.blanket.randomize(code, reward=reward, rng=rng, dummy=True).tolist())
 
 

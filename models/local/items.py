@@ -296,15 +296,20 @@ class ItemBlanket:
         """The messages of one report: ``item`` with probability ``reward``, and the blanket (sorted).
 
         ``dummy``: a report that does not send ``item`` sends the dummy value ``n_items`` in its place, so that every
-        report carries ``Bin(n_items, p) + 1`` messages whatever the data (the analyzer drops the dummy).
+        report carries ``Bin(n_items + 1, p) + 1`` messages whatever the data (the analyzer drops the dummies). The
+        dummy is a value of the domain like any other, with its own blanket of fakes: a listen against no listen
+        moves one message from ``item`` to ``n_items``, the pair the calibration covers. (Without fakes on the dummy
+        the analyzer would count the reports without a listen exactly; found by the blanket audit,
+        tests/privacy/test_blanket.py.)
         """
         if item is not None and not 0 <= int(item) < self.n_items:
             raise ValueError(f"`item` must be in [0, {self.n_items}), got {item!r}.")
         r = float(reward)
         if not (math.isfinite(r) and 0.0 <= r <= 1.0):
             raise ValueError(f"`reward` must be a number in [0, 1], got {reward!r}.")
-        k = int(rng.binomial(self.n_items, self.p))
-        fakes = rng.choice(self.n_items, size=k, replace=False)  # k distinct items: Bernoulli(p) per item
+        domain = self.n_items + 1 if dummy else self.n_items  # the dummy is blanketed like every value
+        k = int(rng.binomial(domain, self.p))
+        fakes = rng.choice(domain, size=k, replace=False)  # k distinct values: Bernoulli(p) per value
         real = [int(item)] if item is not None and rng.random() < r else [self.n_items] if dummy else []
         return np.sort(np.concatenate([fakes.astype(np.int64), np.asarray(real, dtype=np.int64)]))
 

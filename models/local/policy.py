@@ -56,13 +56,15 @@ class LocalUCB:
     per_user = True
 
     def __init__(self, *, d: int, n_units: int, config: LocalConfig, tick: int, seed: int, lambda_: float = 1.0,
-                 alpha: float = 0.3, noise_ridge: float = 0.0) -> None:
+                 alpha: float = 0.3, noise_ridge: float = 0.0, prior: FloatArray | None = None,
+                 prior_strength: float = 0.0) -> None:
         if config.d != d:
             raise ValueError(f"`config.d` ({config.d}) must equal `d` ({d}).")
         if tick < 1:
             raise ValueError(f"`tick` must be a positive number of reports, got {tick}.")
         self.d, self.n_units, self.config, self.tick = d, n_units, config, tick
         self.lambda_, self.alpha, self.noise_ridge = lambda_, alpha, noise_ridge
+        self.prior, self.prior_strength = prior, prior_strength  # the serving solve's public prior (as the pipeline's)
         self.aggregate = LocalAggregate(config, n_units=n_units)
         self.shuffler = Shuffler(config) if config.shuffled else None
         self._rng = np.random.default_rng(seed)
@@ -114,7 +116,8 @@ class LocalUCB:
         a = self.aggregate
         released = ReleasedStats("linucb", np.eye(self.n_units), a.gram.copy(), a.b.reshape(-1).copy(),
                                  a.count.copy(), self.solves + 1, NoNoiseEvent(), a.noise_std())
-        self.theta, self.M = solve(released, lambda_=self.lambda_, noise_ridge=self.noise_ridge)
+        self.theta, self.M = solve(released, lambda_=self.lambda_, noise_ridge=self.noise_ridge, prior=self.prior,
+                                   prior_strength=self.prior_strength)
         self.solves += 1
 
 
@@ -142,7 +145,8 @@ class LocalItemUCB:
     part is then an exact blanket guarantee too); ``n_units`` with ``groups`` (unit -> model group, public) keeps
     one LinUCB per group, the messages labelled by group (the blanket covers every group's codes; ``pool_weight``
     adds that share of the population's sums to each group's); ``private=False`` is the non-private twin of the
-    same model (exact listens and counts, no batch, no cap).
+    same model (exact listens and counts, no batch, no cap); ``prior`` with ``prior_strength`` is the serving
+    solve's public prior mean (:func:`models.streaming.solve.solve`: ``theta = (G + (lambda + s) I)^-1 (b + s prior)``).
 
     >>> import numpy as np
     >>> pol = LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, share=0.5)
@@ -160,7 +164,8 @@ class LocalItemUCB:
                  delta: float = 1e-5, share: float = 0.5, weight: float = 1.0, noise_scale: float = 2.0,
                  threshold_stds: float = 2.0, lambda_: float = 1.0, alpha: float = 0.3, noise_ridge: float = 0.0,
                  tick: int = 100, private: bool = True, codewords: FloatArray | None = None, n_units: int = 1,
-                 pool_weight: float = 0.0, groups: NDArray[np.int64] | None = None) -> None:
+                 pool_weight: float = 0.0, groups: NDArray[np.int64] | None = None, prior: FloatArray | None = None,
+                 prior_strength: float = 0.0) -> None:
         from .items import ItemBlanket
 
         # groups: model unit -> the model (group) its users share (public; default: each unit its own, or one)
@@ -202,8 +207,14 @@ class LocalItemUCB:
         self.reports = 0
         self.events = 0
         self._pop = np.zeros(n_items)
+        self.prior_strength = prior_strength
+        self.prior = np.zeros(d) if prior is None else np.asarray(prior, dtype=np.float64)
+        if prior_strength and self.prior.shape != (d,):
+            raise ValueError(f"`prior` must be a vector of length {d}, got shape {self.prior.shape}.")
         self.theta = np.zeros((n_units, d))
         self.M = np.broadcast_to(np.eye(d) / lambda_, (n_units, d, d)).copy()
+        if prior_strength:  # before any data: the prior alone (as the pipeline's first solve)
+            self._solve()
 
     @property
     def item_weight(self) -> float:
@@ -295,8 +306,8 @@ class LocalItemUCB:
                 self._open[name] = (item, vec)
 
     def _solve(self) -> None:
-        ridge = self.lambda_ + self.noise_ridge * float(np.sqrt(self.b_var))
+        ridge = self.lambda_ + self.noise_ridge * float(np.sqrt(self.b_var)) + self.prior_strength
         w = self.pool_weight
         G = self.gram + w * self.gram.sum(axis=0) + ridge * np.eye(self.d)
         self.M = np.linalg.inv(G)
-        self.theta = np.einsum("uij,uj->ui", self.M, self.b + w * self.b.sum(axis=0))
+        self.theta = np.einsum("uij,uj->ui", self.M, self.b + w * self.b.sum(axis=0) + self.prior_strength * self.prior)

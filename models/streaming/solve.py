@@ -13,7 +13,7 @@ from scipy.linalg.lapack import dpotri
 from .release import SPARSE_STRUCTURES, ReleasedStats
 from .sparse import approximate_widths, block_jacobi, sparse_solve
 
-__all__ = ["solve", "solve_sparse", "SparseModels"]
+__all__ = ["solve", "solve_sparse", "SparseModels", "public_prior"]
 
 FloatArray = NDArray[np.float64]
 
@@ -28,11 +28,43 @@ def dense_kronecker(V: FloatArray, G: FloatArray, lambda_: float) -> FloatArray:
     return A
 
 
-def solve(released: ReleasedStats, *, lambda_: float, noise_ridge: float = 0.0) -> tuple[FloatArray, FloatArray]:
+def public_prior(features: FloatArray, reward: float) -> FloatArray:
+    """A prior mean of theta from the catalog alone (no user data): the mean of its contexts (each clipped to
+    norm 1, as every statistic clips them), scaled so that the mean context scores ``reward``.
+
+    ``x_bar / ||x_bar||^2 * reward``: the least-norm theta under which the catalog's average item earns the
+    expected reward of an average recommendation (LastFM: 1/25, the hit rate of one item of a pool of 25). It is
+    post-processing of public data, so serving it costs no privacy (docs/public-prior.md).
+
+    >>> public_prior(np.array([[1.0, 0.0], [0.0, 1.0]]), 0.5).tolist()
+    [0.5, 0.5]
+    >>> public_prior(np.array([[3.0, 4.0]]), 1.0).tolist()   # clipped to norm 1 first
+    [0.6, 0.8]
+    """
+    X = np.asarray(features, dtype=np.float64)
+    if X.ndim != 2 or not len(X) or not np.isfinite(X).all():
+        raise ValueError(f"`features` must be a non-empty finite (n, d) matrix, got shape {X.shape}.")
+    if not (reward > 0 and math.isfinite(reward)):
+        raise ValueError(f"`reward` must be a positive number, got {reward}.")
+    X = X / np.maximum(1.0, np.linalg.norm(X, axis=1))[:, None]
+    xbar = X.mean(axis=0)
+    norm2 = float(xbar @ xbar)
+    if norm2 <= 0:
+        raise ValueError("`features` average to the zero vector: they give no prior direction.")
+    out: FloatArray = xbar / norm2 * reward
+    return out
+
+
+def solve(released: ReleasedStats, *, lambda_: float, noise_ridge: float = 0.0, prior: FloatArray | None = None,
+          prior_strength: float = 0.0) -> tuple[FloatArray, FloatArray]:
     """Serving models from released statistics: ``theta (N, d)`` and ``M (N, d, d)``.
 
     With ``noise_ridge = kappa > 0`` the ridge is ``lambda_ + kappa * released.noise_std``
     (as :class:`models.policies.KroneckerUCB`'s ``noise_ridge``; post-processing of public values).
+
+    With ``prior_strength = s > 0`` (``"linucb"`` only) every unit's ridge is read as a Gaussian prior centred
+    on ``prior`` (a public vector, e.g. :func:`public_prior`) worth ``s`` pseudo-observations:
+    ``M_u = (gram_u + (lambda + s) I)^{-1}``, ``theta_u = M_u (b_u + s prior)``. ``s = 0`` is the ordinary ridge.
 
     ``theta_u = (V[:,u]^T ⊗ I) A^{-1} b_tilde`` and
     ``M_u = (V[:,u]^T ⊗ I) A^{-1} (V[:,u] ⊗ I)`` with
@@ -44,6 +76,10 @@ def solve(released: ReleasedStats, *, lambda_: float, noise_ridge: float = 0.0) 
         raise ValueError(f"`lambda_` must be positive, got {lambda_}.")
     if not (noise_ridge >= 0 and math.isfinite(noise_ridge)):
         raise ValueError(f"`noise_ridge` must be a non-negative number, got {noise_ridge}.")
+    if not (prior_strength >= 0 and math.isfinite(prior_strength)):
+        raise ValueError(f"`prior_strength` must be a non-negative number, got {prior_strength}.")
+    if prior_strength and released.structure != "linucb":
+        raise ValueError(f"a prior mean applies to the 'linucb' structure, got {released.structure!r}.")
     if released.structure in SPARSE_STRUCTURES:
         out = solve_sparse(released, lambda_=lambda_, noise_ridge=noise_ridge)
         return out.theta, out.M
@@ -51,9 +87,16 @@ def solve(released: ReleasedStats, *, lambda_: float, noise_ridge: float = 0.0) 
     G, V = released.gram, released.V
     n, d = G.shape[0], G.shape[1]
     if released.structure == "linucb":
-        M = np.linalg.inv(G + lambda_ * np.eye(d))
+        M = np.linalg.inv(G + (lambda_ + prior_strength) * np.eye(d))
         M = 0.5 * (M + M.transpose(0, 2, 1))
-        theta = np.einsum("uab,ub->ua", M, released.b_tilde.reshape(n, d))
+        b = released.b_tilde.reshape(n, d)
+        if prior_strength:
+            p = np.asarray(prior, dtype=np.float64) if prior is not None else None
+            if p is None or p.shape != (d,) or not np.isfinite(p).all():
+                raise ValueError(f"`prior` must be a finite vector of length {d} with `prior_strength` > 0, got "
+                                 f"{None if p is None else p.shape}.")
+            b = b + prior_strength * p
+        theta = np.einsum("uab,ub->ua", M, b)
         return theta, M
     A = dense_kronecker(V, G, lambda_)
     # A is symmetric positive definite (lambda > 0): Cholesky, then the inverse from the factor

@@ -388,7 +388,10 @@ async def budget(request: web.Request) -> web.Response:
                   "alpha": None if meta.get("width") == "per-unit" else float(meta.get("alpha", "nan")),
                   "lambda": float(meta["lambda"]) if "lambda" in meta else s.lambda_,
                   "d": int(meta.get("d", 0)), "units": int(meta.get("n_units", 0)), "catalog": s.catalog,
-                  "tick_seconds": s.tick_seconds},
+                  "tick_seconds": s.tick_seconds,
+                  # the public prior mean of theta (docs/public-prior.md), or None (the ordinary ridge)
+                  "prior": {"strength": float(meta["prior_strength"]), "reward": float(meta["prior_reward"])}
+                  if "prior_strength" in meta else None},
         "releases": version,
         "events_released": int(meta.get("events", 0)),
         "tree": {"levels": s.tree_levels, "ticks_per_epoch": capacity, "epoch": (version - 1) // capacity,

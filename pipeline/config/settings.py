@@ -115,6 +115,11 @@ class Settings:
         Local mode with shuffling at user level: ``K > 0`` sends each listen as its codeword in a public codebook
         of ``K`` codewords of the catalog's features, with a blanket of fake codewords, in population-wide
         batches of ``shuffle_batch`` distinct users (docs/local-live.md); ``0``: Laplace reports per unit.
+    local_item_term
+        With codewords, ``1``: the codebook is the catalog itself (``local_codewords`` = its number of items, at most
+        4096), so a message names the item listened to, and the analyzer also releases the messages' estimated
+        histogram as the item sums of the item term (served with ``item_weight`` as in the global mode): the same
+        histogram, post-processing, no extra privacy cost.
     sites
         Federated mode: number of sites ``M``; unit ``u`` belongs to site ``u mod M``
         (public and stable).
@@ -181,6 +186,13 @@ class Settings:
         models are solved with ``lambda_ + kappa * s``, ``s`` the release's
         noise std (public). Tuned on held-out seeds by ``privrec experiment
         mechanisms``; ``0`` keeps ``lambda_`` fixed; no effect without noise.
+    prior_strength, prior_reward
+        A public prior mean of every serving model's theta (linucb): ``prior_strength`` pseudo-observations
+        (``0``: off, the ordinary ridge) centred on the catalog's mean context scaled so that it scores
+        ``prior_reward`` (the expected reward of an average recommendation; LastFM's one item of 25: 0.04).
+        Serving models are ``M = (G + (lambda + s) I)^-1``, ``theta = M (b + s theta_0)``
+        (:func:`models.streaming.solve.public_prior`): post-processing of the public catalog, no privacy cost.
+        10,000 was chosen on held-out LastFM events (docs/public-prior.md).
     item_weight
         Weight of the *item term* (linucb / colin / goblin): each candidate's score gets
         ``item_weight / (1 + (s / 2)**2) * pop_a``, where ``pop_a`` is the normalized released reward
@@ -259,6 +271,7 @@ class Settings:
     local_capacity: int = 1023
     shuffle_batch: int = 0
     local_codewords: int = 0
+    local_item_term: int = 0
     algorithm: str = "linucb"
     mechanism: str = DEFAULT_MECHANISM
     epsilon: float = 2.0
@@ -276,6 +289,8 @@ class Settings:
     lambda_: float = 1.0
     alpha: float = 0.3
     noise_ridge: float = DEFAULT_NOISE_RIDGE
+    prior_strength: float = 0.0
+    prior_reward: float = 0.04
     item_weight: float | None = None
     listen_weight: float | None = None
     item_share: float = 0.5
@@ -356,6 +371,14 @@ class Settings:
             raise SettingsError("alpha", f"must be non-negative, got {self.alpha}.")
         if not (self.noise_ridge >= 0 and math.isfinite(self.noise_ridge)):
             raise SettingsError("noise_ridge", f"must be non-negative, got {self.noise_ridge}.")
+        if not (self.prior_strength >= 0 and math.isfinite(self.prior_strength)):
+            raise SettingsError("prior_strength", f"must be a non-negative number of pseudo-observations, got "
+                                                  f"{self.prior_strength}.")
+        if not (0 < self.prior_reward <= 1):  # NaN fails too
+            raise SettingsError("prior_reward", f"must be in (0, 1] (an expected reward), got {self.prior_reward}.")
+        if self.prior_strength and (self.algorithm != "linucb" or self.graph != "clusters"):
+            raise SettingsError("prior_strength", f"a prior mean applies to --algorithm linucb with --graph clusters, "
+                                                  f"got {self.algorithm!r} with {self.graph!r}.")
         if self.item_weight is not None and not (self.item_weight >= 0 and math.isfinite(self.item_weight)):
             raise SettingsError("item_weight", f"must be a non-negative number, got {self.item_weight}.")
         if self.listen_weight is not None and not 0 <= self.listen_weight <= 1:
@@ -445,6 +468,9 @@ class Settings:
                                          and self.unit_in_force == "user"):
             raise SettingsError("local_codewords", f"must be in [1, 4096] with --shuffle-batch n > 0 at user level "
                                                    f"(the blanket's guarantee is central), got {self.local_codewords}.")
+        if self.local_item_term not in (0, 1) or (self.local_item_term and not self.local_codewords):
+            raise SettingsError("local_item_term", f"must be 0 or 1, and 1 needs --local-codewords set to the "
+                                                   f"catalog's number of items, got {self.local_item_term}.")
         if self.shuffle_batch and self.local_algorithm != "round":
             raise SettingsError("shuffle_batch", "shuffling applies to per-round reports: use --local-algorithm round "
                                                  "(a per-user continual release has no batch of one report per user)")
@@ -574,6 +600,10 @@ class Settings:
             del out["graph"]
         if not self.local_codewords:  # likewise
             del out["local_codewords"]
+        if not self.local_item_term:  # likewise
+            del out["local_item_term"]
+        if not self.prior_strength:  # likewise: no prior, and then its reward does not matter
+            del out["prior_strength"], out["prior_reward"]
         return out
 
     def replace(self, **changes: Any) -> Settings:
@@ -586,9 +616,9 @@ DEFAULT_USER_BUDGET = 10.0
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
 MAX_DEFAULT_POOL = 1000
 
-MODEL_FIELDS = ("mode", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "local_codewords", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
+MODEL_FIELDS = ("mode", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "local_codewords", "local_item_term", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
                 "item_share", "privacy_unit", "user_cap", "b_clip", "item_clip", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "graph", "d", "n_users",
-                "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "partitions")
+                "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "prior_strength", "prior_reward", "partitions")
 
 
 def _convert(name: str, typ: Any, raw: Any) -> Any:
@@ -617,8 +647,14 @@ _HELP = {
                 "(one 'i j' pair of sites per line)",
     "local_algorithm": "local mode: 'tree' (each device releases its own b_u through its own mechanism) or 'round' "
                        "(one noisy r x per interaction)",
+    "prior_strength": "pseudo-observations of a public prior mean of theta (linucb; 0: off): the catalog's mean "
+                      "context scaled to score --prior-reward; no privacy cost (docs/public-prior.md)",
+    "prior_reward": "with --prior-strength: the expected reward of an average recommendation (LastFM: 1/25)",
     "local_codewords": "local mode with shuffling at user level: K > 0 sends listens as codewords of a public "
                        "codebook of K with a blanket of fakes, population-wide batches (docs/local-live.md)",
+    "local_item_term": "local mode with codewords: 1 makes the codebook the catalog itself (--local-codewords = its "
+                       "number of items, at most 4096): messages name items, and their histogram is also served as "
+                       "the item term at no extra privacy cost (docs/local-live.md)",
     "shuffle_batch": "local mode with --local-algorithm round: n > 0 shuffles batches of n distinct users' reports; "
                      "--epsilon is then the central guarantee of a batch",
     "fed_schedule": "federated mode: share every release tick ('tick') or at ticks 1, 2, 4, ... ('doubling')",

@@ -40,7 +40,7 @@ from models.mechanisms import MECHANISMS, Mechanism, TreeState, make_mechanism, 
 from models.mechanisms.participation import participation_bound, participation_factor, replace_sensitivity
 from models.streaming import ReleasedStats, Releaser, solve
 from models.streaming.release import SPARSE_STRUCTURES
-from models.streaming.solve import solve_sparse
+from models.streaming.solve import public_prior, solve_sparse
 from models.streaming.sparse import laplacian_regulariser
 
 from ..config import faults
@@ -520,6 +520,22 @@ class SolveStage:
 
     def __post_init__(self) -> None:
         self.keys = PublicKeys(self.settings.namespace)
+        self._prior: np.ndarray | None = None
+
+    def _solve(self, released: ReleasedStats) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
+        """:func:`models.streaming.solve` with the settings' ridge and public prior, and what to say of them."""
+        s = self.settings
+        extra = {"lambda": repr(s.lambda_ + s.noise_ridge * released.noise_std)}
+        if not s.prior_strength:
+            return (*solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge), extra)
+        if self._prior is None or self._prior.shape != (released.gram.shape[1],):
+            # the catalog the settings name (its items at start; items added live are not in it): public data only
+            from ..data.catalog import load_catalog
+
+            self._prior = public_prior(np.asarray(load_catalog(s).feature_matrix), s.prior_reward)
+        theta, M = solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge, prior=self._prior,
+                         prior_strength=s.prior_strength)
+        return theta, M, {**extra, "prior_strength": repr(s.prior_strength), "prior_reward": repr(s.prior_reward)}
 
     def run(self) -> int | None:
         """Solve the latest release if it is newer than the served models; return the new version."""
@@ -543,8 +559,7 @@ class SolveStage:
             released = ReleasedStats.from_mapping(raw)
             if released.structure in SPARSE_STRUCTURES:
                 return self._run_sparse(released, version, raw, t0)
-            theta, M = solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge)
-            extra = {"lambda": repr(s.lambda_ + s.noise_ridge * released.noise_std)}
+            theta, M, extra = self._solve(released)
             count = released.count
         items = None if s.baseline is not None else ReleasedItems.from_mapping(raw)
         self._write(version, theta, M, width, count, (time.perf_counter() - t0) * 1e3, extra,
@@ -571,11 +586,9 @@ class SolveStage:
 
     def solve_released(self, released: ReleasedStats, version: int, event: str = '{"kind": "none"}') -> int:
         """Solve given statistics (e.g. a federated site's view) into this namespace's serving models."""
-        s = self.settings
         t0 = time.perf_counter()
-        theta, M = solve(released, lambda_=s.lambda_, noise_ridge=s.noise_ridge)
-        self._write(version, theta, M, None, released.count, (time.perf_counter() - t0) * 1e3,
-                    {"lambda": repr(s.lambda_ + s.noise_ridge * released.noise_std)}, event)
+        theta, M, extra = self._solve(released)
+        self._write(version, theta, M, None, released.count, (time.perf_counter() - t0) * 1e3, extra, event)
         return version
 
     def _write(self, version: int, theta: np.ndarray, M: np.ndarray, width: np.ndarray | None, count: np.ndarray,

@@ -37,17 +37,15 @@ FloatArray = NDArray[np.float64]
 
 
 def public_prior(features: FloatArray, pool_size: int) -> FloatArray:
-    """A prior mean of theta from public data only: the catalog's mean (clipped) feature, scaled so that the average
-    item scores ``1 / pool_size`` (random play's hit rate).
+    """The serving solve's public prior (:func:`models.streaming.solve.public_prior`) at the reward of random play
+    in a pool of ``pool_size``: the average item scores ``1 / pool_size``.
 
     >>> public_prior(np.array([[1.0, 0.0], [0.0, 1.0]]), 2).tolist()
     [0.5, 0.5]
     """
-    X = np.asarray(features, dtype=np.float64)
-    X = X / np.maximum(1.0, np.linalg.norm(X, axis=1))[:, None]
-    xbar = X.mean(axis=0)
-    out: FloatArray = xbar / float(xbar @ xbar) / pool_size
-    return out
+    from models.streaming.solve import public_prior as prior
+
+    return prior(features, 1.0 / pool_size)
 
 
 class ProbeUCB(LocalUCB):

@@ -174,7 +174,16 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
         raise
     except (OSError, ValueError) as exc:
         raise OpsError(f"cannot load the {settings.catalog!r} catalog (setting `catalog`): {exc}") from exc
-    if settings.mode == "local" and settings.shuffle_batch:
+    if settings.mode == "local" and settings.local_item_term:  # the codebook is the catalog: one codeword per item
+        from pipeline.modes.local.local_http import catalog_codebook
+
+        catalog_codebook(catalog, settings.local_codewords, True)  # SettingsError naming local_codewords
+    if settings.mode == "local" and settings.shuffle_batch and settings.local_codewords:
+        if settings.shuffle_batch > len(catalog.users):  # population-wide batches: distinct users of every unit
+            raise OpsError(f"`shuffle_batch` {settings.shuffle_batch} exceeds the {len(catalog.users)} users of the "
+                           f"{settings.catalog!r} catalog: a population-wide batch holds distinct users, so none "
+                           f"could ever close")
+    elif settings.mode == "local" and settings.shuffle_batch:
         from collections import Counter
 
         per_unit = Counter(catalog.unit_of(u) for u in catalog.users)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 import redis
 
 from models.local import LocalClient, MemoryStorage
@@ -18,7 +19,8 @@ from models.local.items import nearest_code
 from models.local.seal import AnalyzerKey, seal
 from models.streaming import ReleasedStats
 from pipeline.config.keys import PublicKeys
-from pipeline.config.settings import Settings
+from models.ground.items import ReleasedItems
+from pipeline.config.settings import Settings, SettingsError
 from pipeline.data.catalog import load_catalog
 from pipeline.modes.local.local_http import catalog_codebook
 from pipeline.modes.local.localmode import BatchIngestProcessor, LocalReleaseStage, local_config
@@ -125,3 +127,51 @@ def test_the_in_worker_shuffler_batches_messages_population_wide(redis_client: r
                                         f"that stands for an absent listen)"]
     assert len(out) == 1 and out[0].unit == POPULATION and out[0].n == N
     assert sorted(out[0].messages) == sorted(sent) and b'"user"' not in out[0].to_json()
+
+
+def test_with_the_catalog_as_codebook_the_messages_are_also_the_served_item_term(redis_client: redis.Redis,
+                                                                                redis_server: Any) -> None:
+    """``local_item_term``: codeword c is catalog row c, so the analyzer's estimate of the messages' histogram is the
+    released item sums (post-processing of the same histogram) and the served score carries the item term."""
+    n_items = 40
+    world = {**WORLD, "PRIVREC_N_ARMS": str(n_items), "PRIVREC_LOCAL_CODEWORDS": str(n_items),
+             "PRIVREC_LOCAL_ITEM_TERM": "1", "PRIVREC_NAMESPACE": "codeitems", "REDIS_URL": redis_server.url}
+    settings = Settings.from_mapping({}, environ=world)
+    catalog = load_catalog(settings)
+    cfg = local_config(settings, catalog.d)
+    book = catalog_codebook(catalog, n_items, True)
+    np.testing.assert_allclose(book, np.stack([clip_context(x) for x in catalog.feature_matrix]), rtol=0, atol=0)
+    with pytest.raises(SettingsError, match="local_codewords"):
+        catalog_codebook(catalog, n_items - 1, True)
+    key = AnalyzerKey.generate()
+    arms = list(catalog.arm_ids)
+    liked = 7
+    shuffler = SealedShuffler(cfg)
+    batches, sent = [], []
+    for u in catalog.users[:N]:
+        dev = LocalClient(u, cfg, MemoryStorage(), seed=int(u) + 1, clock=lambda: 0.0, codebook=book)
+        rep = dev.report(rec_id=f"r{u}", x=catalog.feature_matrix[liked], reward=1.0)
+        sent += rep.messages
+        batches += shuffler.add_envelope(seal_report(rep, key.public_bytes()).with_shown((arms[0],)), unit=0)
+    assert len(batches) == 1
+    proc = BatchIngestProcessor(redis_client, settings.namespace, catalog, cfg, key, codebook=book, item_term=True)
+    assert not proc.process(0, [(0, batches[0].to_json())]).dead
+    release = LocalReleaseStage(settings, catalog, redis_client)
+    assert release.tick(force=True) is not None
+    raw = redis_client.hgetall(PublicKeys(settings.namespace).released)
+    items = ReleasedItems.from_mapping(raw)
+    assert items is not None
+    blanket = cfg.blanket
+    est = blanket.estimate(blanket.histogram(np.asarray([m for m in sent if m < n_items])), N)
+    np.testing.assert_allclose(items.sums, est, rtol=0, atol=1e-9)   # the same estimate that made b
+    assert items.total == N and items.noise_std == pytest.approx(np.sqrt(blanket.variance(N)), rel=1e-12)
+    # N listens of item 7 against noise sd sqrt(N p (1 - p)) ~ 4.3 per item: it stands out
+    assert int(np.argmax(items.sums)) == liked and items.sums[liked] > N / 2
+    assert SolveStage(settings, redis_client, release.statement).run() is not None
+    rec = Recommender(redis_client, settings.namespace, catalog)
+    version = int(rec.meta()["version"])
+    term = rec.item_term(version)
+    assert term is not None
+    weight, pop = term
+    assert weight == pytest.approx(1.0 / (1.0 + (items.noise_std / 2.0) ** 2), rel=1e-12)  # the global mode's rule
+    assert int(np.argmax(pop)) == liked

@@ -1,13 +1,17 @@
 """``privrec up --mode local --local-codewords 64`` on LastFM with the separate shuffler (the real broker, redis-server,
 shuffler, worker and web server): a LastFM replay's listens, sealed message by message, change the released ``b`` and
-the served scores; the boundary holds with the messages — no shuffled batch names a user, a version or a request, and
-no opened message appears where the shuffler keeps, logs or sends anything."""
+the served scores; the boundary holds with the messages — the separate shuffler's full boundary scan
+(:func:`test_local_shuffler.assert_parties_apart`) over every topic, Redis key/value and log: no shuffled batch names a
+user, a version or a request, the analyzer holds no opened message and no codeword next to a user id, the shuffler no
+opened message or content, nobody a raw reward or an exact per-user statistic."""
 
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +19,19 @@ import numpy as np
 import pytest
 import redis
 
+from models.local import LocalClient
+from models.local.esa import seal_report
+from models.local.seal import b64decode
 from models.streaming import ReleasedStats
+from producers.devices import config_from_public
 from pipeline.config.settings import Settings
 from privrec import ops
 from privrec.ops.redis_users import role_redis_url
 
 from pipeline_support import wait_for, lastfm_data_or_skip
 from test_least_privilege import _get
-from test_local_mode import _all_messages, _redis_values
+from test_local_mode import _all_messages
+from test_local_shuffler import _post, assert_parties_apart
 
 N = 100  # distinct users per population-wide batch (the smallest the blanket reaches (2, 1e-5) with at cap 2: ~80)
 NS = "cwlive"
@@ -79,17 +88,52 @@ def test_a_replay_with_codewords_moves_the_released_b_and_the_served_scores(stac
     wait_for(lambda: _scores(base, user, pool) != before, 30, "the served scores to follow the release")
     time.sleep(1.0)  # let the logs flush
 
+    # the analyzer dead-lettered nothing of the devices' messages (the boundary scan is the next test's)
     messages = _all_messages(info["kafka"])
-    values = _redis_values(role_redis_url(info, "admin"))
     shuffled = [json.loads(v) for t, v in messages if t == "ldp-shuffled"]
     assert shuffled and all(doc.get("msgs") for doc in shuffled)
-    for doc in shuffled:  # the analyzer's input: no identity, no request, no report boundary of the messages
-        assert not {"user", "version", "rec_id", "shown"} & set(doc), "a batch carries an identity"
-    # the shuffler never holds an opened message or content: their plaintext schemas appear nowhere it keeps or logs
-    shuffler = ([v for k, v in values if k.startswith(f"{NS}-shuffler:")]
-                + (state / "shuffler.log").read_bytes().splitlines() + [v for t, v in messages if t == "ldp-shuffled"])
-    assert any(k.startswith(f"{NS}-shuffler:") for k, _ in values)
-    for blob in shuffler:
-        assert b"privrec.ItemMessage/1" not in blob and b"privrec.ReportContent/1" not in blob
-    # the analyzer dead-lettered nothing of the devices' messages
     assert not [v for t, v in messages if t == "dead-letters" and b"sealed message" in v]
+
+
+def test_the_boundary_scan_holds_with_codewords(stack: dict[str, Any]) -> None:
+    """The separate shuffler's boundary scan (:func:`test_local_shuffler.assert_parties_apart`) with codewords:
+    N users who had not reported send one listen each (fractional rewards: distinctive digits), their batch closes,
+    and no party holds what it must not — the analyzer no opened message and no codeword next to a user id, the
+    shuffler no opened message or content, nobody a raw reward or an exact per-user statistic."""
+    info, state = stack["info"], stack["state"]
+    base = info["http"]
+    admin = redis.Redis.from_url(role_redis_url(info, "admin"))
+    status, public = _get(f"{base}/local/config")
+    assert status == 200
+    config = config_from_public(public)
+    codebook = np.asarray(public["codebook"], dtype=np.float64)
+    pk, submit = b64decode(public["esa"]["public_key"]), public["esa"]["shuffler"]
+    reported = {u.decode() for u in admin.hkeys(f"{NS}-shuffler:versions:{{{NS}-shuffler}}")}
+    users = [str(u) for u in _get(f"{base}/users?limit=5000")[1]["users"] if str(u) not in reported][:N]
+    assert len(users) == N  # N users new to the shuffler: with any open batch they close one
+    rng = random.Random(21)
+    start = _count(admin)
+    envelopes, rewards, exact, rec_ids, contents = [], [], [], [], []
+    for user in users:
+        status, rec = _get(f"{base}/recommend?user={user}&k=5")
+        assert status == 200, rec
+        dev = LocalClient(user, config, codebook=codebook)
+        reward = rng.uniform(0.05, 0.95)
+        rep = dev.report(rec_id=rec["rec_id"], x=np.asarray(rng.choice(rec["items"])["x"]), reward=reward)
+        envelopes.append(seal_report(rep, pk))
+        rewards.append(reward)
+        exact.append(dev.exact_b)
+        rec_ids.append(rec["rec_id"])
+        contents.append(rep.vector)
+    with ThreadPoolExecutor(8) as pool:  # distinct users: their envelopes need no order
+        statuses = list(pool.map(lambda env: _post(submit, env.to_dict())[0], envelopes))
+    assert statuses == [202] * N and all(env.msgs for env in envelopes)
+    wait_for(lambda: _count(admin) >= start + N, 60, "the batch of the new users released")
+    time.sleep(1.0)  # let the logs flush
+    assert_parties_apart(info, state, NS, d=config.d, contents=np.stack(contents), envelopes=envelopes,
+                         rec_ids=rec_ids, rewards=rewards, exact=exact)
+
+
+def _count(admin: redis.Redis) -> int:
+    raw = admin.hgetall(f"{NS}:released:{{{NS}:rel}}:stats")
+    return int(ReleasedStats.from_mapping(raw).count.sum()) if raw else 0

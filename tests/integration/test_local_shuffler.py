@@ -33,7 +33,7 @@ import random
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ import pytest
 import redis
 
 from models.local import LocalClient, LocalConfig, LocalReport
-from models.local.esa import seal_report
+from models.local.esa import CONTENT_SCHEMA, MESSAGE_SCHEMA, seal_report
 from models.local.seal import AnalyzerKey, b64decode, b64encode, seal
 from models.local.shuffle import Shuffler
 from models.streaming import ReleasedStats
@@ -55,7 +55,7 @@ from privrec.ops.redis_users import role_redis_url
 
 from pipeline_support import wait_for, lastfm_data_or_skip
 from test_least_privilege import _get
-from test_local_mode import _all_messages, _arrays, _assert_no_leak, _find, _redis_values
+from test_local_mode import _all_messages, _arrays, _assert_no_leak, _find, _redis_values, _walk
 
 pytestmark = pytest.mark.integration
 
@@ -149,8 +149,109 @@ def _expected_sums(reports: list[LocalReport], unit_of: Any, d: int, n_units: in
     return sums, count
 
 
-def _sealed_forms(envelopes: list[Any]) -> list[bytes]:
-    return [e.sealed for e in envelopes] + [b64encode(e.sealed).encode() for e in envelopes]
+def _sealed_finder(envelopes: list[Any]) -> Callable[[bytes], bool]:
+    """Whether a blob holds a sealed blob of ``envelopes`` (the content or a codeword message, raw or in base64).
+
+    Exact and fast with thousands of messages: each form is looked up by its first 16 bytes at the blob's
+    positions that hold a form's first byte (``\\x04`` raw, ``B`` in base64), then compared whole."""
+    raw = [e.sealed for e in envelopes] + [m for e in envelopes for m in e.msgs]
+    index: dict[bytes, list[bytes]] = {}
+    for form in raw + [b64encode(b).encode() for b in raw]:
+        index.setdefault(form[:16], []).append(form)
+    heads = {prefix[:1] for prefix in index}
+
+    def found(blob: bytes) -> bool:
+        for head in heads:
+            i = blob.find(head)
+            while i >= 0:
+                if any(blob.startswith(form, i) for form in index.get(blob[i:i + 16], ())):
+                    return True
+                i = blob.find(head, i + 1)
+        return False
+
+    return found
+
+
+#: Fields that would name a report's sender, and fields that would carry a codeword index or message.
+IDENTITY_FIELDS = {"user", "users", "version", "rec_id"}
+CODEWORD_FIELDS = {"c", "code", "codeword", "msgs", "messages"}
+
+
+def assert_no_identified_codeword(where: str, blob: bytes) -> None:
+    """No opened item message (its plaintext schema) in ``blob``, and no JSON object at any depth that names a
+    sender next to a codeword index or messages."""
+    assert MESSAGE_SCHEMA.encode() not in blob, f"an opened item message in {where}"
+    try:
+        doc = json.loads(blob)
+    except (ValueError, UnicodeDecodeError):
+        return
+    for v in _walk(doc):
+        if isinstance(v, dict) and IDENTITY_FIELDS & set(v):
+            assert not CODEWORD_FIELDS & set(v), f"a codeword next to a user in {where}: {str(v)[:200]}"
+
+
+def assert_parties_apart(info: dict[str, Any], state: Path, ns: str, *, d: int, contents: np.ndarray,
+                         envelopes: list[Any], rec_ids: list[str], rewards: list[float],
+                         exact: list[np.ndarray]) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+    """The boundary scan of an ESA stack (``privrec up`` with a separate shuffler) after devices sent
+    ``envelopes``; returns every Kafka message and Redis key/value scanned.
+
+    * the analyzer (``ldp-shuffled``, ``dead-letters``, its ``{ns}:*`` keys, the worker's log) holds no plaintext
+      report vector (``contents``; all-zero rows, as with codewords, are not searched), no batch an identity,
+      no request id; with codewords no opened item message and no codeword next to a user;
+    * no sealed content or message appears where the operator sees identities (the web's log, keys, topics);
+    * the shuffler (its keys, log and output) holds no plaintext vector and, with codewords, no opened message or
+      content (their plaintext schemas);
+    * the local-mode boundary: no raw reward, no exact per-user statistic anywhere.
+    """
+    messages = _all_messages(info["kafka"])
+    values = _redis_values(role_redis_url(info, "admin"))
+    logs = {name: [(f"{name}.log", line) for line in (state / f"{name}.log").read_bytes().splitlines()]
+            for name in ("worker-0", "web", "shuffler")}
+    assert all(logs.values())
+    secret = contents[np.abs(contents).max(axis=1) > 0]
+    codewords = any(e.msgs for e in envelopes)
+    shuffled = [(t, v) for t, v in messages if t == "ldp-shuffled"]
+    assert shuffled and (secret.size or codewords), "the scan has nothing to look for"
+
+    # the analyzer: its topics, its keys and its log hold no plaintext report, and no batch an identity
+    analyzer = ([(t, v) for t, v in messages if t in ("ldp-shuffled", "dead-letters")]
+                + [(k, v) for k, v in values if k.startswith(f"{ns}:")] + logs["worker-0"])
+    for where, blob in analyzer:
+        if secret.size:
+            for arr in _arrays(blob, d):
+                assert not _find(arr, secret), f"a plaintext report in the analyzer's {where}"
+        if codewords:
+            assert_no_identified_codeword(f"the analyzer's {where}", blob)
+    for _, blob in shuffled:
+        doc = json.loads(blob)
+        assert not {"user", "version", "rec_id", "shown"} & set(doc), "a batch carries an identity"
+        assert not any(r.encode() in blob for r in rec_ids), "a request id reached the analyzer"
+        assert bool(doc.get("msgs")) == codewords
+    assert not any(rid.encode() in line for _, line in logs["worker-0"] for rid in rec_ids)
+    # ... and no sealed content or message appears where the operator sees identities (the web's log, keys, topics)
+    sealed = _sealed_finder(envelopes)
+    assert any(sealed(blob) for _, blob in shuffled), "no sealed blob of the devices reached the analyzer"
+    operator = ([(t, v) for t, v in messages if t not in ("ldp-shuffled", "dead-letters")]
+                + [(k, v) for k, v in values if k.startswith(f"{ns}:")] + logs["web"] + logs["worker-0"])
+    for where, blob in operator:
+        assert not sealed(blob), f"a sealed content next to identities in {where}"
+
+    # the shuffler: its keys, its log and its output hold no plaintext report and no raw reward
+    shuffler = ([(k, v) for k, v in values if k.startswith(f"{ns}-shuffler:")] + logs["shuffler"] + shuffled)
+    assert any(k.startswith(f"{ns}-shuffler:") for k, _ in values)
+    for where, blob in shuffler:
+        if secret.size:
+            for arr in _arrays(blob, d):
+                assert not _find(arr, secret), f"a decrypted report in the shuffler's {where}"
+        if codewords:
+            assert MESSAGE_SCHEMA.encode() not in blob and CONTENT_SCHEMA.encode() not in blob, \
+                f"an opened message or content in the shuffler's {where}"
+
+    # the local-mode boundary: no raw reward, no exact per-user statistic anywhere
+    blobs = messages + values + [x for lines in logs.values() for x in lines]
+    _assert_no_leak(blobs, rewards, exact, d)
+    return messages, values
 
 
 def test_each_party_sees_only_its_part(stack: Stack) -> None:
@@ -193,46 +294,13 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
     assert b["ledger"]["users"] >= sum(c > 0 for c in counts.values())
     time.sleep(1.0)  # let the logs flush
 
-    messages = _all_messages(st.info["kafka"])
-    values = _redis_values(role_redis_url(st.info, "admin"))
-    logs = {name: [(f"{name}.log", line) for line in (st.state / f"{name}.log").read_bytes().splitlines()]
-            for name in ("worker-0", "web", "shuffler")}
-    assert all(logs.values())
     contents = np.stack([r.vector for r in reports])  # the plaintext report vectors (each noisy, each distinctive)
-    shuffled = [(t, v) for t, v in messages if t == "ldp-shuffled"]
-    assert len(shuffled) >= count // N
-
-    # the analyzer: its topics, its keys and its log hold no plaintext report vector, and no batch an identity
-    analyzer = ([(t, v) for t, v in messages if t in ("ldp-shuffled", "dead-letters")]
-                + [(k, v) for k, v in values if k.startswith(f"{NS}:")] + logs["worker-0"])
-    for where, blob in analyzer:
-        for arr in _arrays(blob, st.config.d):
-            assert not _find(arr, contents), f"a plaintext report in the analyzer's {where}"
-    for _, blob in shuffled:
-        doc = json.loads(blob)
-        assert not {"user", "version", "rec_id", "shown"} & set(doc), "a batch carries an identity"
-        assert not any(r.encode() in blob for r in rec_ids), "a request id reached the analyzer"
-    assert not any(rid.encode() in line for _, line in logs["worker-0"] for rid in rec_ids)
-    # ... and no sealed content appears where the operator sees identities (the web's log, keys and topics)
-    forms = _sealed_forms(envelopes)
-    operator = ([(t, v) for t, v in messages if t not in ("ldp-shuffled", "dead-letters")]
-                + [(k, v) for k, v in values if k.startswith(f"{NS}:")] + logs["web"] + logs["worker-0"])
-    for where, blob in operator:
-        assert not any(f in blob for f in forms), f"a sealed content next to identities in {where}"
-
-    # the shuffler: its keys, its log and its output hold no plaintext report and no raw reward
-    shuffler = ([(k, v) for k, v in values if k.startswith(f"{NS}-shuffler:")] + logs["shuffler"] + shuffled)
-    assert any(k.startswith(f"{NS}-shuffler:") for k, _ in values)
-    for where, blob in shuffler:
-        for arr in _arrays(blob, st.config.d):
-            assert not _find(arr, contents), f"a decrypted report in the shuffler's {where}"
+    messages, values = assert_parties_apart(st.info, st.state, NS, d=st.config.d, contents=contents,
+                                            envelopes=envelopes, rec_ids=rec_ids, rewards=rewards, exact=exact)
+    assert len([t for t, _ in messages if t == "ldp-shuffled"]) >= count // N
     # the shuffler holds the open envelopes: their sealed bytes, never the vectors
     assert any(b64encode(e.sealed).encode() in v for e in envelopes[-3:] for k, v in values
                if k.startswith(f"{NS}-shuffler:open")) or count == len(reports)
-
-    # the local-mode boundary: no raw reward, no exact per-user statistic anywhere
-    blobs = messages + values + [x for lines in logs.values() for x in lines]
-    _assert_no_leak(blobs, rewards, exact, st.config.d)
 
     # /budget states the guarantee against each party
     status, b = _get(f"{st.base}/budget?user={users[0]}")
@@ -413,3 +481,20 @@ def test_the_lastfm_replay_reports_through_the_shuffler(stack: Stack, tmp_path: 
     assert 0 <= 150 - accepted <= sum(versions_before.values())
     assert accepted > 100
     wait_for(lambda: stack.count() > start, 60, "a batch of the replay released")
+
+
+def test_the_codeword_scan_finds_what_it_looks_for() -> None:
+    """The codeword part of the scan is not vacuous: an opened message, or a codeword beside a user id at any depth,
+    is found; a batch's sealed messages without a user, or a user without a codeword, pass."""
+    from models.local.esa import message_content
+
+    assert_no_identified_codeword("clean", json.dumps({"unit": 0, "msgs": ["QUJD"], "sealed": ["REVG"]}).encode())
+    assert_no_identified_codeword("ledger", json.dumps({"user": "7", "epoch": 3, "k": 1}).encode())
+    assert_no_identified_codeword("log", b"INFO batch 4 of 100 users: 912 messages")
+    planted = [("opened", b"x " + message_content(5) + b" y"),
+               ("beside", json.dumps({"user": "7", "c": 5}).encode()),
+               ("nested", json.dumps({"batch": [{"rec_id": "r1", "msgs": [3, 4]}]}).encode()),
+               ("version", json.dumps({"version": 2, "codeword": 1}).encode())]
+    for where, blob in planted:
+        with pytest.raises(AssertionError):
+            assert_no_identified_codeword(where, blob)

@@ -37,6 +37,7 @@ def lastfm_stack(tmp_path_factory: pytest.TempPathFactory, redis_server: service
     services.create_topics(broker.address, {"interactions": 4, "dead-letters": 1, "recommendations": 1})
     env = {**os.environ, "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_server.url, "PRIVREC_NAMESPACE": "lf",
            "PRIVREC_CATALOG": "lastfm", "PRIVREC_EPSILON": "inf", "PRIVREC_TICK_SECONDS": "0.3",
+           "PRIVREC_PRIOR_STRENGTH": "10000",  # the public prior through the worker's solve stage and /budget
            "PRIVREC_STATE_DIR": str(tmp), "PRIVREC_LOGLEVEL": "WARNING", "PYTHONPATH": str(REPO)}
     client = redis.Redis.from_url(redis_server.url)
     started = []
@@ -65,6 +66,7 @@ def test_replay_writes_reward_ratio_and_learns(lastfm_stack: str, tmp_path: Path
     assert doc["ratio"] == pytest.approx(doc["reward"] / doc["random_reward"])
     assert doc["last_model_version"] > doc["first_model_version"]  # the model moved during the replay
     assert doc["model"]["algorithm"] == "linucb" and doc["privacy"]["private"] is False
+    assert doc["model"]["prior"] == {"strength": 10000.0, "reward": 0.04}  # served with the catalog's prior
     assert (out / "replay.png").stat().st_size > 0
     # every feedback reached the model: the released statistics count the replayed events
     wait_for(lambda: _released(lastfm_stack) >= 1500, 30, "the replayed events in a release")

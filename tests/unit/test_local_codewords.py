@@ -39,13 +39,19 @@ def test_messages_are_the_blanket_and_one_more() -> None:
     draws = [codeword_messages(CFG, 5, 1.0, rng) for _ in range(4000)]
     assert all(5 in m and len(set(m)) >= len(m) - 1 for m in draws)
     counts = np.array([len(m) for m in draws], dtype=float)
-    # Bin(K, p) + 1 messages: mean K p + 1, sd sqrt(K p (1 - p)) / sqrt(4000) of the mean; 5 sd
-    sd = math.sqrt(K * p * (1 - p) / len(draws))
-    assert abs(counts.mean() - (K * p + 1)) < 5 * sd
+    # Bin(K + 1, p) + 1 messages (the dummy K is blanketed too): mean (K + 1) p + 1, sd of the mean
+    # sqrt((K + 1) p (1 - p) / 4000); 5 sd
+    sd = math.sqrt((K + 1) * p * (1 - p) / len(draws))
+    assert abs(counts.mean() - ((K + 1) * p + 1)) < 5 * sd
     # reward 0: the dummy K stands in for the listen, so the count's law does not depend on the data
     silent = [codeword_messages(CFG, 5, 0.0, rng) for _ in range(4000)]
     assert all(K in m for m in silent)
-    assert abs(np.mean([len(m) for m in silent]) - (K * p + 1)) < 5 * sd
+    assert abs(np.mean([len(m) for m in silent]) - ((K + 1) * p + 1)) < 5 * sd
+    # the dummy's blanket: with a listen, the value K appears as a fake with probability p (5 sd of Bin(4000, p));
+    # without it, no analyzer could tell a listen from no listen by counting the dummies
+    fake_dummies = sum(K in m for m in draws)
+    assert abs(fake_dummies - len(draws) * p) < 5 * math.sqrt(len(draws) * p * (1 - p))
+    assert sum(m.count(K) == 2 for m in silent) == pytest.approx(len(silent) * p, abs=5 * math.sqrt(len(silent) * p))
 
 
 def test_the_device_keeps_its_messages_across_a_restart_and_sends_them_as_it_made_them() -> None:

@@ -177,8 +177,9 @@ window.PrivrecLocal = (() => {
     if (tree) {
       report.b = bltStep(state, config.mechanism, draw);
     } else if (codes) {
-      // the listen as its nearest codeword with probability r (else the dummy K), and every codeword with
-      // probability p: Bin(K, p) + 1 messages whatever the data (models.local.client.codeword_messages)
+      // the listen as its nearest codeword with probability r (else the dummy K), and every value of [0, K] with
+      // probability p (the dummy is blanketed too, so a listen against no listen is the covered pair):
+      // Bin(K + 1, p) + 1 messages whatever the data (models.local.client.codeword_messages)
       const K = noise.codewords;
       let code = 0, best = Infinity;
       config.codebook.forEach((w, c) => {
@@ -186,7 +187,7 @@ window.PrivrecLocal = (() => {
         if (d2 < best) { best = d2; code = c; }
       });
       const msgs = [];
-      for (let c = 0; c < K; c++) if (uniform() <= noise.p) msgs.push(c);
+      for (let c = 0; c <= K; c++) if (uniform() <= noise.p) msgs.push(c);
       msgs.push(uniform() <= reward ? code : K);
       report.m = xc.map(() => 0);
       report.msgs = msgs.sort((a, b) => a - b);

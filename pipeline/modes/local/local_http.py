@@ -38,7 +38,7 @@ from ...config.keys import PublicKeys
 from ...config.ledger import LedgerRecord
 from ...serve.outbox import OUTBOX, accept
 from ...data.records import TOPICS
-from ...config.settings import Settings
+from ...config.settings import Settings, SettingsError
 from ...serve.shown import SHOWN
 
 __all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED",
@@ -146,18 +146,30 @@ def budget_counter(keys: PublicKeys, user: str) -> str:
     return keys.recommendation(f"reports:{user}")
 
 
-_CODEBOOKS: dict[tuple[str, int], np.ndarray] = {}
+_CODEBOOKS: dict[tuple[str, int, bool], np.ndarray] = {}
 
 
-def catalog_codebook(catalog: Catalog, size: int) -> np.ndarray:
+def catalog_codebook(catalog: Catalog, size: int, items: bool = False) -> np.ndarray:
     """The public codebook of ``size`` codewords of the catalog's item features (k-means, seed 0: the offline twin's
-    :func:`models.local.items.codebook`), cached per catalog; post-processing of public data."""
+    :func:`models.local.items.codebook`), cached per catalog; post-processing of public data.
+
+    ``items`` (the setting ``local_item_term``): the codebook is the catalog itself, codeword ``c`` the features of
+    catalog row ``c``, so a message names the item listened to and the messages' histogram is also the item term.
+    ``size`` must then be the catalog's number of items (:class:`~pipeline.config.settings.SettingsError` naming
+    ``local_codewords`` otherwise).
+    """
     from models.local.items import codebook
 
-    key = (catalog.fingerprint, int(size))
+    key = (catalog.fingerprint, int(size), bool(items))
     hit = _CODEBOOKS.get(key)
     if hit is None:
-        hit = _CODEBOOKS[key] = codebook(catalog.features_of(list(catalog.arm_ids)), int(size), seed=0)
+        features = np.asarray(catalog.feature_matrix if items else catalog.features_of(list(catalog.arm_ids)),
+                              dtype=np.float64)  # items: in catalog row order, the item term's
+        if items and size != len(features):
+            raise SettingsError("local_codewords", f"with local_item_term the codebook is the catalog itself: must be "
+                                                   f"its number of items, {len(features)}, got {size}.")
+        clipped = features / np.maximum(1.0, np.linalg.norm(features, axis=1, keepdims=True))  # as codebook() clips
+        hit = _CODEBOOKS[key] = clipped if items else codebook(features, int(size), seed=0)
     return hit
 
 
@@ -180,7 +192,8 @@ async def config_view(request: web.Request) -> web.Response:
         return web.json_response({"mode": s.mode})
     public = _config(request).to_public()
     if public.get("codewords"):
-        public["codebook"] = catalog_codebook(request.app[CATALOG], public["codewords"]).tolist()
+        public["codebook"] = catalog_codebook(request.app[CATALOG], public["codewords"], bool(s.local_item_term)).tolist()
+        public["item_term"] = bool(s.local_item_term)  # the codebook is the catalog: codeword c is catalog row c
     esa = request.app.get(ESA)
     return web.json_response(public if esa is None else {**public, "esa": esa})
 

@@ -334,14 +334,22 @@ class BatchIngestProcessor(_LocalIngestBase):
     With ``items`` (the public calibration of the item reports, :class:`models.local.items.ItemBlanket`), a
     batch's item messages (``msgs``: catalog rows, real items and fakes shuffled together) add their histogram's
     unbiased estimate ``h - n p`` to the partition's item sums, with its public variance ``n p (1 - p)``.
+
+    With codewords and ``item_term`` (the setting ``local_item_term``: the codebook is the catalog itself, codeword
+    ``c`` = catalog row ``c``) the same estimate of the codewords' histogram is added to the item sums too: the item
+    term, post-processing of what ``b`` is made of.
     """
 
     def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, config: LocalConfig,
                  analyzer_key: AnalyzerKey | None = None, items: ItemBlanket | None = None,
-                 codebook: np.ndarray | None = None) -> None:
+                 codebook: np.ndarray | None = None, item_term: bool = False) -> None:
         super().__init__(client, namespace, catalog, config)
         self.analyzer_key = analyzer_key
         self.items = items
+        if item_term and not (config.codewords and config.codewords == len(catalog.feature_matrix)):
+            raise ValueError(f"`item_term` needs one codeword per catalog item ({len(catalog.feature_matrix)}), got "
+                             f"{config.codewords}")
+        self.item_term = item_term
         #: ``config.codewords``: the public codebook; a batch's messages are codewords of listens, folded into ``b``
         self.codebook = codebook
         if config.codewords:
@@ -413,6 +421,11 @@ class BatchIngestProcessor(_LocalIngestBase):
                 est = self.codes.estimate(self.codes.histogram(real), b.n)
                 new.stats.b[b.unit] += est @ self.codebook
                 new.var[b.unit] += self.codes.variance(b.n) * self.code_var
+                if self.item_term:  # codeword c is catalog row c: the same estimate, per item
+                    new.items = est.copy() if new.items is None else new.items + est
+                    new.items_var += self.codes.variance(b.n)
+                    new.items_n += b.n
+                    items_touched = True
             elif b.messages and self.items is not None:
                 est = self.items.estimate(self.items.histogram(np.asarray(b.messages)), b.n)
                 new.items = est if new.items is None else new.items + est
@@ -679,9 +692,9 @@ def register(app: Any, settings: Settings, catalog: Catalog, *, metrics: Any = N
     config = local_config(settings, catalog.d)
     client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
     key = analyzer_key()  # a separate shuffler: this worker is the analyzer, holding the key that opens reports
-    codebook = catalog_codebook(catalog, config.codewords) if config.codewords else None
+    codebook = catalog_codebook(catalog, config.codewords, bool(settings.local_item_term)) if config.codewords else None
     processor: _LocalIngestBase = (BatchIngestProcessor(client, settings.namespace, catalog, config, key,
-                                                        codebook=codebook)
+                                                        codebook=codebook, item_term=bool(settings.local_item_term))
                                    if settings.shuffle_batch else
                                    ReportIngestProcessor(client, settings.namespace, catalog, config))
     agents.register(app, settings, catalog, topic=report_topic(settings), metrics=metrics, metrics_url=metrics_url,
