@@ -109,12 +109,14 @@ def statistic(hist: np.ndarray, users: int, u: int, v: int) -> np.ndarray:
     """``T`` per trial (``hist``: ``trials x batches x values``): the log-likelihood ratio of one message at ``u``
     against one at ``v`` (module docstring), summed over the batches; ``+inf`` where a batch has ``h_v = 0``."""
     def g(h: np.ndarray) -> np.ndarray:
-        h = h.astype(np.float64)
+        x = h.astype(np.float64)
         with np.errstate(divide="ignore"):
-            return np.log(h) - np.log(users - h + 1.0)
+            out: np.ndarray = np.log(x) - np.log(users - x + 1.0)
+        return out
 
     per = g(hist[:, :, u]) - g(hist[:, :, v])
-    return np.asarray(per.sum(axis=1))
+    total: np.ndarray = per.sum(axis=1)
+    return total
 
 
 @dataclass(frozen=True)
