@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from models.local import LocalClient, LocalConfig, MemoryStorage, ReportError, parse_report
+from models.local import LocalClient, LocalConfig, LocalReport, MemoryStorage, ReportError, parse_report
 from models.local.client import codeword_messages
 from models.local.esa import parse_envelope, seal_report
 from models.local.seal import AnalyzerKey
@@ -98,3 +98,64 @@ def test_the_setting_needs_shuffling_at_user_level() -> None:
     s = Settings.from_mapping({}, environ={**base, "PRIVREC_SHUFFLE_BATCH": "150"})
     assert s.local_config(25).codewords == 64 and s.model_config()["local_codewords"] == 64
     assert "local_codewords" not in Settings.from_mapping({}, environ={}).model_config()
+
+
+def _exact_batch_delta(epsilon: float, n: int, p: float) -> float:
+    """delta(epsilon) of one blanket batch, recomputed here on the full (X, Y) grid without rounding: the pair
+    P = (X + 1, Y), Q = (X, Y + 1), X, Y ~ Bin(n, p) (Balcer & Cheu's worst case; models.local.items' docstring)."""
+    from scipy import stats
+
+    x = np.arange(n + 1)
+    w = stats.binom.pmf(x, n, p)
+    # the seen counts (X + 1, Y) have probability pmf(X) pmf(Y) under P and pmf(X + 1) pmf(Y - 1) under Q (zero
+    # when X = n or Y = 0: an infinite loss)
+    X, Y = np.meshgrid(x, x, indexing="ij")
+    weight = np.outer(w, w)
+    q = np.where((X < n) & (Y >= 1), stats.binom.pmf(X + 1, n, p) * stats.binom.pmf(Y - 1, n, p), 0.0)
+    finite = q > 0
+    loss = np.log(weight[finite]) - np.log(q[finite])
+    return float(weight[~finite].sum() + np.sum(weight[finite] * np.clip(-np.expm1(epsilon - loss), 0.0, None)))
+
+
+def test_a_codeword_batch_states_the_blankets_guarantee_not_the_laplace_bound() -> None:
+    from models.local.esa import SealedBatch, SealedShuffler
+    from models.local.shuffle import ShuffledBatch, Shuffler
+
+    small = LocalConfig(algorithm="round", d=D, epsilon=2.0, shuffle_batch=150, unit="user", cap=2, codewords=K)
+    sh = Shuffler(small)
+    out = []
+    for u in range(150):
+        out += sh.add(LocalReport(str(u), 1, "round", f"r{u}", np.zeros(D), ("a",), epoch=0), unit=0, messages=[u % K])
+    (batch,) = out
+    p, delta = small.blanket.p, small.delta
+    assert (batch.analysis, batch.bound, batch.delta) == ("blanket", "blanket-exact", delta)
+    # the stamped epsilon is one batch's, by the blanket's analysis: delta holds there and not 0.01 below it
+    assert _exact_batch_delta(batch.epsilon, 150, p) <= delta < _exact_batch_delta(batch.epsilon - 0.01, 150, p)
+    assert batch.epsilon < small.epsilon  # one batch alone: below the cap batches' (epsilon, delta)
+    assert ShuffledBatch.parse(batch.to_json(), d=D) == batch
+    sealed = SealedShuffler(small).guarantee()
+    assert sealed == sh.guarantee() and SealedBatch.parse(
+        SealedBatch(0, 1, ["a"], [b"x"], *sealed, analysis="blanket").to_json()).analysis == "blanket"
+    # without codewords the same batch size states the Laplace reports' amplification
+    laplace = Shuffler(LocalConfig(algorithm="round", d=D, epsilon=2.0, shuffle_batch=150, unit="user", cap=2))
+    assert laplace.analysis == "amplification" and laplace.guarantee()[2] != "blanket-exact"
+
+
+def test_budget_states_the_blanket_against_every_party(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.modes.local.esa import KEY_ENV, PUBLIC_ENV
+    from pipeline.modes.local.local_http import local_statement
+
+    for separate in (False, True):
+        monkeypatch.delenv(KEY_ENV, raising=False)
+        if separate:
+            monkeypatch.setenv(PUBLIC_ENV, "{}")
+        else:
+            monkeypatch.delenv(PUBLIC_ENV, raising=False)
+        st = local_statement(CFG)
+        parties = st["parties"]
+        assert parties["everyone_else"]["analysis"] == "blanket"
+        assert (parties["everyone_else"]["epsilon"], parties["everyone_else"]["delta"]) == (CFG.epsilon, CFG.delta)
+        assert parties["colluding"]["epsilon"] is None  # no local guarantee: not epsilon0 of Laplace reports
+        assert st["against_operator"]["epsilon_per_report"] is None
+        assert st["against_operator"]["epsilon"] == (CFG.epsilon if separate else None)
+        assert "Laplace" not in st["statement"] and "blanket" in st["statement"]
