@@ -90,7 +90,8 @@ def test_an_envelope_seals_each_message_on_its_own() -> None:
 def test_the_setting_needs_shuffling_at_user_level() -> None:
     from pipeline.config.settings import Settings, SettingsError
 
-    base = {"PRIVREC_MODE": "local", "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_LOCAL_CODEWORDS": "64"}
+    base = {"PRIVREC_MODE": "local", "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_LOCAL_CODEWORDS": "64",
+            "PRIVREC_USER_CAP": "2"}  # the default cap, 8, needs batches of 256 (see the test below)
     with pytest.raises(SettingsError, match="local_codewords"):
         Settings.from_mapping({}, environ=base)                          # no shuffler
     with pytest.raises(SettingsError, match="local_codewords"):
@@ -159,3 +160,34 @@ def test_budget_states_the_blanket_against_every_party(monkeypatch: pytest.Monke
         assert st["against_operator"]["epsilon_per_report"] is None
         assert st["against_operator"]["epsilon"] == (CFG.epsilon if separate else None)
         assert "Laplace" not in st["statement"] and "blanket" in st["statement"]
+
+
+def test_privrec_up_refuses_a_batch_too_small_for_the_blanket(tmp_path, capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from models.local.items import smallest_batch
+    from pipeline.config.settings import Settings
+    from privrec.cli import main
+
+    for name in ("PRIVREC_SHUFFLE_BATCH", "PRIVREC_USER_CAP", "PRIVREC_EPSILON", "PRIVREC_DELTA",
+                 "PRIVREC_PRIVACY_UNIT"):
+        monkeypatch.delenv(name, raising=False)
+    need = smallest_batch(2.0, 1e-5, 2)
+    # the threshold is the calibration's own: the device's blanket exists at `need` users and not one fewer
+    assert LocalConfig(algorithm="round", d=D, epsilon=2.0, shuffle_batch=need, unit="user", cap=2,
+                       codewords=K).blanket.p <= 0.5
+    with pytest.raises(ValueError, match="no blanket"):
+        _ = LocalConfig(algorithm="round", d=D, epsilon=2.0, shuffle_batch=need - 1, unit="user", cap=2,
+                        codewords=K).blanket.p
+    state = tmp_path / "state"
+    argv = ["up", "--mode", "local", "--local-algorithm", "round", "--user-cap", "2", "--local-codewords", "64",
+            "--epsilon", "2", "--state-dir", str(state)]
+    assert main([*argv, "--shuffle-batch", str(need - 1)]) == 2
+    err = capsys.readouterr().err
+    assert "setting `shuffle_batch`" in err and f"the smallest workable batch is {need} " in err
+    assert not state.exists()  # refused before anything started (no state directory, no process)
+    base = {"PRIVREC_MODE": "local", "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_LOCAL_CODEWORDS": "64",
+            "PRIVREC_USER_CAP": "2"}
+    assert Settings.from_mapping({}, environ={**base, "PRIVREC_SHUFFLE_BATCH": str(need)}).shuffle_batch == need
+    # a larger cap needs more users: the same batch is refused at cap 8
+    with pytest.raises(ValueError, match=f"smallest workable batch is {smallest_batch(2.0, 1e-5, 8)} "):
+        Settings.from_mapping({}, environ={**base, "PRIVREC_SHUFFLE_BATCH": str(need), "PRIVREC_USER_CAP": "8"})
