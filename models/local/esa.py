@@ -225,6 +225,8 @@ class SealedBatch:
     bound: str = ""
     #: codewords: every report's sealed messages, shuffled together one by one (no order, no report boundary)
     msgs: list[bytes] = field(default_factory=list)
+    #: the analysis of ``epsilon`` / ``delta`` (:attr:`models.local.shuffle.ShuffledBatch.analysis`)
+    analysis: str = ""
 
     @property
     def n(self) -> int:
@@ -236,6 +238,8 @@ class SealedBatch:
                                 "delta": self.delta, "bound": self.bound}
         if self.msgs:
             body["msgs"] = [b64encode(m) for m in self.msgs]
+        if self.analysis:
+            body["analysis"] = self.analysis
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -274,7 +278,8 @@ class SealedBatch:
                 msgs.append(b64decode(t))
             except SealError:
                 msgs.append(b"")  # dead-lettered alone by the analyzer
-        return cls(unit, seq, list(items), blobs, float(eps), float(delta), str(body.get("bound", "")), msgs)
+        return cls(unit, seq, list(items), blobs, float(eps), float(delta), str(body.get("bound", "")), msgs,
+                   str(body.get("analysis", "")))
 
 
 class SealedShuffler(Shuffler):
@@ -306,4 +311,4 @@ class SealedShuffler(Shuffler):
         _RNG.shuffle(msgs)  # message by message: the analyzer cannot tell which came from one report
         self.seq[unit] = self.seq.get(unit, 0) + 1
         eps, delta, bound = self.guarantee()
-        return SealedBatch(unit, self.seq[unit], items, sealed, eps, delta, bound, msgs)
+        return SealedBatch(unit, self.seq[unit], items, sealed, eps, delta, bound, msgs, self.analysis)

@@ -60,8 +60,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import signal, stats
 
-__all__ = ["ItemBlanket", "BlanketGuarantee", "blanket_delta", "blanket_epsilon", "calibrate_blanket", "codebook", "nearest_code",
-           "pair_losses", "ITEM_STREAM"]
+__all__ = ["ItemBlanket", "BlanketGuarantee", "blanket_delta", "blanket_epsilon", "blanket_reaches", "calibrate_blanket",
+           "codebook", "nearest_code", "pair_losses", "smallest_batch", "ITEM_STREAM", "MAX_P"]
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -72,6 +72,8 @@ ITEM_STREAM = 2
 GRID = 1e-4
 #: Probability mass of each binomial's tails left out of the loss distribution (added to ``delta``).
 TAIL = 1e-15
+#: The largest fake probability the calibration tries (half the catalog per report, per batch).
+MAX_P = 0.5
 
 
 def _check(n: int, p: float, compositions: int) -> None:
@@ -214,8 +216,8 @@ def calibrate_blanket(epsilon: float, delta: float, n: int, *, compositions: int
     def ok(p: float) -> bool:
         return blanket_delta(epsilon, n, p, compositions=compositions, grid=grid) <= delta
 
-    hi = 0.5
-    if not ok(hi):
+    hi = MAX_P
+    if not blanket_reaches(epsilon, delta, n, compositions=compositions, grid=grid):
         raise ValueError(f"no blanket reaches ({epsilon:g}, {delta:g}) with n = {n} users per batch and "
                          f"{compositions} batch(es) per user: make the batch larger.")
     lo = hi / 2.0
@@ -226,6 +228,46 @@ def calibrate_blanket(epsilon: float, delta: float, n: int, *, compositions: int
     while hi / lo > 1.005:
         mid = math.sqrt(lo * hi)
         if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def blanket_reaches(epsilon: float, delta: float, n: int, *, compositions: int = 1, grid: float = GRID) -> bool:
+    """Whether :func:`calibrate_blanket` finds a ``p`` for batches of ``n``: the largest it tries, :data:`MAX_P`, is
+    ``(epsilon, delta)``-DP over ``compositions`` batches.
+
+    Examples
+    --------
+    >>> blanket_reaches(2.0, 1e-5, 150, compositions=2), blanket_reaches(2.0, 1e-5, 20, compositions=2)
+    (True, False)
+    """
+    return blanket_delta(epsilon, n, MAX_P, compositions=compositions, grid=grid) <= delta
+
+
+@lru_cache(maxsize=64)
+def smallest_batch(epsilon: float, delta: float, compositions: int = 1, *, limit: int = 1_000_000) -> int:
+    """The fewest distinct users per batch for which the blanket can be calibrated (:func:`blanket_reaches`).
+
+    More users, more fakes in the blanket: ``delta`` falls with ``n``, so a doubling then a bisection finds the
+    threshold. ``ValueError`` if not even ``limit`` users reach it.
+
+    Examples
+    --------
+    >>> n = smallest_batch(2.0, 1e-5, 2)
+    >>> blanket_reaches(2.0, 1e-5, n, compositions=2) and not blanket_reaches(2.0, 1e-5, n - 1, compositions=2)
+    True
+    """
+    lo, hi = 0, 1  # lo: does not reach (0 users never do); hi: the candidate
+    while not blanket_reaches(epsilon, delta, hi, compositions=compositions):
+        if hi >= limit:
+            raise ValueError(f"no blanket reaches ({epsilon:g}, {delta:g}) over {compositions} batch(es) per user "
+                             f"with up to {limit} users per batch.")
+        lo, hi = hi, min(2 * hi, limit)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if blanket_reaches(epsilon, delta, mid, compositions=compositions):
             hi = mid
         else:
             lo = mid

@@ -59,6 +59,9 @@ class ShuffledBatch:
     #: item reports' messages of every report of the batch (catalog rows, the real items and the blanket's fakes),
     #: shuffled together: the analyzer sees only their multiset (models.local.items)
     messages: list[int] = field(default_factory=list)
+    #: which analysis ``epsilon`` / ``delta`` come from: ``"amplification"`` (Laplace reports) or ``"blanket"``
+    #: (codewords: :meth:`Shuffler.guarantee`); ``""`` in batches written before the field
+    analysis: str = ""
 
     @property
     def n(self) -> int:
@@ -69,6 +72,8 @@ class ShuffledBatch:
                                 "m": self.vectors, "epsilon": self.epsilon, "delta": self.delta, "bound": self.bound}
         if self.messages:
             body["msgs"] = self.messages
+        if self.analysis:
+            body["analysis"] = self.analysis
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
@@ -112,7 +117,8 @@ class ShuffledBatch:
         if not isinstance(msgs, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                  for v in msgs):
             raise ValueError("batch: msgs must be a list of catalog rows (integers >= 0)")
-        return cls(unit, seq, list(items), arr.tolist(), eps, delta, str(body.get("bound", "")), list(msgs))
+        return cls(unit, seq, list(items), arr.tolist(), eps, delta, str(body.get("bound", "")), list(msgs),
+                   str(body.get("analysis", "")))
 
 
 @dataclass
@@ -135,13 +141,30 @@ class Shuffler:
         self._guarantee: tuple[float, float, str] | None = None
 
     def guarantee(self) -> tuple[float, float, str]:
-        """``(epsilon, delta, bound)`` of one full batch (Feldman, McMillan & Talwar)."""
-        if self._guarantee is None:
-            from models.accounting.shuffling import shuffled_epsilon
+        """``(epsilon, delta, bound)`` of one full batch alone, central (against whoever sees only batches).
 
-            g = shuffled_epsilon(self.config.epsilon0, self.n, self.config.delta)
-            self._guarantee = (float(g.epsilon), float(g.delta), str(g.bound))
+        Laplace reports: the amplification by shuffling of their ``epsilon0`` (Feldman, McMillan & Talwar).
+        Codewords: the blanket's exact analysis of one batch of ``n`` users at the calibrated ``p``
+        (:func:`models.local.items.blanket_epsilon` at ``delta``; bound ``"blanket-exact"``): the reports carry no
+        Laplace noise, and any ``cap`` batches of one user together are the calibration's ``(epsilon, delta)``.
+        """
+        if self._guarantee is None:
+            if self.config.codewords:
+                from .items import blanket_epsilon
+
+                eps = blanket_epsilon(self.n, self.config.blanket.p, self.config.delta)
+                self._guarantee = (float(eps), float(self.config.delta), "blanket-exact")
+            else:
+                from models.accounting.shuffling import shuffled_epsilon
+
+                g = shuffled_epsilon(self.config.epsilon0, self.n, self.config.delta)
+                self._guarantee = (float(g.epsilon), float(g.delta), str(g.bound))
         return self._guarantee
+
+    @property
+    def analysis(self) -> str:
+        """The analysis of :meth:`guarantee` (a batch's ``analysis`` field): ``"blanket"`` or ``"amplification"``."""
+        return "blanket" if self.config.codewords else "amplification"
 
     def open_users(self, unit: int) -> list[str]:
         o = self._open.get(unit)
@@ -182,7 +205,7 @@ class Shuffler:
         _RNG.shuffle(messages)  # every message on its own: the real item and the fakes are indistinguishable
         self.seq[unit] = self.seq.get(unit, 0) + 1
         eps, delta, bound = self.guarantee()
-        return ShuffledBatch(unit, self.seq[unit], items, vectors, eps, delta, bound, messages)
+        return ShuffledBatch(unit, self.seq[unit], items, vectors, eps, delta, bound, messages, self.analysis)
 
     def state(self) -> dict[str, Any]:
         """What is held (for persistence by the caller): open reports per unit and sequence numbers."""

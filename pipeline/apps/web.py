@@ -25,7 +25,6 @@ Errors are JSON ``{"error": {"parameter": ..., "message": ...}}`` with 400
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import gc
 import json
@@ -54,7 +53,7 @@ from ..data.catalog import Catalog, UnknownArmError, UnknownUserError, load_cata
 from ..serve.httpstats import RequestStats
 from ..modes.federated.federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
 from ..modes.federated.federation import site_namespace
-from ..serve.budget_view import history, ledger_overview, serving_isolation, user_budget
+from ..serve.budget_view import history, ledger_overview, serving_isolation, user_budget, user_interactions
 from ..config.keys import PublicKeys, partition_of
 from ..config.kafkaconn import PRODUCE_TIMEOUT_MS, client_kwargs
 from ..config.redisconn import connect, connect_async
@@ -411,8 +410,7 @@ async def budget(request: web.Request) -> web.Response:
             return _error(404, "user", str(exc))
         if s.mode == "federated":  # the user's interactions are counted at their own site
             keys = PublicKeys(site_namespace(s.namespace, request.app[RECOMMENDER].site_of(user)))
-        counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(s.partitions)))
-        k = sum(int(c) for c in counts if c is not None)
+        k = await user_interactions(r, keys, s.partitions, user)
         if s.mode == "local":  # the devices' guarantee: what this user's reports cover
             sent = await r.get(budget_counter(keys, user))
             record = await r.hget(keys.ledger_participation(partition_of(user, s.partitions)), user)

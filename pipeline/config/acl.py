@@ -107,9 +107,11 @@ def shuffler_rules(namespace: str) -> list[str]:
     neither the worker nor the web can read them), read-only the web's shown lists (public: which items
     were shown to whom), to check that a report answers a list shown to its sender, and the public ledger's
     participation and summary hashes (``{ns}:ledger:{ns:p<P>}:participation`` / ``:summary``): it checks the
-    user-level cap, so it mirrors each user's record there (participations are public) for ``/budget``."""
+    user-level cap, so it mirrors each user's record there (participations are public) for ``/budget``; and the
+    per-user report counts (``…:users``, public arrival counts: ``/budget?user=``'s ``interactions``), since it is
+    where a shuffled report is accepted."""
     return [f"~{namespace}-shuffler:*", f"%R~{namespace}:recs:*", f"~{namespace}:ledger:*:participation",
-            f"~{namespace}:ledger:*:summary"]
+            f"~{namespace}:ledger:*:summary", f"~{namespace}:ledger:*:users"]
 
 
 def _commands(role: str) -> tuple[str, ...]:

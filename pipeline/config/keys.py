@@ -74,7 +74,8 @@ class PublicKeys:
         return self._key("model", "model", f"u{unit}")
 
     def ledger_users(self, partition: int) -> str:
-        """Hash: interactions counted per user in one partition (public arrival counts; the budget view)."""
+        """Hash: interactions counted per user in one partition (public arrival counts; the budget view). Local mode
+        with a shuffler: the reports the shuffler accepted (the in-worker task or the separate service writes them)."""
         return self._key("ledger", f"p{partition}", "users")
 
     def ledger_participation(self, partition: int) -> str:

@@ -471,6 +471,17 @@ class Settings:
         if self.local_item_term not in (0, 1) or (self.local_item_term and not self.local_codewords):
             raise SettingsError("local_item_term", f"must be 0 or 1, and 1 needs --local-codewords set to the "
                                                    f"catalog's number of items, got {self.local_item_term}.")
+        if self.local_codewords:  # the blanket's calibration must exist for this batch size (else: first report fails)
+            from models.local.items import MAX_P, blanket_reaches, smallest_batch
+
+            if not blanket_reaches(self.epsilon, self.delta, self.shuffle_batch, compositions=self.user_cap):
+                need = smallest_batch(self.epsilon, self.delta, self.user_cap)
+                raise SettingsError("shuffle_batch", f"{self.shuffle_batch} distinct users per batch are too few for "
+                                                     f"--local-codewords: no blanket (fakes with probability up to "
+                                                     f"{MAX_P:g}) makes {self.user_cap} batches (user_cap) of a "
+                                                     f"device ({self.epsilon:g}, {self.delta:g})-DP; the smallest "
+                                                     f"workable batch is {need} (or raise epsilon or delta, or lower "
+                                                     f"user_cap).")
         if self.shuffle_batch and self.local_algorithm != "round":
             raise SettingsError("shuffle_batch", "shuffling applies to per-round reports: use --local-algorithm round "
                                                  "(a per-user continual release has no batch of one report per user)")

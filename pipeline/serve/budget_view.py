@@ -20,7 +20,8 @@ from models.accounting import gdp_epsilon
 from ..config.keys import PublicKeys, partition_of
 from ..config.ledger import LedgerRecord, LifetimeBudget, spent_mu
 
-__all__ = ["ratio_of", "user_budget", "ledger_overview", "spent_summary", "history", "serving_isolation"]
+__all__ = ["ratio_of", "user_budget", "user_interactions", "ledger_overview", "spent_summary", "history",
+           "serving_isolation"]
 
 
 def ratio_of(statement: dict[str, Any]) -> Any:
@@ -39,6 +40,15 @@ def _epsilon(mu: float, delta: float) -> float | None:
         return 0.0
     e = gdp_epsilon(mu, delta)
     return e if math.isfinite(e) else None
+
+
+async def user_interactions(r: Any, keys: PublicKeys, partitions: int, user: str) -> int:
+    """``/budget?user=``'s ``interactions``: the user's counted events or reports, summed over the partitions'
+    public ``ledger_users`` hashes. Written by the ingest (events, and local mode's reports without a shuffler)
+    and, in local mode with a shuffler, by the shuffler (reports it accepted; the analyzer's batches name no
+    user): :class:`pipeline.modes.local.localmode.ShufflerTask`, :mod:`pipeline.modes.local.shuffler_service`."""
+    counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(partitions)))
+    return sum(int(c) for c in counts if c is not None)
 
 
 async def user_budget(r: Any, keys: PublicKeys, partitions: int, user: str, statement: dict[str, Any],

@@ -6,15 +6,16 @@ the page makes is recorded, and
 
 * the clicks' envelopes go to the shuffler only (202), with exactly the protocol's fields and ``msgs``; each message
   is a sealed blob of the one size a sealed ``privrec.ItemMessage/1`` has (no codeword index, ``x``, ``m`` or reward
-  in the request); between 1 and K + 1 of them per report;
+  in the request); between 1 and K + 2 of them per report;
 * the analyzer's key (read here from the stack's state directory, as only the worker may) opens each message to
-  exactly ``{"schema", "c"}`` with ``c`` in [0, K]: a listen carries the nearest codeword of the listened item and
-  no dummy, a skip the dummy ``K``; the rest are distinct fakes;
+  exactly ``{"schema", "c"}`` with ``c`` in [0, K]: a listen carries the nearest codeword of the listened item, a
+  skip the dummy ``K``; the rest are distinct fakes of [0, K] (the dummy is blanketed too);
 * the page keeps the cap and the budget with codewords: the third answer of an epoch is refused on the page, the
   fifth report (the budget's ``report_limit``) too, also after a reload;
-* the page's sealing in Chromium (``crypto.getRandomValues``: no seed can be fixed) draws ``Bin(K, p) + 1``
-  messages, with ``p`` read from ``/local/config``: over 300 envelopes the fakes' total and each codeword's count
-  lie inside the exact binomial quantiles at tail probability 10⁻⁶, and the dummy follows the reward.
+* the page's sealing in Chromium (``crypto.getRandomValues``: no seed can be fixed) draws ``Bin(K + 1, p) + 1``
+  messages, with ``p`` read from ``/local/config``: over the 200 envelopes of rewards 1 and 0 the fakes' total and
+  each value's count (the dummy's included) lie inside the exact binomial quantiles at tail probability 10⁻⁶, and
+  at reward 1/2 the dummies follow the reward (their count inside the exact law of ``Bin(n, 1/2) + Bin(n, p)``).
 """
 
 from __future__ import annotations
@@ -92,10 +93,11 @@ def _nearest(codebook: np.ndarray, x: list[float]) -> int:
 
 
 def _assert_fakes(codes: list[int], real: int) -> None:
-    """``codes`` minus one ``real`` (the listen or the dummy): distinct fakes among the K codewords."""
+    """``codes`` minus one ``real`` (the listen or the dummy): distinct fakes among the K + 1 values (the dummy is
+    blanketed too: models.local.items.ItemBlanket.randomize)."""
     rest = list(codes)
     rest.remove(real)
-    assert len(set(rest)) == len(rest) and all(0 <= c < K for c in rest), codes
+    assert len(set(rest)) == len(rest) and all(0 <= c <= K for c in rest), codes
 
 
 def test_the_page_sends_sealed_codeword_messages_and_keeps_its_cap_and_budget(
@@ -162,18 +164,17 @@ def test_the_page_sends_sealed_codeword_messages_and_keeps_its_cap_and_budget(
         assert MESSAGE_SCHEMA not in raw and '"c"' not in raw and "reward" not in raw.lower()
         assert all(isinstance(body[f], str) for f in ("schema", "user", "rec_id", "sealed"))
         assert all(isinstance(v, str) for v in body["msgs"])  # the only numbers: the version and the epoch
-        assert 1 <= len(body["msgs"]) <= K + 1 and len(set(body["msgs"])) == len(body["msgs"])
+        assert 1 <= len(body["msgs"]) <= K + 2 and len(set(body["msgs"])) == len(body["msgs"])
         env = parse_envelope(body)  # the shuffler's parser takes what the page made
         assert len(env.msgs) == len(body["msgs"])
         assert not np.any(json.loads(key.open(env.sealed))["m"])  # the content carries nothing: m = 0
         codes = _open_messages(key, body)
         real = _nearest(codebook, s["x"]) if s["listen"] else K  # a listen (reward 1) always sends its codeword
-        assert codes.count(K) == (0 if s["listen"] else 1), codes
         _assert_fakes(codes, real)
         total += len(codes) - 1
-    # the fakes of 4 reports: Bin(4 K, p)
+    # the fakes of 4 reports: Bin(4 (K + 1), p)
     p = config["noise"]["p"]
-    assert stats.binom.ppf(TAIL / 2, 4 * K, p) <= total <= stats.binom.isf(TAIL / 2, 4 * K, p), total
+    assert stats.binom.ppf(TAIL / 2, 4 * (K + 1), p) <= total <= stats.binom.isf(TAIL / 2, 4 * (K + 1), p), total
     assert not page.problems, page.problems
 
 
@@ -201,29 +202,35 @@ def test_the_pages_messages_follow_the_blanket(cw_stack: tuple[str, Path, dict[s
     }""", [cfg, xs.tolist(), rewards])
     key = AnalyzerKey.from_pem((state / "esa" / "analyzer-key.pem").read_bytes())
     fakes: Counter[int] = Counter()
+    known = 0
     dummies_at_half = 0
     for x, r, body in zip(xs, rewards, bodies):
         codes = _open_messages(key, body)
-        assert 1 <= len(codes) <= K + 1
-        code = _nearest(codebook, x.tolist())
-        if r == 1.0:
-            real = code
-        elif r == 0.0:
-            real = K
-        else:  # the listen with probability 1/2, else the dummy
-            real = K if K in codes else code
-            dummies_at_half += real == K
-        assert codes.count(K) == (real == K), codes
+        assert 1 <= len(codes) <= K + 2
+        if r == 0.5:  # the listen or the dummy, and a fake dummy with probability p: only their count is known
+            dummies_at_half += codes.count(K)
+            _assert_fakes(codes, K if codes.count(K) == 2 or _nearest(codebook, x.tolist()) not in codes else
+                          _nearest(codebook, x.tolist()))
+            continue
+        real = _nearest(codebook, x.tolist()) if r == 1.0 else K
         _assert_fakes(codes, real)
         rest = list(codes)
         rest.remove(real)
         fakes.update(rest)
-    # each codeword is a fake of a report independently with probability p: its count over n reports is Bin(n, p),
-    # the total Bin(n K, p) (each bound at tail 1e-6, the per-codeword ones Bonferroni-split over the K)
+        known += 1
+    # each of the K + 1 values (the dummy's blanket too) is a fake of a report independently with probability p:
+    # its count over the known reports is Bin(known, p), the total Bin(known (K + 1), p) (each bound at tail 1e-6,
+    # the per-value ones Bonferroni-split over the K + 1)
     total = sum(fakes.values())
-    assert stats.binom.ppf(TAIL / 2, n * K, p) <= total <= stats.binom.isf(TAIL / 2, n * K, p), (total, n * K * p)
-    lo, hi = stats.binom.ppf(TAIL / (2 * K), n, p), stats.binom.isf(TAIL / (2 * K), n, p)
-    assert all(lo <= fakes[c] <= hi for c in range(K)), (dict(fakes), lo, hi)
+    m = known * (K + 1)
+    assert stats.binom.ppf(TAIL / 2, m, p) <= total <= stats.binom.isf(TAIL / 2, m, p), (total, m * p)
+    lo, hi = stats.binom.ppf(TAIL / (2 * (K + 1)), known, p), stats.binom.isf(TAIL / (2 * (K + 1)), known, p)
+    assert all(lo <= fakes[c] <= hi for c in range(K + 1)), (dict(fakes), lo, hi)
+    # at reward 1/2 the dummies are Bin(half, 1/2) (the dummy in place of the listen) + Bin(half, p) (fakes): the
+    # exact law by convolution, bounds at tail 1e-6
     half = n // 3
-    assert stats.binom.ppf(TAIL / 2, half, 0.5) <= dummies_at_half <= stats.binom.isf(TAIL / 2, half, 0.5)
+    law = np.convolve(stats.binom.pmf(np.arange(half + 1), half, 0.5), stats.binom.pmf(np.arange(half + 1), half, p))
+    cdf = np.cumsum(law)
+    lo_h, hi_h = int(np.searchsorted(cdf, TAIL / 2)), int(np.searchsorted(cdf, 1 - TAIL / 2))
+    assert lo_h <= dummies_at_half <= hi_h, (dummies_at_half, lo_h, hi_h)
     assert not page.problems, page.problems

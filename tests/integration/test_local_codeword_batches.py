@@ -6,11 +6,13 @@ with the reason, and the rest of the batch counts. The boundary: nothing the ana
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
+import redis.asyncio
 
 from models.local import LocalClient, MemoryStorage
 from models.local.aggregate import clip_context
@@ -127,6 +129,30 @@ def test_the_in_worker_shuffler_batches_messages_population_wide(redis_client: r
                                         f"that stands for an absent listen)"]
     assert len(out) == 1 and out[0].unit == POPULATION and out[0].n == N
     assert sorted(out[0].messages) == sorted(sent) and b'"user"' not in out[0].to_json()
+    assert (out[0].analysis, out[0].bound) == ("blanket", "blanket-exact")  # the blanket's guarantee, not Laplace's
+
+    # /budget?user='s counts: the batch names no user, so the task mirrors what it accepted to the public counts,
+    # read back through the web's view; a second report of one user (in the open batch) and a restart keep counting
+    from pipeline.serve.budget_view import user_interactions
+
+    u0, u1 = catalog.users[0], catalog.users[1]
+    again = LocalClient(u1, cfg, MemoryStorage(), seed=3, clock=lambda: 0.0, codebook=book)
+    again.report(rec_id="skip", x=book[3], reward=1.0)  # the device's first report, never sent: version 2 next
+    second = dataclasses.replace(again.report(rec_id="r2", x=book[3], reward=1.0), shown=(arm,))
+    task.save()
+    task = ShufflerTask(redis_client, settings, catalog, cfg)  # a restart: the counts are part of its state
+    task.clock = lambda: 0.0
+    assert task.process(0, [(N + 1, second.to_json())]) == ([], [])
+    task.save()
+
+    async def counts() -> list[int]:
+        r = redis.asyncio.Redis.from_url(redis_server.url)
+        try:
+            return [await user_interactions(r, PublicKeys("cw2"), settings.partitions, u) for u in (u0, u1, "nobody")]
+        finally:
+            await r.aclose()
+
+    assert asyncio.run(counts()) == [1, 2, 0]  # u0's dead-lettered report is not counted
 
 
 def test_with_the_catalog_as_codebook_the_messages_are_also_the_served_item_term(redis_client: redis.Redis,

@@ -33,7 +33,7 @@ from test_least_privilege import _get
 from test_local_mode import _all_messages
 from test_local_shuffler import _post, assert_parties_apart
 
-N = 100  # distinct users per population-wide batch (the smallest the blanket reaches (2, 1e-5) with at cap 2: ~80)
+N = 100  # distinct users per population-wide batch (the smallest the blanket reaches (2, 1e-5) with at cap 2: 66)
 NS = "cwlive"
 
 
@@ -93,6 +93,22 @@ def test_a_replay_with_codewords_moves_the_released_b_and_the_served_scores(stac
     shuffled = [json.loads(v) for t, v in messages if t == "ldp-shuffled"]
     assert shuffled and all(doc.get("msgs") for doc in shuffled)
     assert not [v for t, v in messages if t == "dead-letters" and b"sealed message" in v]
+
+    # what users are told is the blanket's guarantee: each batch (one batch alone, exact), and /budget
+    from models.local.shuffle import Shuffler
+
+    settings = Settings.from_mapping(info["settings"], environ={})
+    per_batch = Shuffler(settings.local_config(25)).guarantee()
+    assert all((doc["epsilon"], doc["delta"], doc["bound"], doc["analysis"]) == (*per_batch, "blanket")
+               for doc in shuffled) and per_batch[0] < 2.0
+    # /budget?user= counts the envelopes the shuffler accepted from each user (the batches name none)
+    accepted = {k.decode(): int(v) for k, v in admin.hgetall(f"{NS}-shuffler:accepted:{{{NS}-shuffler}}").items()}
+    assert accepted
+    for u in sorted(accepted)[:5]:
+        status, body = _get(f"{base}/budget?user={u}")
+        assert status == 200 and body["user"]["interactions"] == body["user"]["reports"] == accepted[u]
+        assert body["privacy"]["parties"]["everyone_else"]["analysis"] == "blanket"
+        assert body["privacy"]["against_operator"]["epsilon_per_report"] is None
 
 
 def test_the_boundary_scan_holds_with_codewords(stack: dict[str, Any]) -> None:

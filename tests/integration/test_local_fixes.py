@@ -5,8 +5,9 @@
   partition's Gram; every content is a dead letter naming why; the next whole batch counts.
 * The separate shuffler (:class:`pipeline.modes.local.shuffler_service.ShufflerService`), connected as its own ACL
   user (:func:`pipeline.config.acl.shuffler_rules`), mirrors each user's ledger record and its cap refusals to the
-  public ledger keys, which the ``web`` user reads for ``/budget`` (:func:`local_user_budget`,
-  :func:`local_ledger_overview`); it still cannot touch any other key of the namespace.
+  public ledger keys, and their accepted envelopes to the public report counts, which the ``web`` user reads for
+  ``/budget`` (:func:`local_user_budget`, :func:`local_ledger_overview`,
+  :func:`pipeline.serve.budget_view.user_interactions`); it still cannot touch any other key of the namespace.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pipeline.data.catalog import SyntheticCatalog
 from pipeline.modes.local.local_http import local_ledger_overview, local_user_budget
 from pipeline.modes.local.localmode import BatchIngestProcessor
 from pipeline.modes.local.shuffler_service import ShufflerService
+from pipeline.serve.budget_view import user_interactions
 
 from test_acl_global import own_redis  # noqa: F401 - a redis-server of the test's own (ACL users change it)
 
@@ -122,24 +124,29 @@ def test_the_separate_shuffler_mirrors_its_ledger_to_the_public_keys_under_its_a
     assert status == 403 and "beyond the cap" in body["error"]["message"]
 
     # the public mirror, as the web user reads it for /budget
-    async def web_view() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    async def web_view() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[int]]:
         web = redis.asyncio.Redis.from_url(acl.role_url(own_redis.url, "web", creds["web"]))
         try:
             rec1 = await web.hget(public.ledger_participation(partition_of("1", 2)), "1")
             rec2 = await web.hget(public.ledger_participation(partition_of("2", 2)), "2")
             overview = await local_ledger_overview(web, public, 2, config, epoch)
+            counts = [await user_interactions(web, public, 2, u) for u in ("1", "2", "3")]  # /budget's interactions
         finally:
             await web.aclose()
-        return (local_user_budget(config, "1", rec1, epoch), local_user_budget(config, "2", rec2, epoch), overview)
+        return (local_user_budget(config, "1", rec1, epoch), local_user_budget(config, "2", rec2, epoch), overview,
+                counts)
 
-    u1, u2, overview = asyncio.run(web_view())
+    u1, u2, overview, counts = asyncio.run(web_view())
     assert (u1["ticks_this_epoch"], u1["at_cap"], u1["reports"]) == (2, True, 2)
     assert (u2["ticks_this_epoch"], u2["at_cap"], u2["reports"]) == (1, False, 1)
+    assert counts == [2, 1, 0]  # the envelopes the shuffler accepted (the rogue third of user 1 is not counted)
     assert u1["epsilon"] == pytest.approx(config.spent(2)[0]) and u1["epsilon"] > 0
     assert overview["users"] == 2 and overview["users_at_cap"] == 1 and overview["capped_events"] == 1
 
-    # least privilege still: the shuffler writes those two public kinds of keys and nothing else of the namespace
-    for other in (public.ledger_users(0), public.released, public.model_meta, f"{ns}:trusted:{{{ns}:p0}}:stats"):
+    # least privilege still: the shuffler writes those three public kinds of ledger keys and nothing else of the
+    # namespace
+    for other in (public.ledger_deadletters(0), public.released, public.model_meta,
+                  f"{ns}:trusted:{{{ns}:p0}}:stats"):
         with pytest.raises(redis.exceptions.NoPermissionError):
             shuffler.hset(other, "x", "1")
     with pytest.raises(redis.exceptions.NoPermissionError):

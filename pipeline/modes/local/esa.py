@@ -121,7 +121,7 @@ def open_batch(raw: bytes, key: AnalyzerKey, config: LocalConfig) -> OpenedBatch
         opened = [blob for blob in sealed.sealed if blob not in bad]
         return OpenedBatch(None, failed + [(blob, why) for blob in opened])
     return OpenedBatch(ShuffledBatch(sealed.unit, sealed.seq, sealed.items, vectors, sealed.epsilon, sealed.delta,
-                                     sealed.bound), failed)
+                                     sealed.bound, analysis=sealed.analysis), failed)
 
 
 def separate_shuffler(environ: os._Environ[str] | dict[str, str] | None = None) -> bool:
@@ -134,13 +134,27 @@ def separate_shuffler(environ: os._Environ[str] | dict[str, str] | None = None) 
 def parties(config: LocalConfig, *, separate: bool) -> dict[str, Any]:
     """The guarantee of one shuffled report against each party (``/budget``'s local statement, docs/local-shuffler.md).
 
+    Laplace reports: ``epsilon0`` per report locally, ``(epsilon, delta)`` per batch centrally. Codewords
+    (docs/local-live.md): no local guarantee (``epsilon`` ``None``), and centrally ``(epsilon, delta)`` for any
+    ``cap`` batches of a device together, the blanket's exact analysis (``"analysis": "blanket"``).
+
     ``separate``: the shuffler runs as its own service (:mod:`pipeline.modes.local.shuffler_service`) and the reports are
     sealed to the analyzer; otherwise it runs in the operator's worker.
     """
-    e0, eps, delta, n = config.epsilon0, config.epsilon, config.delta, config.shuffle_batch
-    local = {"epsilon": e0, "delta": 0.0, "kind": "local DP per report (k reports: k x epsilon0)"}
-    central = {"epsilon": eps, "delta": delta, "kind": f"central DP per shuffled batch of {n} distinct users "
-                                                      f"(Feldman, McMillan & Talwar)"}
+    eps, delta, n = config.epsilon, config.delta, config.shuffle_batch
+    if config.codewords:  # the blanket: a central guarantee over cap batches, none per report
+        local: dict[str, Any] = {"epsilon": None, "delta": 0.0, "analysis": "blanket",
+                                 "kind": "none: the blanket protocol has no local guarantee (a device's codeword is "
+                                         "among its own fakes, in the clear to whoever opens its messages)"}
+        central: dict[str, Any] = {"epsilon": eps, "delta": delta, "analysis": "blanket", "batches": config.cap,
+                                   "kind": f"central DP of any {config.cap} shuffled batches of {n} distinct users "
+                                           f"of one device together (the blanket's exact analysis, Balcer & Cheu: "
+                                           f"models.local.items); ceil(k / {config.cap}) times that for k batches"}
+    else:
+        e0 = config.epsilon0
+        local = {"epsilon": e0, "delta": 0.0, "kind": "local DP per report (k reports: k x epsilon0)"}
+        central = {"epsilon": eps, "delta": delta, "kind": f"central DP per shuffled batch of {n} distinct users "
+                                                          f"(Feldman, McMillan & Talwar)"}
     if not separate:
         why = ("the shuffler runs inside the operator's worker and POST /report hands it each report with its user "
                "id: against the operator each report is only its local guarantee")
@@ -153,13 +167,16 @@ def parties(config: LocalConfig, *, separate: bool) -> dict[str, Any]:
         "analyzer_operator": {**central, "why": "the analyzer (with the web server: the operator) opens contents but "
                               "receives them stripped of identity and shuffled among n distinct users; valid while "
                               "the shuffler is honest and the other n - 1 reports of a batch come from real devices "
-                              "(an operator who feeds the shuffler its own devices' reports shrinks the crowd down "
-                              "to epsilon0)"},
+                              + ("(an operator who feeds the shuffler its own devices' messages knows their fakes: "
+                                 "the blanket shrinks to the honest devices' n - c, models.local.items)"
+                                 if config.codewords else "(an operator who feeds the shuffler its own devices' "
+                                 "reports shrinks the crowd down to epsilon0)")},
         "shuffler_operator": {"epsilon": 0.0, "delta": 0.0, "kind": "cryptographic (no content seen)",
                               "why": "the shuffler sees who reports, when, their report counter and the list "
                                      "answered (public in every mode), never a content: it holds no key that opens "
                                      "one (semantic security of ECIES, not a DP bound)"},
         "colluding": {**local, "why": "the analyzer's key with the shuffler's identities opens each user's own "
-                                      "report: only the device's noise protects it"},
+                                      "report: only the device's noise protects it" + (
+                                          " (with codewords there is none)" if config.codewords else "")},
         "everyone_else": {**central, "why": "they see only the released statistics of shuffled batches"},
     }

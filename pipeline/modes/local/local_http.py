@@ -72,7 +72,10 @@ def local_statement(config: LocalConfig) -> dict[str, Any]:
 
 
 def with_parties(g: dict[str, Any], config: LocalConfig) -> dict[str, Any]:
-    """Shuffling: the guarantee against each party (:func:`pipeline.modes.local.esa.parties`), ``against_operator`` to match."""
+    """Shuffling: the guarantee against each party (:func:`pipeline.modes.local.esa.parties`), ``against_operator`` to match.
+
+    Codewords: ``g``'s statement (the blanket's) stays, and ``against_operator`` keeps ``epsilon_per_report: None``
+    (no local guarantee) beside the analyzer operator's central one."""
     if not config.shuffled:
         return g
     from .esa import parties, separate_shuffler
@@ -80,6 +83,9 @@ def with_parties(g: dict[str, Any], config: LocalConfig) -> dict[str, Any]:
     separate = separate_shuffler()
     p = parties(config, separate=separate)
     out = {**g, "parties": p, "against_operator": p["analyzer_operator"]}
+    if config.codewords:
+        out["against_operator"] = {**p["analyzer_operator"], "epsilon_per_report": None}
+        return out
     if separate:  # the device-level statement names the operator's own shuffler: say what runs instead
         out["statement"] = (f"each report m = r x + Laplace({config.laplace_scale:.3g})^d is pure "
                             f"{config.epsilon0:.4g}-LDP; the device seals it to the analyzer's key and sends it to a "

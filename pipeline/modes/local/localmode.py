@@ -62,7 +62,7 @@ from ...config.redisconn import connect
 from ...data.catalog import Catalog, UnknownArmError, UnknownUserError
 from .esa import analyzer_key, is_sealed_batch, open_batch
 from ...ingestion.ingest import DeadLetterItem, IngestProcessor, PreparedBatch, fresh_messages
-from ...config.keys import PublicKeys
+from ...config.keys import PublicKeys, partition_of
 from ...data.records import TOPICS, dead_letter_value
 from ...config.settings import Settings
 from ...config.ledger import LedgerRecord
@@ -519,7 +519,8 @@ class ShufflerTask:
     worker without the analyzer's key runs it (``privrec up`` runs the separate shuffler service instead, so
     its workers, analyzers only, may be several). At user level it checks each report's cap, epoch and
     budget as the report ingest does (:func:`check_user_level`; the ledger is part of its state) and mirrors
-    the ledger to the public keys after each save.
+    the ledger to the public keys after each save; at every level it mirrors each user's count of accepted reports
+    to the public ``ledger_users`` hash (``/budget?user=``'s ``interactions``: the analyzer's batches name no user).
     """
 
     def __init__(self, client: redis.Redis, settings: Settings, catalog: Catalog, config: LocalConfig) -> None:
@@ -530,12 +531,15 @@ class ShufflerTask:
         self.versions: dict[str, int] = {}
         #: User level: each user's ledger record (epoch, reports in it, last version), checked before a batch.
         self.ledger: dict[str, LedgerRecord] = {}
+        #: Reports accepted per user (every level), mirrored to the public ``ledger_users`` after a save.
+        self.accepted: dict[str, int] = {}
         self.offsets: dict[int, int] = {}
         self.outbox: list[bytes] = []
         self.clock: Callable[[], float] = time.time
         #: The public ledger's writes since the last save: records per partition, refused counts per partition.
         self._mirror: dict[int, dict[str, str]] = {}
         self._refused: dict[int, Counter[str]] = {}
+        self._counted: set[str] = set()
         self._load()
 
     def _load(self) -> None:
@@ -545,6 +549,7 @@ class ShufflerTask:
         data = json.loads(raw)
         self.versions = {k: int(v) for k, v in data["versions"].items()}
         self.ledger = {k: LedgerRecord(**v) for k, v in data.get("ledger", {}).items()}
+        self.accepted = {k: int(v) for k, v in data.get("accepted", {}).items()}
         self.offsets = {int(k): int(v) for k, v in data["offsets"].items()}
         self.shuffler.seq = {int(k): int(v) for k, v in data["seq"].items()}
         self.outbox = [b.encode() for b in data.get("outbox", [])]
@@ -560,8 +565,8 @@ class ShufflerTask:
         self.r.set(self.key, json.dumps({"versions": self.versions, "offsets": self.offsets, "seq": state["seq"],
                                          "open": state["open"], "messages": state["messages"],
                                          "outbox": [b.decode() for b in self.outbox],
-                                         "ledger": ledger}))
-        if self._mirror or self._refused:  # then the public mirror of the ledger (as the report ingest writes it)
+                                         "ledger": ledger, "accepted": self.accepted}))
+        if self._mirror or self._refused or self._counted:  # then the public mirror (as the report ingest writes it)
             keys = PublicKeys(self.settings.namespace)
             with self.r.pipeline(transaction=False) as pipe:
                 for p, records in self._mirror.items():
@@ -569,8 +574,11 @@ class ShufflerTask:
                 for p, counts in self._refused.items():
                     for name, count in counts.items():
                         pipe.hincrby(keys.ledger_summary(p), name, count)
+                for user in self._counted:  # absolute counts: a lost mirror heals at the user's next report
+                    pipe.hset(keys.ledger_users(partition_of(user, self.settings.partitions)), user,
+                              self.accepted[user])
                 pipe.execute()
-            self._mirror, self._refused = {}, {}
+            self._mirror, self._refused, self._counted = {}, {}, set()
 
     def process(self, partition: int, messages: Sequence[tuple[int, bytes]]
                 ) -> tuple[list[ShuffledBatch], list[DeadLetterItem]]:
@@ -604,6 +612,8 @@ class ShufflerTask:
                 dead.append(DeadLetterItem(offset, raw, f"local report: {e}"))
                 continue
             self.versions[rep.user] = rep.version
+            self.accepted[rep.user] = self.accepted.get(rep.user, 0) + 1
+            self._counted.add(rep.user)
             out += self.shuffler.add(rep, unit=unit, messages=rep.messages)
         if messages:
             self.offsets[partition] = max(o for o, _ in messages) + 1

@@ -14,7 +14,9 @@ list they answer and their report's content sealed to the analyzer's key. The sh
    keys ``{ns}:ledger:{ns:p<P>}:participation``, and each refusal for the cap, an epoch or the budget to
    ``…:summary`` (``dropped`` / ``over_budget``), as the worker's report ingest does
    (:meth:`pipeline.modes.local.localmode._LocalIngestBase._mirror_ledger`): participations are public, and
-   ``/budget`` and the dashboard read them there. Its ACL user may write exactly those two kinds of keys;
+   ``/budget`` and the dashboard read them there. At every level it mirrors the user's count of accepted
+   envelopes to ``{ns}:ledger:{ns:p<P>}:users`` (``/budget?user=``'s ``interactions`` / ``reports``: the key the
+   report ingest counts in without a shuffler). Its ACL user may write exactly those three kinds of keys;
 3. batches with the local mode's policy (:class:`models.local.shuffle.Shuffler`: one report of each of
    ``shuffle_batch`` distinct users of one model unit), and a full batch — the unit, a sequence number, the
    items and the sealed contents, each list shuffled by :class:`random.SystemRandom`, no identity — is saved in
@@ -179,7 +181,7 @@ class ShufflerService:
             with self.r.pipeline(transaction=True) as pipe:
                 pipe.hset(st.open, name, json.dumps({"unit": unit, "envelope": env.to_dict()}))
                 pipe.hset(st.versions, env.user, env.version)
-                pipe.hincrby(st.accepted, env.user, 1)
+                pipe.hincrby(st.accepted, env.user, 1)  # the third reply: the user's accepted count
                 if record is not None:
                     pipe.hset(st.ledger, env.user, record.dumps())
                 pipe.set(st.answered(env.rec_id), "1", ex=ANSWERED_TTL)
@@ -190,12 +192,13 @@ class ShufflerService:
                     pipe.hset(st.seq, str(b.unit), b.seq)
                     pipe.rpush(st.outbox, b.to_json())
                 try:
-                    pipe.execute()
+                    accepted = int(pipe.execute()[2])
                 except redis.RedisError:
                     self.load()  # nothing of this envelope was saved: the state as Redis has it
                     raise
             if record is not None:
                 self.mirror_ledger(env.user, record=record)
+            self.mirror_count(env.user, accepted)
         if batches:
             log.info("shuffler: %d batch(es) of unit %d complete (%d reports each)", len(batches), unit,
                      batches[0].n)
@@ -213,6 +216,11 @@ class ShufflerService:
             self.r.hset(self.public.ledger_participation(p), user, record.dumps())
         if refused is not None:
             self.r.hincrby(self.public.ledger_summary(p), refused, 1)
+
+    def mirror_count(self, user: str, accepted: int) -> None:
+        """``user``'s accepted envelopes (all of their history) to the public ``ledger_users`` hash of their
+        partition, as an absolute value (a crash before it leaves the mirror behind until their next envelope)."""
+        self.r.hset(self.public.ledger_users(partition_of(user, self.settings.partitions)), user, accepted)
 
     def outbox(self) -> list[bytes]:
         return [bytes(v) for v in self.r.lrange(self.store.outbox, 0, -1)]
