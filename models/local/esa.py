@@ -263,23 +263,23 @@ class SealedBatch:
         eps, delta = body.get("epsilon", 0.0), body.get("delta", 0.0)
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (eps, delta)):
             raise ValueError("sealed batch: epsilon and delta must be numbers")
-        blobs = []
-        for s in sealed:
-            try:
-                blobs.append(b64decode(s))
-            except SealError:
-                blobs.append(b"")  # the analyzer dead-letters this one content, with the reason, and keeps the rest
         texts = body.get("msgs", [])
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise ValueError("sealed batch: msgs must be a list of base64 strings")
-        msgs = []
-        for t in texts:
-            try:
-                msgs.append(b64decode(t))
-            except SealError:
-                msgs.append(b"")  # dead-lettered alone by the analyzer
-        return cls(unit, seq, list(items), blobs, float(eps), float(delta), str(body.get("bound", "")), msgs,
-                   str(body.get("analysis", "")))
+        return cls(unit, seq, list(items), _decoded(sealed), float(eps), float(delta), str(body.get("bound", "")),
+                   _decoded(texts), str(body.get("analysis", "")))
+
+
+def _decoded(texts: list[str]) -> list[bytes]:
+    """Base64 texts to bytes; one that does not decode becomes ``b""``, which the analyzer dead-letters alone, with
+    the reason, keeping the rest of the batch."""
+    out = []
+    for t in texts:
+        try:
+            out.append(b64decode(t))
+        except SealError:
+            out.append(b"")
+    return out
 
 
 class SealedShuffler(Shuffler):

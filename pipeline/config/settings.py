@@ -190,7 +190,7 @@ class Settings:
         A public prior mean of every serving model's theta (linucb): ``prior_strength`` pseudo-observations
         (``0``: off, the ordinary ridge) centred on the catalog's mean context scaled so that it scores
         ``prior_reward`` (the expected reward of an average recommendation; LastFM's one item of 25: 0.04).
-        Serving models are ``M = (G + (lambda + s) I)^-1``, ``theta = M (b + s theta_0)``
+        Serving models are ``M = (G + (lambda + kappa * noise_std + s) I)^-1``, ``theta = M (b + s theta_0)``
         (:func:`models.streaming.solve.public_prior`): post-processing of the public catalog, no privacy cost.
         10,000 was chosen on held-out LastFM events (docs/public-prior.md).
     item_weight

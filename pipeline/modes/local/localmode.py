@@ -415,6 +415,7 @@ class BatchIngestProcessor(_LocalIngestBase):
             except (ValueError, UnknownArmError) as e:
                 dead.append(DeadLetterItem(offset, raw, f"shuffled batch: {e}"))
                 continue
+            per_item: tuple[np.ndarray, float] | None = None  # the batch's item sums and their public variance
             if self.config.codewords:  # the listens: b = sum_c (h_c - n p) codeword_c (models.local.policy)
                 assert self.codebook is not None
                 real = np.asarray([m for m in b.messages if m < self.config.codewords], dtype=np.int64)  # no dummies
@@ -422,14 +423,13 @@ class BatchIngestProcessor(_LocalIngestBase):
                 new.stats.b[b.unit] += est @ self.codebook
                 new.var[b.unit] += self.codes.variance(b.n) * self.code_var
                 if self.item_term:  # codeword c is catalog row c: the same estimate, per item
-                    new.items = est.copy() if new.items is None else new.items + est
-                    new.items_var += self.codes.variance(b.n)
-                    new.items_n += b.n
-                    items_touched = True
+                    per_item = (est, self.codes.variance(b.n))
             elif b.messages and self.items is not None:
-                est = self.items.estimate(self.items.histogram(np.asarray(b.messages)), b.n)
-                new.items = est if new.items is None else new.items + est
-                new.items_var += self.items.variance(b.n)
+                per_item = (self.items.estimate(self.items.histogram(np.asarray(b.messages)), b.n),
+                            self.items.variance(b.n))
+            if per_item is not None:
+                new.items = per_item[0].copy() if new.items is None else new.items + per_item[0]
+                new.items_var += per_item[1]
                 new.items_n += b.n
                 items_touched = True
             new.stats.gram[b.unit] += X.T @ X
