@@ -29,7 +29,7 @@ GENRES = ("Action", "Comédie", "Drama", "ドキュメンタリー", "Jazz", "Ro
 
 def write_catalog(root: Path, *, n_items: int = 200, n_users: int = 50, n_events: int = 0, seed: int = 0,
                   d: int = 8, feature_share: float = 0.0, users_file: bool = True, units_column: bool = False,
-                  edges: bool = True, events: bool = True, n_groups: int = 4) -> Path:
+                  edges: bool = True, events: bool = True, n_groups: int = 4, zipf: float = 0.0) -> Path:
     """Write a catalog directory at ``root`` (created) and return it.
 
     Parameters
@@ -46,6 +46,10 @@ def write_catalog(root: Path, *, n_items: int = 200, n_users: int = 50, n_events
         Which optional files (and the ``unit`` column of ``users.csv``) to write.
     n_groups
         Taste groups of users (each prefers three genres; friends are mostly inside a group).
+    zipf
+        Exponent of a Zipf popularity over the items (``0``: none, every item of a genre equally likely): item
+        ``i`` of popularity rank ``k`` (a public random permutation) is drawn with weight ``k ** -zipf``, inside the
+        user group's genres as outside them. The other draws are the same whatever ``zipf`` is.
     """
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
@@ -85,12 +89,22 @@ def write_catalog(root: Path, *, n_items: int = 200, n_users: int = 50, n_events
     if events:
         liked = [rng.choice(len(GENRES), 3, replace=False) for _ in range(n_groups)]
         n_ev = n_events or 10 * n_users
+        weight = None
+        if zipf > 0:  # a stream of its own, so that zipf = 0 draws exactly what it always drew
+            ranks = np.random.default_rng([seed, 1]).permutation(n_items) + 1
+            weight = ranks.astype(np.float64) ** -float(zipf)
+        pick = np.random.default_rng([seed, 2])
         with (root / "events.csv").open("w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
             w.writerow(["user", "item", "timestamp", "reward"])
             for e in range(n_ev):
                 u = int(rng.integers(0, n_users))
                 pool = np.flatnonzero(np.isin(genre, liked[group[u]]))
-                i = int(rng.choice(pool)) if len(pool) and rng.random() < 0.8 else int(rng.integers(0, n_items))
+                in_genres = bool(len(pool)) and rng.random() < 0.8
+                i = int(rng.choice(pool)) if in_genres else int(rng.integers(0, n_items))
+                if weight is not None:  # the same branch, the item drawn by popularity instead
+                    among = pool if in_genres else np.arange(n_items)
+                    cdf = np.cumsum(weight[among])
+                    i = int(among[min(int(np.searchsorted(cdf, pick.random() * cdf[-1])), len(among) - 1)])
                 w.writerow([users[u], item_ids[i], 1_600_000_000 + 60 * e, 1])
     return root
