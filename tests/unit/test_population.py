@@ -1,4 +1,5 @@
-"""The synthetic population of ``privrec experiment modes``: the listens' draw without the events x items array."""
+"""The synthetic population of ``privrec experiment modes``: the listens' draw without the events x items array, and
+a population size whose blanket cannot be calibrated."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from privrec.experiments.population import SyntheticPopulation, inverse_cdf
+from privrec.experiments.population import PopulationConfig, SyntheticPopulation, inverse_cdf, population_gain
 
 
 @dataclass
@@ -84,3 +85,16 @@ def test_inverse_cdf_counts_the_entries_below_u_and_clamps_to_the_last_item() ->
     assert inverse_cdf(cdf, rows[:0], u[:0]).shape == (0,)
     with pytest.raises(ValueError, match="`rows` must index the 2 rows"):
         inverse_cdf(cdf, np.array([0, 2]), np.array([0.1, 0.2]))
+
+
+def test_a_size_whose_blanket_cannot_be_calibrated_is_reported_not_raised() -> None:
+    """At epsilon = 1 the item reports get (0.5, 5e-6) over 2 batches: 400 users per batch are too few (867 are
+    needed), so the private run cannot start; the non-private twin and random play are still measured."""
+    cfg = PopulationConfig(epsilon=1.0, n_items=60, n_units=5, min_batch=400)
+    row = population_gain(300, cfg)
+    assert row["uncalibrated"].startswith("no blanket reaches (0.5, 5e-06) with n = 400 users per batch and 2 ")
+    assert "867 users" in row["uncalibrated"]
+    assert row["local_shuffle"] is None and row["gain"] is None and row["reached"] is None
+    assert row["events"] == 900 and row["nonprivate"] > row["random"] == pytest.approx(900 / 25)
+    ok = population_gain(300, PopulationConfig(epsilon=4.0, n_items=60, n_units=5, min_batch=400))
+    assert ok["uncalibrated"] is None and isinstance(ok["gain"], float)
