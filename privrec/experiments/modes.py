@@ -20,7 +20,9 @@ also report the communication: bytes per site per release tick.
 Rows come from :data:`ROWS`, a registry: a mode adds a :class:`Row` with a factory of its policy.
 
 Writes ``modes.json`` (``{"epsilons": [...], "modes": {mode: {"regret": [...], "lastfm_ratio": [...],
-...}}, ...}``), ``modes.md`` and ``modes.png``.
+...}}, ...}``), ``modes.md`` and ``modes.png``. A cell whose blanket of fake messages cannot be calibrated
+(too few users per batch for its ε) is not run: its values are ``null``, the mode's ``"uncalibrated"`` /
+``"lastfm_uncalibrated"`` (lists parallel to the epsilons) hold the reason, ``modes.md`` shows ``n/c``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from models.policies import make_policy
 from models.streaming.federated import FederatedUCB, assign_sites
 
 from .plots import epsilon_axis, pyplot, save
-from .runner import derive_seed, machine_info, summarize
+from .population import uncalibrated
+from .runner import derive_seed, machine_info, simulate, summarize
 
 __all__ = ["ModesConfig", "Row", "ROWS", "run_modes", "register_row", "lastfm_reward"]
 
@@ -203,10 +206,11 @@ class _Job:
 @dataclass
 class _Result:
     job: _Job
-    value: float  # regret (synthetic) or reward (lastfm)
+    value: float  # regret (synthetic) or reward (lastfm); NaN when uncalibrated
     bytes_per_site_per_tick: float | None
     seconds: float
     local: dict[str, float] | None = None  # local rows: what reached the server's sums (see _local_stats)
+    uncalibrated: str | None = None  # why the cell's noise could not be calibrated (then nothing was measured)
 
 
 _CTX: dict[str, Any] = {}
@@ -222,27 +226,26 @@ def _policy(row: Row, epsilon: float, seed: int, cfg: ModesConfig, dataset: str,
 
 
 def _execute(job: _Job) -> _Result:
+    """One cell's run. A cell whose blanket cannot be calibrated (too few users per batch for its epsilon, delta and
+    cap) comes back uncalibrated, with the calibration's reason and nothing measured, instead of ending the grid."""
     cfg: ModesConfig = _CTX["cfg"]
     row = next(r for r in ROWS if r.name == job.row)
     t0 = time.perf_counter()
     seed = derive_seed("modes-noise", job.dataset, job.run, job.row, job.epsilon)
-    if job.dataset.startswith("scaling"):  # the synthetic world with N users (local vs global as N grows)
-        n_users = int(job.dataset[len("scaling"):])
+    lf = _CTX.get("lastfm")
+    if job.dataset == "lastfm":
+        policy = _policy(row, job.epsilon, seed, cfg, "lastfm", lf["n_units"], lf["d"])
+    else:  # the synthetic world; "scalingN": with N users (local vs global as N grows)
+        n_users = int(job.dataset[len("scaling"):]) if job.dataset.startswith("scaling") else cfg.n_users
         env = SyntheticEnvironment(d=cfg.d, n_users=n_users, horizon=cfg.horizon, seed=cfg.seed + job.run)
         policy = _policy(row, job.epsilon, seed, cfg, "synthetic", env.n_users, env.d)
-        from .runner import simulate
-
-        value, _ = simulate(env, policy, checkpoints=1)
-    elif job.dataset == "synthetic":
-        env = SyntheticEnvironment(d=cfg.d, n_users=cfg.n_users, horizon=cfg.horizon, seed=cfg.seed + job.run)
-        policy = _policy(row, job.epsilon, seed, cfg, "synthetic", env.n_users, env.d)
-        from .runner import simulate
-
-        value, _ = simulate(env, policy, checkpoints=1)
-    else:
-        lf = _CTX["lastfm"]
-        policy = _policy(row, job.epsilon, seed, cfg, "lastfm", lf["n_units"], lf["d"])
+    why = uncalibrated(policy)  # calibrated now, not at the first full batch: whether or not the run fills one
+    if why is not None:
+        return _Result(job, math.nan, None, time.perf_counter() - t0, None, uncalibrated=why)
+    if job.dataset == "lastfm":
         value = lastfm_reward(policy, lf["units"], lf["pools"], lf["features"], lf["correct"], lf["users"])
+    else:
+        value, _ = simulate(env, policy, checkpoints=1)
     per_tick = None
     if isinstance(policy, FederatedUCB) and policy.ticks:
         per_tick = float(policy.bytes_sent.mean() / policy.ticks)
@@ -410,25 +413,36 @@ def _population(cfg: ModesConfig, jobs: int) -> dict[str, Any]:
 
 def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], seconds: float) -> dict[str, Any]:
     def values(row: str, eps: float, dataset: str) -> list[float]:
-        return [r.value for r in results if r.job.row == row and r.job.epsilon == eps and r.job.dataset == dataset]
+        return [r.value for r in results if r.job.row == row and r.job.epsilon == eps and r.job.dataset == dataset
+                and r.uncalibrated is None]
+
+    def why(row: str, eps: float, dataset: str) -> str | None:
+        """The calibration's reason if a run of the cell could not be calibrated (then the cell has no value)."""
+        return next((r.uncalibrated for r in results if r.job.row == row and r.job.epsilon == eps
+                     and r.job.dataset == dataset and r.uncalibrated is not None), None)
 
     lf = _CTX.get("lastfm")
     random_reward = lf["events"] / lf["pool_size"] if lf else math.nan
     modes: dict[str, Any] = {}
     for row in rows:
         entry: dict[str, Any] = {"about": row.about, "regret": [], "regret_sd": [], "added_regret": [],
-                                 "lastfm_ratio": [], "lastfm_ratio_sd": []}
+                                 "lastfm_ratio": [], "lastfm_ratio_sd": [], "uncalibrated": [],
+                                 "lastfm_uncalibrated": []}
         base = summarize(values(row.name, math.inf, "synthetic"))[0]
         entry["nonprivate_regret"] = _num(base)
         for e in cfg.epsilons:
-            m, sd = summarize(values(row.name, e, "synthetic"))
+            nc = why(row.name, e, "synthetic")
+            m, sd = summarize(values(row.name, e, "synthetic")) if nc is None else (math.nan, math.nan)
             entry["regret"].append(_num(m))
             entry["regret_sd"].append(_num(sd))
             entry["added_regret"].append(_num(m - base))
+            entry["uncalibrated"].append(nc)
             if lf:
+                nc = why(row.name, e, "lastfm")
                 rm, rsd = summarize([v / random_reward for v in values(row.name, e, "lastfm")])
-                entry["lastfm_ratio"].append(rm)
-                entry["lastfm_ratio_sd"].append(rsd)
+                entry["lastfm_ratio"].append(rm if nc is None else None)
+                entry["lastfm_ratio_sd"].append(rsd if nc is None else None)
+                entry["lastfm_uncalibrated"].append(nc)
         if lf:
             entry["lastfm_ratio_nonprivate"] = summarize([v / random_reward for v in values(row.name, math.inf,
                                                                                             "lastfm")])[0]
@@ -495,7 +509,7 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         untrained = doc.get("lastfm_untrained_ratio")
         doc["local_target"] = {"what": "local mode with shuffling: LastFM ratio at central epsilon = 2 at least the "
                                        "papers' global system at epsilon = 2 (0.79, docs/serving.md)",
-                               "reached": got, "papers_global": 0.79,
+                               "reached": got, "uncalibrated": sh["lastfm_uncalibrated"][i], "papers_global": 0.79,
                                "met": bool(isinstance(got, float) and not math.isnan(got) and got >= 0.79),
                                "untrained_ratio": untrained,
                                "applied_fraction": (sh.get("lastfm_applied_fraction") or [None] * (i + 1))[i],
@@ -507,7 +521,8 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         got = pm["lastfm_ratio"][i]
         doc["local_pop_target"] = {
             "what": "local mode with population-wide shuffling at central epsilon = 2, user level: LastFM ratio >= 2.0",
-            "reached": got, "met": bool(isinstance(got, float) and not math.isnan(got) and got >= 2.0),
+            "reached": got, "uncalibrated": pm["lastfm_uncalibrated"][i],
+            "met": bool(isinstance(got, float) and not math.isnan(got) and got >= 2.0),
             "nonprivate": pm.get("lastfm_ratio_nonprivate"),
             "applied_fraction": (pm.get("lastfm_applied_fraction") or [None] * (i + 1))[i],
             "batch": cfg.population_batch, "cap": cfg.population_cap}
@@ -525,6 +540,32 @@ def _fmt(x: float | None, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
+#: A cell that was not calibrated (its reason is listed under the table; modes.json's ``uncalibrated`` lists).
+NC = "n/c"
+
+
+def _uncalibrated_notes(doc: dict[str, Any]) -> list[str]:
+    """One line per (mode, dataset, reason): the cells that could not be calibrated, and why."""
+    notes: dict[tuple[str, str, str], list[str]] = {}
+    for name, m in doc["modes"].items():
+        for dataset, key in (("synthetic", "uncalibrated"), ("LastFM", "lastfm_uncalibrated")):
+            for e, why in zip(doc["epsilons"], m.get(key) or []):
+                if why is not None:
+                    notes.setdefault((name, dataset, why), []).append(f"{e:g}")
+    for r in (doc.get("population") or {}).get("runs", []):
+        if r.get("uncalibrated"):
+            notes.setdefault(("population axis", "synthetic", r["uncalibrated"]), []).append(
+                f"{r['n_users']:,} users")
+    if not notes:
+        return []
+    lines = ["", f"`{NC}`: not calibrated, nothing measured — the blanket of fake messages cannot reach the "
+                 f"cell's guarantee with its batch:", ""]
+    for (name, dataset, why), cells in notes.items():
+        at = ", ".join(cells) if name == "population axis" else "ε = " + ", ".join(cells)
+        lines.append(f"- {name}, {dataset}, {at}: {why}")
+    return lines
+
+
 def _markdown(doc: dict[str, Any]) -> str:
     cfg = doc["config"]
     eps = doc["epsilons"]
@@ -537,7 +578,8 @@ def _markdown(doc: dict[str, Any]) -> str:
              "| mode | non-private | " + " | ".join(f"ε = {e:g}" for e in eps) + " | bytes/site/tick |",
              "|---|---|" + "---|" * len(eps) + "---|"]
     for name, m in doc["modes"].items():
-        cells = [f"{_fmt(r)} ({_fmt(a)})" for r, a in zip(m["regret"], m["added_regret"])]
+        cells = [NC if nc else f"{_fmt(r)} ({_fmt(a)})" for r, a, nc in zip(m["regret"], m["added_regret"],
+                                                                         m["uncalibrated"])]
         lines.append(f"| {name} | {_fmt(m['nonprivate_regret'])} | " + " | ".join(cells)
                      + f" | {_fmt(m.get('bytes_per_site_per_tick'))} |")
     if any(m["lastfm_ratio"] for m in doc["modes"].values()):
@@ -547,8 +589,8 @@ def _markdown(doc: dict[str, Any]) -> str:
                   "| mode | non-private | " + " | ".join(f"ε = {e:g}" for e in eps) + " | bytes/site/tick |",
                   "|---|---|" + "---|" * len(eps) + "---|"]
         for name, m in doc["modes"].items():
-            cells = [f"{_fmt(r, 2)}" + (f" ± {sd:.2f}" if sd else "") for r, sd in zip(m["lastfm_ratio"],
-                                                                                       m["lastfm_ratio_sd"])]
+            cells = [NC if nc else f"{_fmt(r, 2)}" + (f" ± {sd:.2f}" if sd else "")
+                     for r, sd, nc in zip(m["lastfm_ratio"], m["lastfm_ratio_sd"], m["lastfm_uncalibrated"])]
             lines.append(f"| {name} | {_fmt(m.get('lastfm_ratio_nonprivate'), 2)} | " + " | ".join(cells)
                          + f" | {_fmt(m.get('lastfm_bytes_per_site_per_tick'))} |")
     t = doc.get("target")
@@ -566,12 +608,13 @@ def _markdown(doc: dict[str, Any]) -> str:
                       "noise std of the sums", "",
                   "| mode | " + " | ".join(f"ε = {e:g}" for e in eps) + " |", "|---|" + "---|" * len(eps)]
         for name, m in local_rows.items():
-            cells = [f"{_fmt(a, 2)} / {_fmt(b)} / {_fmt(s, 1)}" for a, b, s in
-                     zip(m["lastfm_applied_fraction"], m["lastfm_batches"], m["lastfm_noise_std"])]
+            cells = [NC if nc else f"{_fmt(a, 2)} / {_fmt(b)} / {_fmt(s, 1)}" for a, b, s, nc in
+                     zip(m["lastfm_applied_fraction"], m["lastfm_batches"], m["lastfm_noise_std"],
+                         m["lastfm_uncalibrated"])]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lt = doc.get("local_target")
     if lt:
-        lines += ["", f"Target — {lt['what']}: reached {_fmt(lt['reached'], 2)}: "
+        lines += ["", f"Target — {lt['what']}: reached {NC if lt['uncalibrated'] else _fmt(lt['reached'], 2)}: "
                       f"**{'met' if lt['met'] else 'missed'}**."]
         if lt.get("untrained_ratio") is not None:
             lines += [f"(Against the never-refreshed policy's {_fmt(lt['untrained_ratio'], 2)}: "
@@ -579,8 +622,9 @@ def _markdown(doc: dict[str, Any]) -> str:
                       f"{_fmt(lt.get('batches'))} batch(es) of {lt['shuffle_batch']}.)"]
     lp = doc.get("local_pop_target")
     if lp:
-        lines += ["", f"Target — {lp['what']}: reached {_fmt(lp['reached'], 2)} (non-private twin "
-                      f"{_fmt(lp['nonprivate'], 2)}; {_fmt(lp['applied_fraction'], 2)} of the events reached the "
+        lines += ["", f"Target — {lp['what']}: reached {NC if lp['uncalibrated'] else _fmt(lp['reached'], 2)} "
+                      f"(non-private twin {_fmt(lp['nonprivate'], 2)}; {_fmt(lp['applied_fraction'], 2)} of the "
+                      f"events reached the "
                       f"model in batches of {lp['batch']} distinct users, cap {lp['cap']}): "
                       f"**{'met' if lp['met'] else 'missed'}**."]
     sc = doc.get("scaling")
@@ -607,10 +651,18 @@ def _markdown(doc: dict[str, Any]) -> str:
                   "| users | events | random | non-private | local + shuffling | gain kept | batch | reports reached |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in pop["runs"]:
+            nc = bool(r.get("uncalibrated"))
             lines.append(f"| {r['n_users']:,} | {r['events']:,} | {_fmt(r['random'])} | {_fmt(r['nonprivate'])} | "
-                         f"{_fmt(r['local_shuffle'])} | {_fmt(r['gain'], 2)} | {r['batch']:,} | {_fmt(r['reached'], 2)} |")
+                         f"{NC if nc else _fmt(r['local_shuffle'])} | {NC if nc else _fmt(r['gain'], 2)} | "
+                         f"{r['batch']:,} | {NC if nc else _fmt(r['reached'], 2)} |")
+    lines += _uncalibrated_notes(doc)
     lines += ["", f"Machine yardstick: sum(range(1000)) = {doc['machine']['python_speed_us']} µs.", ""]
     return "\n".join(lines)
+
+
+def _nan(values: Sequence[float | None]) -> list[float]:
+    """A curve's points with ``None`` (uncalibrated, or nothing measured) as NaN: matplotlib leaves them out."""
+    return [math.nan if v is None else v for v in values]
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:
@@ -642,8 +694,9 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     ax = axes[0][0]
     for name, m in doc["modes"].items():
         if all(v is None for v in m["regret"]):
-            continue  # no synthetic row (local-shuffle)
-        ax.errorbar(doc["epsilons"], m["regret"], yerr=m["regret_sd"], marker="o", capsize=3, label=name)
+            continue  # no synthetic row (local-shuffle), or no cell of it calibrated
+        ax.errorbar(doc["epsilons"], _nan(m["regret"]), yerr=_nan(m["regret_sd"]), marker="o", capsize=3,
+                    label=name)
     epsilon_axis(ax, doc["epsilons"])
     ax.set_ylabel("cumulative regret (synthetic)")
     ax.set_title("regret against ε")
@@ -652,8 +705,10 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     if has_lf:
         ax = axes[0][1]
         for name, m in doc["modes"].items():
-            ax.errorbar(doc["epsilons"], m["lastfm_ratio"], yerr=m["lastfm_ratio_sd"], marker="o", capsize=3,
-                        label=name)
+            if all(v is None for v in m["lastfm_ratio"]):
+                continue  # no cell of the row calibrated
+            ax.errorbar(doc["epsilons"], _nan(m["lastfm_ratio"]), yerr=_nan(m["lastfm_ratio_sd"]), marker="o",
+                        capsize=3, label=name)
         ax.axhline(1.0, color="k", ls="--", lw=1, label="random play")
         epsilon_axis(ax, doc["epsilons"])
         ax.set_ylabel("reward / random play (LastFM)")

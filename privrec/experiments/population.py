@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from models.local.items import codebook
+from models.local.items import ItemBlanket, blanket_reaches, codebook, smallest_batch
 from models.local.policy import LocalItemUCB
 
-__all__ = ["SyntheticPopulation", "PopulationConfig", "population_gain"]
+__all__ = ["SyntheticPopulation", "PopulationConfig", "population_gain", "inverse_cdf", "uncalibrated"]
 
 
 @dataclass
@@ -72,7 +72,7 @@ class SyntheticPopulation:
         self.users, self.units = users, unit_of_user[users]
         cdf = np.cumsum(probs, axis=1)
         u = rng.random(len(users))
-        self.listened = np.minimum((cdf[self.units] < u[:, None]).sum(axis=1), self.n_items - 1)
+        self.listened = inverse_cdf(cdf, self.units, u)
         # the pool: the listened item and pool - 1 others, drawn independently among the other items (an item may
         # repeat among the others: vectorized, and harmless — the listened item is in the pool once)
         others = rng.integers(0, self.n_items - 1, size=(len(users), self.pool - 1))
@@ -90,6 +90,31 @@ class SyntheticPopulation:
     def n(self) -> int:
         """Events in the stream."""
         return len(self.users)
+
+
+def inverse_cdf(cdf: np.ndarray, rows: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Inverse-CDF draws: for each event ``i``, the first item ``a`` with ``cdf[rows[i], a] >= u[i]`` (the last item
+    if rounding left ``cdf[rows[i], -1] < u[i]``).
+
+    The count of entries of ``cdf[rows[i]]`` below ``u[i]``, so bit for bit the draw of the dense
+    ``(cdf[rows] < u[:, None]).sum(axis=1)`` (each row of a cumulative sum of non-negative numbers is
+    non-decreasing), in ``O(events + rows x items)`` memory instead of ``events x items``: the events are
+    grouped by row and each group is one ``np.searchsorted`` of its row.
+
+    >>> cdf = np.array([[0.25, 0.5, 1.0], [0.0, 1.0, 1.0]])
+    >>> inverse_cdf(cdf, np.array([0, 1, 0, 1]), np.array([0.1, 0.5, 0.5, 0.0]))
+    array([0, 1, 1, 0])
+    """
+    if len(rows) and not (0 <= rows.min() and rows.max() < len(cdf)):
+        raise ValueError(f"`rows` must index the {len(cdf)} rows of `cdf`, got values in [{rows.min()}, {rows.max()}].")
+    out = np.empty(len(u), dtype=np.int64)
+    order = np.argsort(rows, kind="stable")
+    starts = np.searchsorted(rows[order], np.arange(len(cdf) + 1))
+    for r in range(len(cdf)):
+        idx = order[starts[r]:starts[r + 1]]
+        if len(idx):
+            out[idx] = np.searchsorted(cdf[r], u[idx], side="left")
+    return np.minimum(out, cdf.shape[1] - 1, out=out)
 
 
 @dataclass(frozen=True)
@@ -111,6 +136,45 @@ class PopulationConfig:
     seed: int = 0
 
 
+def uncalibrated(policy: Any) -> str | None:
+    """Calibrate ``policy``'s blankets now; ``None`` if they are (or it has none), else why one cannot be.
+
+    A local policy's blankets of fake messages (:class:`models.local.items.ItemBlanket`: the item reports, the
+    codewords) are calibrated when its first shuffled batch closes — or never, in a run too short to fill one.
+    With too few distinct users per batch for the target ``(epsilon, delta)`` over ``cap`` batches no fake
+    probability reaches it, and the calibration raises a plain ``ValueError``; only that one is caught here, as
+    its own test (:func:`models.local.items.blanket_reaches`) confirms: any other error stays an error. The
+    reason is the calibration's message and the smallest batch that would do
+    (:func:`models.local.items.smallest_batch`). The experiments ask before a cell runs, so a cell is
+    uncalibrated whether or not its run would have filled a batch.
+
+    >>> from models.local.policy import LocalItemUCB
+    >>> print(uncalibrated(LocalItemUCB(d=2, n_items=4, epsilon=0.5, batch=150, cap=2, seed=0, share=1.0)))
+    no blanket reaches (0.5, 5e-06) with n = 150 users per batch and 2 batch(es) per user: make the batch larger
+    (the smallest that reaches it holds 867 users).
+    >>> uncalibrated(LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=150, cap=2, seed=0, share=1.0)) is None
+    True
+    """
+    blankets = [getattr(policy, "items", None), getattr(policy, "codes", None)]
+    config = getattr(policy, "config", None)
+    if getattr(config, "codewords", 0):
+        blankets.append(config.blanket)  # LocalConfig with codewords: a blanket over the codes
+    for b in blankets:
+        if not isinstance(b, ItemBlanket):
+            continue
+        try:
+            b.p  # the model's own calibration (cached): the one its first batch would do
+        except ValueError as exc:
+            if blanket_reaches(b.epsilon, b.delta, b.batch, compositions=b.cap):
+                raise  # not the calibration's failure
+            try:
+                smallest = f"the smallest that reaches it holds {smallest_batch(b.epsilon, b.delta, b.cap)} users"
+            except ValueError:  # not even smallest_batch's limit of users reaches it
+                smallest = "no batch of up to a million users reaches it"
+            return f"{str(exc).rstrip('.')} ({smallest})."
+    return None
+
+
 def _reward(policy: Any, pop: SyntheticPopulation) -> float:
     total = 0.0
     for i in range(pop.n):
@@ -126,7 +190,12 @@ def _reward(policy: Any, pop: SyntheticPopulation) -> float:
 
 
 def population_gain(n_users: int, cfg: PopulationConfig, run: int = 0) -> dict[str, Any]:
-    """One population: rewards of random play, the non-private twin and ``local-shuffle``, and the gain kept."""
+    """One population: rewards of random play, the non-private twin and ``local-shuffle``, and the gain kept.
+
+    When the batch of this size is too small for the item reports' blanket at ``cfg``'s epsilon, delta and cap,
+    ``local-shuffle`` cannot run: ``"uncalibrated"`` then holds the calibration's reason and every figure of the
+    private run (its reward, the gain, what reached the model) is ``None``; otherwise ``"uncalibrated"`` is
+    ``None``."""
     pop = SyntheticPopulation(n_users=n_users, n_units=cfg.n_units, n_items=cfg.n_items,
                               events_per_user=cfg.events_per_user, seed=cfg.seed + run)
     batch = max(cfg.min_batch, int(cfg.batch_fraction * n_users))
@@ -136,12 +205,17 @@ def population_gain(n_users: int, cfg: PopulationConfig, run: int = 0) -> dict[s
                               "noise_ridge": 0.0 if cfg.codewords else 100.0, "seed": 1_000 + run, "codewords": cw}
     nonprivate = _reward(LocalItemUCB(**{**common, "private": False}), pop)
     local = LocalItemUCB(**common)
-    reward = _reward(local, pop)
     random = pop.n / pop.pool
+    base = {"n_users": n_users, "events": pop.n, "random": random, "nonprivate": nonprivate, "batch": batch}
+    why = uncalibrated(local)
+    if why is not None:  # the private run cannot start: nothing of it is measured
+        return {**base, "local_shuffle": None, "gain": None, "batches": None, "reached": None, "reported": None,
+                "item_noise_std": None, "messages_per_report": None, "uncalibrated": why}
+    reward = _reward(local, pop)
     denom = nonprivate - random
-    return {"n_users": n_users, "events": pop.n, "random": random, "nonprivate": nonprivate,
-            "local_shuffle": reward, "gain": (reward - random) / denom if denom > 0 else None,
-            "batch": batch, "batches": local.batches, "reached": local.item_reports / pop.n,
+    return {**base, "local_shuffle": reward, "gain": (reward - random) / denom if denom > 0 else None,
+            "batches": local.batches, "reached": local.item_reports / pop.n,
             "reported": local.reports / pop.n, "item_noise_std": math.sqrt(local.variance),
-            "messages_per_report": None if local.items is None else local.items.messages_per_report}
+            "messages_per_report": None if local.items is None else local.items.messages_per_report,
+            "uncalibrated": None}
 
