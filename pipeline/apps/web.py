@@ -9,8 +9,11 @@ Routes (DESIGN §7):
   behind the answer in batches (:mod:`pipeline.serve.shown`: what a crash may cost).
 * ``POST /feedback`` with ``{"rec_id", "item", "reward"}`` → records the interaction in the
   durable outbox (a Redis stream; :mod:`pipeline.serve.outbox` forwards it to ``interactions``, also after
-  a broker outage) → ``202``; federated stacks produce it directly (acknowledged by the broker).
-  One feedback per shown list. Redis not answering: ``503`` with ``Retry-After``.
+  a broker outage) → ``202`` ``{"accepted", "event_id", "learning"}``; federated stacks produce it directly
+  (acknowledged by the broker). ``learning`` says whether the interaction will be learned from, and if not why
+  (``"cap"``, ``"budget"``; :func:`pipeline.serve.budget_view.learning`); ``POST /listen`` answers the same.
+  One feedback per shown list. Redis not answering: ``503`` with ``Retry-After``. ``cap_policy = reject``: ``403``
+  for a user at the cap, with the same ``learning`` beside the error.
 * ``GET /budget[?user=U]`` — the privacy guarantee of the released statistics,
   releases so far, and for a user the guarantee covering all their interactions.
 * ``GET /metrics`` (Prometheus), ``GET /healthz``, ``GET /users``, and the page at ``/``.
@@ -53,7 +56,8 @@ from ..data.catalog import Catalog, UnknownArmError, UnknownUserError, load_cata
 from ..serve.httpstats import RequestStats
 from ..modes.federated.federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
 from ..modes.federated.federation import site_namespace
-from ..serve.budget_view import history, ledger_overview, serving_isolation, user_budget, user_interactions
+from ..serve.budget_view import (LEARNED, history, learning, ledger_overview, serving_isolation, user_budget,
+                                user_interactions)
 from ..config.keys import PublicKeys, partition_of
 from ..config.kafkaconn import PRODUCE_TIMEOUT_MS, client_kwargs
 from ..config.redisconn import connect, connect_async
@@ -288,7 +292,8 @@ async def feedback(request: web.Request) -> web.Response:
     shown = json.loads(raw)
     if item not in shown["items"]:
         return _error(400, "item", f"item {item!r} was not in the list {rec_id!r} showed")
-    refused = await _refuse_at_cap(request, shown["user"])
+    learned = await _learning(request, shown["user"])
+    refused = _refuse_at_cap(request, shown["user"], learned)
     if refused is not None:
         return refused
     producer: AIOKafkaProducer | None = request.app[PRODUCER]
@@ -307,7 +312,7 @@ async def feedback(request: web.Request) -> web.Response:
                         json.dumps(event).encode(), claim=(answered, "1", REC_TTL_SECONDS)):
         return _error(409, "rec_id", f"feedback for {rec_id!r} was already recorded (one feedback per shown list)")
     request.app[_METRICS].feedback.labels("1" if reward >= 0.5 else "0").inc()
-    return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
+    return web.json_response({"accepted": True, "event_id": event["event_id"], "learning": learned}, status=202)
 
 
 async def listen(request: web.Request) -> web.Response:
@@ -348,7 +353,8 @@ async def listen(request: web.Request) -> web.Response:
         catalog.arm_row(item)
     except UnknownArmError as exc:
         return _error(400, "item", str(exc))
-    refused = await _refuse_at_cap(request, user)
+    learned = await _learning(request, user)
+    refused = _refuse_at_cap(request, user, learned)
     if refused is not None:
         return refused
     producer: AIOKafkaProducer | None = request.app[PRODUCER]
@@ -360,7 +366,7 @@ async def listen(request: web.Request) -> web.Response:
     await accept(request.app[REDIS], request.app.get(OUTBOX), producer, topic, user.encode(),
                  json.dumps(event).encode())
     request.app[_METRICS].listens.inc()
-    return web.json_response({"accepted": True, "event_id": event["event_id"]}, status=202)
+    return web.json_response({"accepted": True, "event_id": event["event_id"], "learning": learned}, status=202)
 
 
 async def budget(request: web.Request) -> web.Response:
@@ -453,23 +459,32 @@ async def dashboard(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(page)
 
 
-async def _refuse_at_cap(request: web.Request, user: str) -> web.Response | None:
-    """``cap_policy = reject``: 403 for a user at the cap (their events would not be learned from anyway)."""
+async def _learning(request: web.Request, user: str) -> dict[str, Any]:
+    """Whether ``user``'s interaction sent now will be learned from (:func:`pipeline.serve.budget_view.learning`):
+    the ``learning`` field of ``/feedback``'s and ``/listen``'s answers, the user's own view of the public ledger
+    (their site's ledger in federated mode, as ``/budget?user=`` reads it)."""
     s: Settings = request.app[SETTINGS]
-    if not (s.user_level and s.cap_policy == "reject"):
-        return None
-    keys: PublicKeys = request.app[MODEL_KEYS][0]
+    if not s.user_level:
+        return dict(LEARNED)
     r = request.app[REDIS]
-    meta = await r.hgetall(keys.model_meta)
-    if not meta:
+    privacy = await r.hget(request.app[MODEL_KEYS][0].model_meta, "privacy")
+    statement = json.loads(privacy) if privacy else {}
+    keys: PublicKeys = request.app[KEYS]
+    router = request.app[RECOMMENDER]
+    if isinstance(router, SiteRouter):  # federated mode
+        keys = PublicKeys(site_namespace(s.namespace, router.site_of(user)))
+    return await learning(r, keys, s.partitions, user, statement, tree_ticks=s.tree_ticks, tick_seconds=s.tick_seconds)
+
+
+def _refuse_at_cap(request: web.Request, user: str, learned: dict[str, Any]) -> web.Response | None:
+    """``cap_policy = reject``: 403 for a user at the cap (their events would not be learned from anyway), with the
+    same ``learning`` as a 202 would carry, so a client tells this refusal from the others."""
+    s: Settings = request.app[SETTINGS]
+    if not (s.user_level and s.cap_policy == "reject") or learned["reason"] != "cap":
         return None
-    statement = json.loads(meta.get(b"privacy", b"{}"))
-    epoch = (int(meta[b"version"]) - 1) // s.tree_ticks
-    info = await user_budget(r, PublicKeys(s.namespace), s.partitions, user, statement, epoch)
-    if info["at_cap"]:
-        return _error(403, "user", f"user {user!r} reached the contribution cap ({info['cap']} release ticks this "
-                                   f"epoch; cap_policy = reject): feedback is not accepted until the next epoch")
-    return None
+    message = (f"user {user!r} reached the contribution cap ({learned['cap']} release ticks this epoch; cap_policy "
+               f"= reject): feedback is not accepted until the next epoch")
+    return web.json_response({"error": {"parameter": "user", "message": message}, "learning": learned}, status=403)
 
 
 async def metrics(request: web.Request) -> web.Response:

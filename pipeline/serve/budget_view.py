@@ -20,8 +20,8 @@ from models.accounting import gdp_epsilon
 from ..config.keys import PublicKeys, partition_of
 from ..config.ledger import LedgerRecord, LifetimeBudget, spent_mu
 
-__all__ = ["ratio_of", "user_budget", "user_interactions", "ledger_overview", "spent_summary", "history",
-           "serving_isolation"]
+__all__ = ["ratio_of", "user_budget", "user_interactions", "learning", "ledger_overview", "spent_summary",
+           "history", "serving_isolation"]
 
 
 def ratio_of(statement: dict[str, Any]) -> Any:
@@ -76,6 +76,61 @@ async def user_budget(r: Any, keys: PublicKeys, partitions: int, user: str, stat
                                    "(multi-participation sensitivity of the mechanism; epochs compose in Gaussian DP)",
                 "remaining_ticks": max(0, cap - rec.k)})
     return out
+
+
+#: ``learning`` when nothing stops the server from learning (event level, or no user-level statement yet)
+LEARNED: dict[str, Any] = {"learned": True, "reason": None, "cap": None, "ticks_this_epoch": None, "epoch": None,
+                           "epoch_releases_left": None, "epoch_seconds_left_at_least": None}
+
+
+async def learning(r: Any, keys: PublicKeys, partitions: int, user: str, statement: dict[str, Any], *,
+                   tree_ticks: int, tick_seconds: float) -> dict[str, Any]:
+    """Whether an interaction of ``user`` sent now will be learned from, and why not: the ``learning`` field of
+    ``/feedback``'s and ``/listen``'s answers (the caller's own view; nothing here goes into a public view).
+
+    The release that will fold the interaction is the next one, version ``released + 1``, of epoch
+    ``released // tree_ticks``; its fold (:meth:`pipeline.state.userlevel.Folder._plan`) drops the user's
+    contribution when their ledger record of that epoch is at the cap (``reason`` ``"cap"``: until the epoch ends)
+    or when one more tick would take them past their lifetime budget (``"budget"``). Both are read from the
+    public ledger and the released version, never from the interaction itself: the answer is the same whatever
+    was chosen or rewarded.
+
+    A prediction as of now: an earlier interaction of the user still waiting for its release tick can bring the
+    user to the cap first, and then this one is not learned although ``learned`` said it would be.
+
+    The epoch ends after ``epoch_releases_left`` more releases. A release happens at most once every
+    ``tick_seconds`` and only when something changed, so ``epoch_seconds_left_at_least`` is a lower bound, not a
+    date.
+
+    Examples
+    --------
+    >>> import asyncio
+    >>> class R:  # released version 10; user "7" took part in 2 ticks of epoch 1 (versions 8..14)
+    ...     async def hget(self, key, field):
+    ...         return b"10" if ":released:" in key else b'{"epoch": 1, "k": 2, "last_version": 9}'
+    >>> statement = {"unit": "user", "cap": 2, "private": False}
+    >>> out = asyncio.run(learning(R(), PublicKeys("ns"), 1, "7", statement, tree_ticks=7, tick_seconds=0.5))
+    >>> out["learned"], out["reason"], out["epoch"], out["epoch_releases_left"], out["epoch_seconds_left_at_least"]
+    (False, 'cap', 1, 4, 2.0)
+    """
+    if statement.get("unit") != "user":
+        return dict(LEARNED)
+    released_raw, raw = await asyncio.gather(
+        r.hget(keys.released, "version"), r.hget(keys.ledger_participation(partition_of(user, partitions)), user))
+    released = int(released_raw or 0)
+    epoch = released // tree_ticks  # the epoch of release released + 1, the one that folds this interaction
+    ratio = ratio_of(statement)
+    rec = LedgerRecord.loads(raw).at(epoch, ratio or (lambda k: 1.0))
+    cap = int(statement.get("cap", 0))
+    budget = LifetimeBudget.of(statement, ratio)
+    reason = None
+    if 0 < cap <= rec.k:
+        reason = "cap"
+    elif budget is not None and not budget.allows(rec, epoch):
+        reason = "budget"
+    left = (epoch + 1) * tree_ticks - released
+    return {"learned": reason is None, "reason": reason, "cap": cap, "ticks_this_epoch": rec.k, "epoch": epoch,
+            "epoch_releases_left": left, "epoch_seconds_left_at_least": left * tick_seconds}
 
 
 async def ledger_overview(r: Any, keys: PublicKeys, partitions: int, statement: dict[str, Any],

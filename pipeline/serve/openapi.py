@@ -117,8 +117,37 @@ COMPONENTS: dict[str, Any] = {"schemas": {
                                                 "epoch_seconds) (docs/local-userlevel.md)"}},
     },
     "Accepted": {
-        "type": "object", "required": ["accepted", "event_id"],
-        "properties": {"accepted": {"type": "boolean", "enum": [True]}, "event_id": _STR},
+        "type": "object", "required": ["accepted", "event_id", "learning"],
+        "properties": {"accepted": {"type": "boolean", "enum": [True]}, "event_id": _STR,
+                       "learning": _ref("Learning")},
+    },
+    "Learning": {
+        "type": "object",
+        "required": ["learned", "reason", "cap", "ticks_this_epoch", "epoch", "epoch_releases_left",
+                     "epoch_seconds_left_at_least"],
+        "description": "whether the model will learn from this interaction, as the user's public ledger says when "
+                       "the answer is given (pipeline.serve.budget_view.learning); the user's own view, the same "
+                       "whatever was chosen or rewarded. The epoch fields are null at event level",
+        "properties": {
+            "learned": {"type": "boolean"},
+            "reason": {"type": "string", "enum": ["cap", "budget", None], "nullable": True,
+                       "description": "why not: `cap` (the user contributed to `cap` release ticks of this epoch; "
+                                      "learned from again in the next epoch), `budget` (one more tick would take "
+                                      "the user past their lifetime budget, user_budget); null when learned"},
+            "cap": {"type": "integer", "minimum": 1, "nullable": True},
+            "ticks_this_epoch": {"type": "integer", "minimum": 0, "nullable": True},
+            "epoch": {"type": "integer", "minimum": 0, "nullable": True,
+                      "description": "the epoch of the next release, which folds this interaction"},
+            "epoch_releases_left": {"type": "integer", "minimum": 1, "nullable": True,
+                                    "description": "releases until that epoch ends"},
+            "epoch_seconds_left_at_least": {"type": "number", "minimum": 0, "nullable": True,
+                                            "description": "a lower bound: a release happens at most once every "
+                                                           "tick_seconds, and only when something changed"}},
+    },
+    "AtCap": {
+        "description": "cap_policy = reject: the refusal, and the same `learning` a 202 would carry",
+        "allOf": [_ref("Error"), {"type": "object", "required": ["learning"],
+                                  "properties": {"learning": _ref("Learning")}}],
     },
     "ReportAccepted": {
         "type": "object", "required": ["accepted", "user", "version"],
@@ -183,7 +212,7 @@ PATHS: dict[str, dict[str, Any]] = {
         "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("Feedback")}}},
         "responses": {"202": _json(_ref("Accepted"), "produced to `interactions`, acknowledged by the broker"),
                       "400": _err("a bad field (named); local mode: raw rewards are refused"),
-                      "403": _err("the user is at the contribution cap (cap_policy = reject)"),
+                      "403": _json(_ref("AtCap"), "the user is at the contribution cap (cap_policy = reject)"),
                       "404": _err("unknown rec_id"), "409": _err("the list was already answered"),
                       "503": _UNAVAILABLE},
     }},
@@ -192,7 +221,7 @@ PATHS: dict[str, dict[str, Any]] = {
         "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("Listen")}}},
         "responses": {"202": _json(_ref("Accepted"), "produced to `interactions`, acknowledged by the broker"),
                       "400": _err("a bad field (named); local mode: raw rewards are refused"),
-                      "403": _err("the user is at the contribution cap (cap_policy = reject)"),
+                      "403": _json(_ref("AtCap"), "the user is at the contribution cap (cap_policy = reject)"),
                       "404": _err("unknown user"), "503": _UNAVAILABLE},
     }},
     "/items": {"post": {

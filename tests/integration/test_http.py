@@ -301,7 +301,10 @@ def test_recommend_feedback_release_budget(stack: LocalStack) -> None:
 
     r = call(stack, "POST", "/feedback", {"rec_id": got["rec_id"], "item": item, "reward": 0.75})
     assert r.status == 202, r.body
-    assert r.json == {"accepted": True, "event_id": f"{got['rec_id']}:fb"}  # the id names the list, not the item
+    assert {k: r.json[k] for k in ("accepted", "event_id")} == {"accepted": True, "event_id": f"{got['rec_id']}:fb"}
+    # the id names the list, not the item; `learning`: this user (under the cap of 8 ticks) is learned from
+    assert r.json["learning"]["learned"] is True and r.json["learning"]["reason"] is None
+    assert r.json["learning"]["cap"] == 8 and r.json["learning"]["ticks_this_epoch"] < 8
 
     event = _consume(stack, "interactions", got["rec_id"])
     assert event["key"] == user.encode()
@@ -336,8 +339,11 @@ def test_budget_follows_the_users_interactions(stack: LocalStack) -> None:
     eps, ticks = [0.0], [0]
     for reward in (1, 0, 1):
         got = recommend(stack, user, k="2")
-        assert call(stack, "POST", "/feedback", {"rec_id": got["rec_id"], "item": got["items"][0]["item"],
-                                                  "reward": reward}).status == 202
+        r = call(stack, "POST", "/feedback", {"rec_id": got["rec_id"], "item": got["items"][0]["item"],
+                                              "reward": reward})
+        assert r.status == 202
+        # the answer's `learning` reads the same ledger as /budget: the ticks so far, under the cap
+        assert r.json["learning"]["learned"] is True and r.json["learning"]["ticks_this_epoch"] == ticks[-1]
         b = wait_for(lambda: (x := budget(stack, user))["user"]["ticks_this_epoch"] > ticks[-1] and x, 20,
                      "the interaction folded into a release")
         ticks.append(b["user"]["ticks_this_epoch"])

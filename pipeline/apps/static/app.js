@@ -6,6 +6,9 @@
 // until the served model version passes the version the list was ranked with ->
 // fetch one new /recommend and /budget. /recommend is not polled itself:
 // every /recommend is a shown list, logged to the `recommendations` topic.
+// When the answer says the model will not learn from it (`learning.learned` false: the user is
+// at the contribution cap of this epoch, or at their lifetime budget; or a 403 of cap_policy =
+// reject), nothing is waited for: the page says so and the user can go on at once.
 "use strict";
 
 (() => {
@@ -43,13 +46,14 @@
   // ---------- API ----------------------------------------------------------------------
 
   class ApiError extends Error {
-    constructor(status, parameter, message, path, retryAfter = null) {
+    constructor(status, parameter, message, path, retryAfter = null, body = null) {
       super(message);
       this.status = status;
       this.parameter = parameter;
       this.path = path;
       this.retryAfter = retryAfter;  // seconds, from a 503's Retry-After
       this.retried = 0;              // how many times a 503 was retried before this answer
+      this.body = body;              // the whole JSON answer (a 403 at the cap carries `learning`)
     }
   }
 
@@ -85,7 +89,8 @@
       const err = body && body.error;
       const message = err && err.message ? err.message : (text || resp.statusText);
       const after = parseFloat(resp.headers.get("Retry-After"));
-      throw new ApiError(resp.status, err ? err.parameter : null, message, path, Number.isFinite(after) ? after : null);
+      throw new ApiError(resp.status, err ? err.parameter : null, message, path, Number.isFinite(after) ? after : null,
+                         body);
     }
     return body;
   }
@@ -112,6 +117,14 @@
   const fmt = (x, digits = 2) => (x == null || !isFinite(x) ? "–" : Number(x).toFixed(digits));
   const fmtEps = (x) => (x == null ? "∞" : x >= 100 ? x.toFixed(0) : x >= 10 ? x.toFixed(1) : x.toFixed(2));
   const SUP = "⁰¹²³⁴⁵⁶⁷⁸⁹";
+  // a lower bound of a wait, in words: "12 s", "5 min", "4.6 h", "3 days"
+  const fmtWait = (seconds) => {
+    if (seconds == null || !isFinite(seconds)) return "an unknown time";
+    if (seconds < 90) return `${Math.max(1, Math.round(seconds))} s`;
+    if (seconds < 90 * 60) return `${Math.round(seconds / 60)} min`;
+    if (seconds < 48 * 3600) return `${(seconds / 3600).toFixed(1)} h`;
+    return `${Math.round(seconds / 86400)} days`;
+  };
   const fmtDelta = (x) => {
     if (x == null || !isFinite(x)) return "–";
     if (x === 0) return "0";
@@ -235,6 +248,7 @@
     clearError();
     const rec = state.rec;
     const verb = reward >= 0.5 ? "listened to" : "skipped";
+    let answer = null;  // the server's answer to POST /feedback (its `learning` says whether it is learned)
     state.learning = { since: performance.now(), fromVersion: rec.model_version, item: it.item, reward };
     lockList(it.item, reward);
     setModelState("learning", "learning…");
@@ -250,7 +264,7 @@
           : "this server sends item contexts (local mode) but GET /local/config did not say so; nothing was sent");
       } else {
         try {
-          await api("/feedback", {
+          answer = await api("/feedback", {
             method: "POST", retry503: 5,
             headers: { "Content-Type": "application/json", "Accept": "application/json" },
             body: JSON.stringify({ rec_id: rec.rec_id, item: it.item, reward }),
@@ -261,6 +275,11 @@
         }
       }
     } catch (e) {
+      if (e instanceof ApiError && e.status === 403 && e.body && e.body.learning) {
+        // cap_policy = reject: not recorded, and nothing from this user is accepted until the next epoch
+        await notLearned(it, verb, e.body.learning, false);
+        return;
+      }
       state.learning = null;
       setModelState("error", "feedback not recorded");
       $("feedback-status").textContent = `Your feedback on “${it.name}” was not recorded.`;
@@ -269,9 +288,53 @@
       try { await loadRecommendations(); } catch (e2) { showError(e2); }
       return;
     }
+    if (answer && answer.learning && answer.learning.learned === false) {
+      await notLearned(it, verb, answer.learning, true);  // no release will carry it: nothing to wait for
+      return;
+    }
     $("feedback-status").textContent =
       `You ${verb} “${it.name}”. Waiting for the model to learn it (served: v${rec.model_version})…`;
     await waitForModel(rec.model_version, it, verb);
+  }
+
+  // Why the model does not learn from this user now, from a /feedback answer's `learning` (the user's own
+  // view of the public ledger) and the budget view's lifetime budget.
+  function notLearnedText(learning) {
+    if (learning.reason === "cap") {
+      const n = learning.epoch_releases_left;
+      const when = n == null ? "" : ` The next epoch starts after ${n.toLocaleString("en-US")} more ` +
+        `release${n === 1 ? "" : "s"} (at the earliest in ${fmtWait(learning.epoch_seconds_left_at_least)}: at ` +
+        "most one release a tick, and only when there is new feedback).";
+      return "The model no longer learns from you until the next epoch: your answers already went into " +
+        `${learning.cap} release ticks this epoch, the most one user may (this cap bounds your privacy loss).${when}`;
+    }
+    if (learning.reason === "budget") {
+      const u = (state.budget && state.budget.user) || {};
+      const budget = u.user_budget != null ? ` (ε = ${fmtEps(u.user_budget)})` : "";
+      return `The model does not learn from it: one more contribution would take your privacy loss past your ` +
+        `lifetime budget${budget}` + (u.at_budget ? ", so it will never learn from you again." : ".");
+    }
+    return "The model does not learn from it.";
+  }
+
+  // The answer will not be learned from (or, `recorded` false, was refused at the cap): say so and why, and
+  // let the user go on at once. A recorded answer spent its list (one answer per shown list), so a fresh list
+  // follows; a refused one did not, and its list is answerable again.
+  async function notLearned(it, verb, learning, recorded) {
+    setModelState("capped", learning.reason === "cap" ? "not learning: cap reached" : "not learning: budget spent");
+    const said = recorded ? `You ${verb} “${it.name}”: recorded, but not learned from. `
+                          : `Your answer on “${it.name}” was not accepted (this server refuses answers at the cap). `;
+    const status = () => {
+      $("feedback-status").textContent = said + notLearnedText(learning) +
+        (recorded ? " You can keep listening and skipping." : "");
+    };
+    status();
+    state.learning = null;  // nothing to wait for: the next list can be answered as soon as it is shown
+    try {
+      if (recorded) await Promise.all([loadRecommendations(), loadBudget()]);
+      else { renderItems(); await loadBudget(); }
+    } catch (e) { showError(e); }
+    status();
   }
 
   // ---------- local mode: the page is the device ---------------------------------------
@@ -601,10 +664,19 @@
       if (state.local) {  // re-send what a failed POST or a reload left, as it was; the list loads anyway
         try { await flushReports(user); } catch (e) { showError(e); }
       }
-      await Promise.all([loadRecommendations(), loadBudget()]);
-      setModelState("fresh", "up to date");
-      $("feedback-status").textContent =
-        "Pick “listen” or “skip” on one item: the model learns from it and the list updates.";
+      const [, b] = await Promise.all([loadRecommendations(), loadBudget()]);
+      const u = (b && b.user) || {};
+      if (!state.local && u.unit === "user" && (u.at_cap || u.at_budget)) {
+        setModelState("capped", u.at_budget ? "not learning: budget spent" : "not learning: cap reached");
+        $("feedback-status").textContent = u.at_budget
+          ? "You reached your lifetime privacy budget: the model no longer learns from you. You can still listen and skip."
+          : `You reached the cap (${u.cap} release ticks this epoch): the model no longer learns from you until ` +
+            "the next epoch. You can still listen and skip.";
+      } else {
+        setModelState("fresh", "up to date");
+        $("feedback-status").textContent =
+          "Pick “listen” or “skip” on one item: the model learns from it and the list updates.";
+      }
     } catch (e) {
       renderItems();
       showError(e);
