@@ -1,0 +1,492 @@
+"""The hierarchical model: a public prior, a pooled model of all users, each unit's deviation, each item's count.
+
+Every user's listens are read as draws from a distribution over the catalog, ``p(a | u)``. The serving model
+estimates it level by level, each level shrunk toward the one above by an amount that follows the released
+statistics' own (public) noise and counts, never a constant tuned on one catalog:
+
+1. **prior** — the catalog's mean context ``x_bar`` (public): ``theta_0 = c u_0`` with ``u_0 = x_bar / ||x_bar||``;
+   with no data, ``c = 1`` and items rank by ``x . u_0`` (the best data-free scorer on LastFM, 2.47x random play);
+   with data, ``c`` is fitted to the projection ``u_0 . b`` (one coordinate: its noise is ``sigma``).
+2. **pooled** — an exponential tilt of the catalog, ``p(a) ∝ exp(x_a . theta)``, fitted to the released pooled
+   sum ``b = sum of the listened items' contexts`` and count ``n`` by Gauss-Newton on the likelihood of
+   ``b ~ N(n mu(theta), n Sigma(theta) + sigma^2 I)`` with the prior ``theta ~ N(theta_0, tau0^2 I)``; ``tau0^2``
+   by type-II maximum likelihood (:func:`eb_prior_variance`). Noise that swamps the data gives ``tau0 -> 0`` and
+   the prior's ranking back.
+3. **items** — each item's released count ``s_hat_a`` against what the pooled tilt predicts, ``m_a = n p(a)``:
+   the residual ``r`` is shrunk by ``beta r + (1 - beta) soft(r, t)``, ``(beta, t)`` minimising Stein's unbiased
+   risk estimate for the release's noise ``sigma_items`` (:func:`sure_shrinkage`; Donoho & Johnstone 1995): where
+   few items stand out of the noise (LastFM at user level) only those move away from the content model; where many
+   do (a catalog with a steep popularity), the counts are kept. Without noise the counts are taken as they are
+   (online popularity, with the content model breaking the ties of unseen items).
+4. **units** (when released) — each unit's pooled-style sum ``b_u, n_u`` against the pooled model's prediction:
+   ``delta_u = tau^2 A_u (tau^2 A_u^2 + A_u + sigma_u^2 I)^-1 (b_u - n_u mu)`` with ``A_u = n_u Sigma``, the
+   exact Gaussian posterior mean of the unit's deviation, ``tau^2`` by the method of moments over units
+   (James–Stein / Efron–Morris): when the noise dominates, every unit collapses onto the pooled model.
+
+A candidate ``a`` for unit ``u`` scores ``x_a . theta_u + log(p(a) / p_pool(a)) + alpha ||x_a||_{M_u}`` with
+``theta_u = theta + delta_u``: up to a constant, ``log p(a | u)`` plus a bonus. That is the serving layer's usual
+``x . theta_u + alpha ||x||_M + w * item_a`` with ``w = 1`` and ``item_a`` the item's departure from the content
+model (``0`` for an item the release does not cover), ``M_u`` the posterior covariance of ``theta_u``. Everything
+here is post-processing of released statistics and the public catalog: it changes no guarantee.
+
+**What is released** (:class:`HierarchyLayout`): per release tick, one vector through one continual-release
+mechanism, in blocks ``[pool (d + 1), items (K), units (N (d + 1))]``. One user's contribution in one tick
+(:func:`contribution`) is their listens' reward-weighted mean context and their listens' shares of the items,
+each weighted by ``min(1, total reward)``: the pool block ``c [x_mean, 1] / sqrt(2)`` (norm <= 1), the items
+block ``c w / sum(w)`` (L1 and L2 norm <= 1), the unit block as the pool block in the user's unit's slot. The
+blocks are scaled by public weights so that the block ``l`` gets the share ``s_l`` of ``mu**2`` (Gaussian DP:
+one Gaussian mechanism over the scaled blocks is exactly the composition of one per block).
+
+Examples
+--------
+>>> rng = np.random.default_rng(0)
+>>> F = rng.normal(size=(40, 3)); F /= np.linalg.norm(F, axis=1, keepdims=True)
+>>> layout = HierarchyLayout(d=3, n_items=40, n_units=2)
+>>> v = layout.exact_vector([(0, {5: 1.0}), (1, {5: 1.0, 7: 1.0})], F)
+>>> rel = ReleasedHierarchy.from_vector(layout, v, std=0.0)
+>>> round(rel.count, 6), rel.items[[5, 7]].round(3).tolist()
+(2.0, [1.5, 0.5])
+>>> model = solve_hierarchy(rel, F, n_units=2)
+>>> int(np.argmax(model.item_scores)), model.theta.shape
+(5, (2, 3))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from models.ground.codec import decode_arrays, encode_arrays
+
+__all__ = ["HierarchyLayout", "ReleasedHierarchy", "HierarchyModel", "contribution", "solve_hierarchy",
+           "prior_direction", "sure_shrinkage", "eb_prior_variance", "SHARES", "REPLACE_SENSITIVITY"]
+
+FloatArray = NDArray[np.float64]
+
+#: Default shares of ``mu**2`` by block (units off): chosen on held-out windows of LastFM, the synthetic population
+#: and a synthetic tagged catalog (docs/hierarchy.md).
+SHARES: dict[str, float] = {"pool": 0.1, "items": 0.9, "units": 0.0}
+#: Per-tick L2 sensitivity of each block under *replace* neighbours (a user's contribution against another's):
+#: the pool and unit blocks have a signed part (``2``), the items block is nonnegative (``sqrt(2)``).
+REPLACE_SENSITIVITY: dict[str, float] = {"pool": 2.0, "items": math.sqrt(2.0), "units": 2.0}
+_H = 1.0 / math.sqrt(2.0)  # the pool block is [x_mean, 1] / sqrt(2): norm <= 1 for contexts of norm <= 1
+
+
+def prior_direction(features: FloatArray) -> FloatArray:
+    """``u_0 = x_bar / ||x_bar||``: the catalog's mean context (each clipped to norm 1), a unit vector (public).
+
+    >>> prior_direction(np.array([[3.0, 4.0], [0.0, 1.0]])).round(3).tolist()
+    [0.316, 0.949]
+    """
+    X = np.asarray(features, dtype=np.float64)
+    if X.ndim != 2 or not len(X) or not np.isfinite(X).all():
+        raise ValueError(f"`features` must be a non-empty finite (n, d) matrix, got shape {X.shape}.")
+    X = X / np.maximum(1.0, np.linalg.norm(X, axis=1))[:, None]
+    xbar = X.mean(axis=0)
+    norm = float(np.linalg.norm(xbar))
+    if norm <= 0:
+        return np.zeros(X.shape[1])
+    out: FloatArray = xbar / norm
+    return out
+
+
+@dataclass(frozen=True)
+class HierarchyLayout:
+    """Where each block sits in the released vector, and its public weight (see the module docstring).
+
+    ``shares`` are the blocks' shares of ``mu**2`` (normalised over the blocks that are on; ``units`` 0: off);
+    ``sensitivity`` the per-tick L2 sensitivity of each block under the relation in force (default: replace).
+    The weights make one mechanism of sensitivity 1 per tick give block ``l`` the noise std ``sigma / w_l``.
+    """
+
+    d: int
+    n_items: int
+    n_units: int
+    shares: Mapping[str, float] = field(default_factory=lambda: dict(SHARES))
+    sensitivity: Mapping[str, float] = field(default_factory=lambda: dict(REPLACE_SENSITIVITY))
+
+    def __post_init__(self) -> None:
+        if self.d < 1 or self.n_items < 1 or self.n_units < 1:
+            raise ValueError(f"`d`, `n_items` and `n_units` must be positive, got {self.d}, {self.n_items}, "
+                             f"{self.n_units}.")
+        unknown = set(self.shares) - set(REPLACE_SENSITIVITY)
+        if unknown or any(not (v >= 0 and math.isfinite(v)) for v in self.shares.values()):
+            raise ValueError(f"`shares` must map {sorted(REPLACE_SENSITIVITY)} to non-negative numbers, got "
+                             f"{dict(self.shares)}.")
+        if self.shares.get("pool", 0.0) <= 0:
+            raise ValueError("the pool block must be on (`shares['pool'] > 0`): every level above it shrinks toward it.")
+
+    @property
+    def blocks(self) -> tuple[str, ...]:
+        """The blocks that are on, in order."""
+        return tuple(b for b in ("pool", "items", "units") if self.shares.get(b, 0.0) > 0)
+
+    @property
+    def units(self) -> bool:
+        return "units" in self.blocks
+
+    def size(self, block: str) -> int:
+        return {"pool": self.d + 1, "items": self.n_items, "units": self.n_units * (self.d + 1)}[block]
+
+    @property
+    def dim(self) -> int:
+        return sum(self.size(b) for b in self.blocks)
+
+    def slice(self, block: str) -> slice:
+        start = 0
+        for b in self.blocks:
+            if b == block:
+                return slice(start, start + self.size(b))
+            start += self.size(b)
+        raise KeyError(f"block {block!r} is off in this layout ({self.blocks}).")
+
+    def share(self, block: str) -> float:
+        total = sum(self.shares[b] for b in self.blocks)
+        return self.shares[block] / total
+
+    def weight(self, block: str) -> float:
+        """``w_l = sqrt(s_l) / Delta_l``: the block's scale in the released vector."""
+        return math.sqrt(self.share(block)) / float(self.sensitivity[block])
+
+    def exact_vector(self, contributions: Iterable[tuple[int, Mapping[int, float]]], features: FloatArray,
+                     out: FloatArray | None = None) -> FloatArray:
+        """The weighted released vector's exact value: the sum of :func:`contribution` over ``(unit, items)``."""
+        v = np.zeros(self.dim) if out is None else out
+        for unit, items in contributions:
+            add_contribution(v, self, unit, items, features)
+        return v
+
+
+def contribution(items: Mapping[int, float], features: FloatArray) -> tuple[FloatArray, dict[int, float]]:
+    """One user's tick: ``(pool block, item shares)`` before the layout's weights (trusted math).
+
+    ``items`` maps each item the user listened to (or acted on with a reward) to its summed reward; the tick counts
+    ``c = min(1, sum of rewards)``; the pool block is ``c [x_mean, 1] / sqrt(2)`` with ``x_mean`` the reward-weighted
+    mean of the items' contexts (clipped to norm 1), the item shares ``c w_a / sum(w)``.
+
+    >>> F = np.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> pool, shares = contribution({0: 1.0, 1: 1.0}, F)
+    >>> pool.round(4).tolist(), shares
+    ([0.3536, 0.3536, 0.7071], {0: 0.5, 1: 0.5})
+    >>> float(np.linalg.norm(contribution({0: 0.25}, F)[0])) <= 1.0
+    True
+    """
+    w = {int(a): float(r) for a, r in items.items() if r > 0}
+    total = sum(w.values())
+    d = features.shape[1]
+    if total <= 0:
+        return np.zeros(d + 1), {}
+    c = min(1.0, total)
+    xs = np.zeros(d)
+    for a, r in w.items():
+        x = features[a]
+        n = float(np.linalg.norm(x))
+        xs += r * (x / n if n > 1.0 else x)
+    pool = np.empty(d + 1)
+    pool[:d] = xs / total
+    pool[d] = 1.0
+    pool *= c * _H
+    return pool, {a: c * r / total for a, r in w.items()}
+
+
+def add_contribution(v: FloatArray, layout: HierarchyLayout, unit: int, items: Mapping[int, float],
+                     features: FloatArray) -> None:
+    """Add one user's tick to the weighted exact vector ``v`` (in place)."""
+    pool, shares = contribution(items, features)
+    if not shares:
+        return
+    sl = layout.slice("pool")
+    v[sl] += layout.weight("pool") * pool
+    if "items" in layout.blocks:
+        s, w = layout.slice("items"), layout.weight("items")
+        for a, share in shares.items():
+            v[s.start + a] += w * share
+    if layout.units:
+        s, w = layout.slice("units"), layout.weight("units")
+        start = s.start + unit * (layout.d + 1)
+        v[start:start + layout.d + 1] += w * pool
+
+
+@dataclass(frozen=True)
+class ReleasedHierarchy:
+    """The released blocks, unweighted, with their public noise stds (``0``: no noise).
+
+    ``pool`` is ``[sum of the ticks' mean contexts, count] / sqrt(2)`` (so ``count = sqrt(2) pool[d]``), ``items``
+    the items' summed shares, ``units`` the per-unit pool blocks (``None`` when that block is off).
+    """
+
+    pool: FloatArray
+    items: FloatArray | None
+    units: FloatArray | None
+    std_pool: float
+    std_items: float
+    std_units: float
+    version: int = 0
+
+    SCHEMA = "privrec.ReleasedHierarchy/1"
+
+    @classmethod
+    def from_vector(cls, layout: HierarchyLayout, y: FloatArray, *, std: float, version: int = 0
+                    ) -> ReleasedHierarchy:
+        """Unweight a released vector ``y`` whose noise has std ``std`` per coordinate."""
+        def block(name: str) -> tuple[FloatArray | None, float]:
+            if name not in layout.blocks:
+                return None, 0.0
+            w = layout.weight(name)
+            return np.asarray(y[layout.slice(name)], dtype=np.float64) / w, std / w
+
+        pool, sp = block("pool")
+        items, si = block("items")
+        units, su = block("units")
+        assert pool is not None
+        return cls(pool, items, None if units is None else units.reshape(layout.n_units, layout.d + 1), sp, si, su,
+                   int(version))
+
+    @property
+    def d(self) -> int:
+        return int(self.pool.shape[0]) - 1
+
+    @property
+    def count(self) -> float:
+        """The released count of user ticks (noisy)."""
+        return float(self.pool[-1]) / _H
+
+    def to_mapping(self) -> dict[str, bytes]:
+        arrays: dict[str, NDArray[Any]] = {"pool": self.pool}
+        if self.items is not None:
+            arrays["items"] = self.items
+        if self.units is not None:
+            arrays["units"] = self.units
+        return encode_arrays(arrays, scalars={"std_pool": self.std_pool, "std_items": self.std_items,
+                                              "std_units": self.std_units, "version": self.version},
+                             schema=self.SCHEMA)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str | bytes, bytes]) -> ReleasedHierarchy:
+        a, s = decode_arrays(mapping, schema=cls.SCHEMA)
+        f = lambda k: None if k not in a else a[k].astype(np.float64)  # noqa: E731
+        pool = f("pool")
+        assert pool is not None
+        return cls(pool, f("items"), f("units"), float(s["std_pool"] or 0.0), float(s["std_items"] or 0.0),
+                   float(s["std_units"] or 0.0), int(s["version"] or 0))
+
+
+@dataclass(frozen=True)
+class HierarchyModel:
+    """Serving models from a :class:`ReleasedHierarchy`: ``theta (N, d)``, ``M (N, d, d)``, ``item_scores (K,)``.
+
+    ``theta_u`` is the pooled tilt plus the unit's deviation, ``item_scores`` each item's ``log(p(a) / p_pool(a))``:
+    ``x_a . theta_u + item_scores[a]`` ranks a unit's candidates as ``log p(a | u)`` does.
+    """
+
+    theta: FloatArray
+    M: FloatArray
+    item_scores: FloatArray
+    info: dict[str, float]
+
+
+def _tilt(F: FloatArray, theta: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """``(p, mu, Sigma)`` of the tilt ``p(a) ∝ exp(x_a . theta)`` over the catalog."""
+    z = F @ theta
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    mu = p @ F
+    S = (F * p[:, None]).T @ F - np.outer(mu, mu)
+    return p, mu, S
+
+
+def _fit_scale(f: FloatArray, y: float, n: float, sigma2: float, *, prior: float = 1.0, prior_var: float = 1.0
+               ) -> float:
+    """The prior's scale ``c``: the posterior mode of ``y = u_0 . b ~ N(n E_c[f], n Var_c[f] + sigma^2)`` with
+    ``c ~ N(prior, prior_var)`` (``f = F u_0``); Newton with the variance held at each step."""
+    if n <= 0:
+        return prior
+    c = prior
+    for _ in range(50):
+        z = c * f
+        z -= z.max()
+        p = np.exp(z)
+        p /= p.sum()
+        m = float(p @ f)
+        v = float(p @ (f - m) ** 2)
+        var = n * v + sigma2 + 1e-12
+        g = n * v * (y - n * m) / var - (c - prior) / prior_var
+        h = (n * v) ** 2 / var + 1.0 / prior_var
+        step = float(np.clip(g / h, -2.0, 2.0))
+        c += step
+        if abs(step) < 1e-8:
+            break
+    return c
+
+
+#: The grid of prior variances the type-II likelihood is maximised over (0: the prior alone).
+#: ``tau^2`` is the smallest variance whose log-likelihood is within this margin of the maximum: a level moves away
+#: from the one above only as far as the data insist (chi-square(1) 90 % / 2 = 1.35; 0: the maximum itself).
+LIKELIHOOD_MARGIN = 1.35
+TAU_GRID = np.concatenate([[0.0], np.logspace(-6, 4, 81)])
+
+
+def eb_prior_variance(r: FloatArray, A: FloatArray, sigma2: float) -> float:
+    """``tau^2`` maximising the likelihood of ``r ~ N(0, tau^2 A^2 + A + sigma^2 I)`` (type-II ML, on a grid).
+
+    >>> A = np.eye(3) * 100.0
+    >>> eb_prior_variance(np.zeros(3), A, 1.0)
+    0.0
+    >>> eb_prior_variance(np.full(3, 50.0), A, 1.0) > 0
+    True
+    """
+    lam, Q = np.linalg.eigh(A)
+    lam = np.maximum(lam, 0.0)
+    rr = (Q.T @ r) ** 2
+    v = TAU_GRID[:, None] * lam[None, :] ** 2 + lam[None, :] + sigma2 + 1e-12
+    ll = -0.5 * np.sum(np.log(v) + rr[None, :] / v, axis=1)
+    if LIKELIHOOD_MARGIN <= 0:
+        return float(TAU_GRID[int(np.argmax(ll))])
+    # the smallest variance the data do not reject: within the margin of the maximum (a one-sided likelihood interval)
+    return float(TAU_GRID[int(np.flatnonzero(ll >= ll.max() - LIKELIHOOD_MARGIN)[0])])
+
+
+def _fit_pooled(F: FloatArray, b: FloatArray, n: float, sigma2: float, prior: FloatArray, tau2: float,
+                iters: int = 8) -> tuple[FloatArray, FloatArray]:
+    """Gauss-Newton posterior mode of the tilt and its covariance (see the module docstring, level 2)."""
+    d = F.shape[1]
+    if tau2 <= 0 or n <= 0:
+        return prior.copy(), np.zeros((d, d))
+    theta = prior.copy()
+    I = np.eye(d)
+    H = I / tau2
+    for _ in range(iters):
+        _, mu, S = _tilt(F, theta)
+        J = n * S
+        W = np.linalg.inv(J + (sigma2 + 1e-9) * I)
+        JW = J @ W
+        H = JW @ J + I / tau2
+        g = JW @ (b - n * mu) - (theta - prior) / tau2
+        step = np.linalg.solve(H, g)
+        norm = float(np.linalg.norm(step))
+        if norm > 3.0:
+            step *= 3.0 / norm
+        theta = theta + step
+        if norm < 1e-7:
+            break
+    cov = np.linalg.inv(H)
+    return theta, 0.5 * (cov + cov.T)
+
+
+#: The fractions of a residual kept below the threshold that :func:`sure_shrinkage` chooses among.
+BETAS = np.linspace(0.0, 1.0, 21)
+
+
+def sure_shrinkage(r: FloatArray, sigma: float) -> tuple[float, float]:
+    """``(beta, t)`` of ``f(r) = beta r + (1 - beta) soft(r, t)`` minimising Stein's unbiased risk estimate.
+
+    ``r`` are residuals with Gaussian noise ``sigma``; ``t`` ranges over ``[0, sigma sqrt(2 ln K)]`` (the universal
+    threshold: beyond it no residual of pure noise passes) and ``beta`` over :data:`BETAS`. The family holds the
+    soft threshold (``beta = 0``; Donoho & Johnstone 1995, sparse signals) and the residual kept whole (``beta = 1``,
+    dense signals); SURE is ``sum (1 - beta)^2 min(r^2, t^2) + 2 sigma^2 (beta K + (1 - beta) #{|r| > t}) - K sigma^2``.
+
+    >>> noise = np.random.default_rng(0).normal(size=1000)
+    >>> beta, t = sure_shrinkage(noise, 1.0)       # nothing but noise: nothing kept
+    >>> beta, t > 2.0
+    (0.0, True)
+    >>> sure_shrinkage(np.full(100, 50.0), 1.0)    # every residual far above the noise: all kept
+    (0.0, 0.0)
+    """
+    K = len(r)
+    if sigma <= 0 or K == 0:
+        return 1.0, 0.0
+    a = np.sort(np.abs(r))
+    tmax = sigma * math.sqrt(2.0 * math.log(max(K, 2)))
+    cand = np.concatenate([[0.0], a[a <= tmax], [tmax]])
+    cs = np.concatenate([[0.0], np.cumsum(a ** 2)])
+    idx = np.searchsorted(a, cand, side="right")
+    below = cs[idx] + (K - idx) * cand ** 2   # sum of min(r^2, t^2)
+    above = K - idx
+    best = (math.inf, 0.0, tmax)
+    for beta in BETAS:
+        risk = (1.0 - beta) ** 2 * below + 2.0 * sigma**2 * (beta * K + (1.0 - beta) * above) - K * sigma**2
+        i = int(np.argmin(risk))
+        if risk[i] < best[0] - 1e-9:
+            best = (float(risk[i]), float(beta), float(cand[i]))
+    return best[1], best[2]
+
+
+#: An item's rate never drops below this share of the content model's prediction (a released count within the
+#: noise of zero does not make an item impossible).
+FLOOR = 0.1
+
+
+def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: int = 1, u0: FloatArray | None = None
+                    ) -> HierarchyModel:
+    """Serving models from released blocks and the public catalog (module docstring, levels 1–4).
+
+    ``n_units``: the rows of ``theta`` and ``M`` when the release has no unit block (every unit is then served the
+    pooled model); with a unit block, its own number of units.
+    """
+    F = np.asarray(features, dtype=np.float64)
+    K, d = F.shape
+    if rel.d != d:
+        raise ValueError(f"the release has contexts of length {rel.d}, the catalog {d}.")
+    if rel.items is not None and rel.items.shape[0] > K:
+        raise ValueError(f"the release has {rel.items.shape[0]} items, the catalog {K}.")
+    u0 = prior_direction(F) if u0 is None else np.asarray(u0, dtype=np.float64)
+    n = max(rel.count, 0.0)
+    b = rel.pool[:d] / _H
+    sigma2 = (rel.std_pool / _H) ** 2
+    # 1. the prior's scale along u_0
+    c = _fit_scale(F @ u0, float(u0 @ b), n, sigma2) if n > 0 else 1.0
+    prior = c * u0
+    # 2. the pooled tilt
+    tau0 = 0.0
+    if n > 0:
+        _, mu0, S0 = _tilt(F, prior)
+        tau0 = eb_prior_variance(b - n * mu0, n * S0, sigma2)
+    theta, cov = _fit_pooled(F, b, n, sigma2, prior, tau0)
+    p, mu, S = _tilt(F, theta)
+    info = {"count": n, "prior_scale": c, "tau0_sq": tau0}
+    # 3. the items
+    if rel.items is not None and n > 0:
+        k = rel.items.shape[0]
+        m = n * p[:k]
+        r = rel.items - m
+        beta, t = sure_shrinkage(r, rel.std_items)
+        lam = np.maximum(m + beta * r + (1.0 - beta) * np.sign(r) * np.maximum(np.abs(r) - t, 0.0), FLOOR * m)
+        q = p.copy()
+        q[:k] = lam / max(n, 1e-300)
+        p = q / q.sum()
+        mu = p @ F
+        S = (F * p[:, None]).T @ F - np.outer(mu, mu)
+        info["item_threshold_sd"] = t / rel.std_items if rel.std_items > 0 else 0.0
+        info["item_kept_below"] = beta
+    # the item term: log(p(a) / p_pool(a)), the item's departure from the pooled content model (0: none; an item
+    # the release does not cover, e.g. one added to an open catalog after it, is served by content alone)
+    p_pool, _, _ = _tilt(F, theta)
+    residual = np.log(np.maximum(p, 1e-300) / np.maximum(p_pool, 1e-300))
+    # 4. the units
+    N = int(n_units) if rel.units is None else rel.units.shape[0]
+    delta = np.zeros((N, d))
+    M = np.broadcast_to(cov, (N, d, d)).copy()
+    if rel.units is not None:
+        bu = rel.units[:, :d] / _H
+        nu = np.maximum(rel.units[:, d] / _H, 0.0)
+        su2 = (rel.std_units / _H) ** 2
+        R = bu - nu[:, None] * mu[None, :]
+        A = nu[:, None, None] * S[None]
+        num = float(np.sum(R * R) - np.sum(nu) * np.trace(S) - N * d * su2)
+        den = float(np.sum(nu ** 2) * np.sum(S * S))
+        tau2 = max(num / den, 0.0) if den > 0 else 0.0
+        info["tau_units_sq"] = tau2
+        if tau2 > 0:
+            I = np.eye(d)
+            V = tau2 * np.einsum("uab,ubc->uac", A, A) + A + (su2 + 1e-9) * I
+            Kg = tau2 * np.einsum("uab,ubc->uac", A, np.linalg.inv(V))
+            delta = np.einsum("uab,ub->ua", Kg, R)
+            M = M + tau2 * I - tau2 * np.einsum("uab,ubc->uac", Kg, A)
+    M = 0.5 * (M + M.transpose(0, 2, 1))
+    return HierarchyModel(theta[None, :] + delta, M, residual, info)
