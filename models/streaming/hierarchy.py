@@ -64,6 +64,7 @@ from numpy.typing import NDArray
 from models.ground.codec import decode_arrays, encode_arrays
 
 __all__ = ["HierarchyLayout", "ReleasedHierarchy", "HierarchyModel", "contribution", "solve_hierarchy",
+           "default_shares", "parse_shares", "add_contribution", "UNITS_MIN_USERS",
            "prior_direction", "sure_shrinkage", "eb_prior_variance", "SHARES", "REPLACE_SENSITIVITY"]
 
 FloatArray = NDArray[np.float64]
@@ -75,6 +76,61 @@ SHARES: dict[str, float] = {"pool": 0.1, "items": 0.9, "units": 0.0}
 #: the pool and unit blocks have a signed part (``2``), the items block is nonnegative (``sqrt(2)``).
 REPLACE_SENSITIVITY: dict[str, float] = {"pool": 2.0, "items": math.sqrt(2.0), "units": 2.0}
 _H = 1.0 / math.sqrt(2.0)  # the pool block is [x_mean, 1] / sqrt(2): norm <= 1 for contexts of norm <= 1
+#: The unit block is released when the catalog knows at least this many users per unit (a public count): below it a
+#: unit's own signal does not clear its noise, and its share of the budget earns more on the other blocks
+#: (measured: docs/hierarchy.md).
+UNITS_MIN_USERS = 1000
+#: The unit block's share when it is released (the pool keeps its share; the items give up as much).
+UNITS_SHARE = 0.2
+
+
+def default_shares(*, users: int, units: int, private: bool = True) -> dict[str, float]:
+    """The blocks' shares of ``mu**2`` from public counts: :data:`SHARES`, plus the unit block where the catalog
+    knows at least :data:`UNITS_MIN_USERS` users per unit; without noise every block (nothing to share).
+
+    >>> default_shares(users=1_892, units=100)
+    {'pool': 0.1, 'items': 0.9, 'units': 0.0}
+    >>> default_shares(users=1_000_000, units=100)
+    {'pool': 0.1, 'items': 0.7, 'units': 0.2}
+    >>> default_shares(users=10, units=100, private=False)
+    {'pool': 1.0, 'items': 1.0, 'units': 1.0}
+    """
+    if not private:
+        return {"pool": 1.0, "items": 1.0, "units": 1.0}
+    out = dict(SHARES)
+    if units > 1 and users >= UNITS_MIN_USERS * units:
+        out["units"] = UNITS_SHARE
+        out["items"] = round(out["items"] - UNITS_SHARE, 12)
+    return out
+
+
+def parse_shares(text: str) -> dict[str, float]:
+    """``"pool=0.1,items=0.9,units=0"`` -> a shares mapping (the ``hierarchy_shares`` setting).
+
+    >>> parse_shares("pool=1, items=3")
+    {'pool': 0.25, 'items': 0.75, 'units': 0.0}
+    >>> parse_shares("pool=0,items=1")
+    Traceback (most recent call last):
+    ...
+    ValueError: the pool block needs a positive share (every level above it shrinks toward it), got 'pool=0,items=1'.
+    """
+    out = {"pool": 0.0, "items": 0.0, "units": 0.0}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or name.strip() not in out:
+            raise ValueError(f"must be name=share pairs over {sorted(out)}, got {text!r}.")
+        try:
+            v = float(value)
+        except ValueError:
+            raise ValueError(f"share of {name.strip()!r} must be a number, got {value!r}.") from None
+        if not (v >= 0 and math.isfinite(v)):
+            raise ValueError(f"share of {name.strip()!r} must be a non-negative number, got {value!r}.")
+        out[name.strip()] = v
+    if out["pool"] <= 0:
+        raise ValueError(f"the pool block needs a positive share (every level above it shrinks toward it), got "
+                         f"{text!r}.")
+    total = sum(out.values())
+    return {k: v / total for k, v in out.items()}
 
 
 def prior_direction(features: FloatArray) -> FloatArray:
@@ -165,7 +221,8 @@ class HierarchyLayout:
 def contribution(items: Mapping[int, float], features: FloatArray) -> tuple[FloatArray, dict[int, float]]:
     """One user's tick: ``(pool block, item shares)`` before the layout's weights (trusted math).
 
-    ``items`` maps each item the user listened to (or acted on with a reward) to its summed reward; the tick counts
+    ``items`` maps each item the user listened to (or acted on with a reward) to its summed reward (an item beyond
+    ``features``' rows counts with a zero context); the tick counts
     ``c = min(1, sum of rewards)``; the pool block is ``c [x_mean, 1] / sqrt(2)`` with ``x_mean`` the reward-weighted
     mean of the items' contexts (clipped to norm 1), the item shares ``c w_a / sum(w)``.
 
@@ -184,6 +241,8 @@ def contribution(items: Mapping[int, float], features: FloatArray) -> tuple[Floa
     c = min(1.0, total)
     xs = np.zeros(d)
     for a, r in w.items():
+        if a >= len(features):  # an item the contexts do not cover yet (added to an open catalog): a zero context
+            continue
         x = features[a]
         n = float(np.linalg.norm(x))
         xs += r * (x / n if n > 1.0 else x)
@@ -269,7 +328,10 @@ class ReleasedHierarchy:
     @classmethod
     def from_mapping(cls, mapping: Mapping[str | bytes, bytes]) -> ReleasedHierarchy:
         a, s = decode_arrays(mapping, schema=cls.SCHEMA)
-        f = lambda k: None if k not in a else a[k].astype(np.float64)  # noqa: E731
+
+        def f(name: str) -> FloatArray | None:
+            return None if name not in a else a[name].astype(np.float64)
+
         pool = f("pool")
         assert pool is not None
         return cls(pool, f("items"), f("units"), float(s["std_pool"] or 0.0), float(s["std_items"] or 0.0),

@@ -57,6 +57,12 @@ MODES = ("global", "federated", "local")
 #: Local mode: what a device reports (models.local.config.ALGORITHMS).
 LOCAL_ALGORITHMS = ("tree", "round")
 PRIVACY_UNITS = ("user", "event")
+#: The serving model over the released statistics (``model``): the hierarchy of :mod:`models.streaming.hierarchy`
+#: (public prior -> pooled -> units -> items), or the papers' flat per-unit ridge regression with the item term.
+MODELS = ("hierarchy", "flat")
+#: ``user_cap`` when unset, by model: chosen on held-out windows of LastFM, the synthetic population and a synthetic
+#: tagged catalog (docs/hierarchy.md for the hierarchy, docs/privacy.md for the flat model).
+DEFAULT_CAPS = {"hierarchy": 1, "flat": 8}
 CAP_POLICIES = ("ignore", "reject")
 #: Mechanisms with a multi-participation sensitivity bound (models.mechanisms.participation).
 USER_LEVEL_MECHANISMS = ("blt-exact", "blt-zcdp", "gaussian-exact", "gaussian-zcdp")
@@ -136,6 +142,15 @@ class Settings:
     consensus_kappa
         Decentralized federated mode: step ``kappa`` of the mixing matrix
         ``P = I - (kappa / d_max) L`` (in ``(0, 1]``; 0.5 converges on every graph).
+    model
+        The serving model: ``"hierarchy"`` (the default for linucb over model units at user level, global mode:
+        one release of a pooled block, the item counts and, where the population is large enough, each unit's block;
+        served by :func:`models.streaming.hierarchy.solve_hierarchy`, docs/hierarchy.md) or ``"flat"`` (the papers'
+        per-unit ridge regression released through ``mechanism``, with the item term; every other algorithm,
+        mode and graph).
+    hierarchy_shares
+        With the hierarchy: the blocks' shares of ``mu**2`` as ``pool=0.1,items=0.9,units=0`` (unset: the rule of
+        :func:`models.streaming.hierarchy.default_shares`, from the catalog's public size).
     algorithm
         ``"linucb"`` (one model per unit), ``"colin"`` or ``"goblin"`` (released
         through ``mechanism``), or one of the other papers' private LinUCB
@@ -197,8 +212,9 @@ class Settings:
         Weight of the *item term* (linucb / colin / goblin): each candidate's score gets
         ``item_weight / (1 + (s / 2)**2) * pop_a``, where ``pop_a`` is the normalized released reward
         sum of the item (its positives, released through ``blt-exact`` beside the bandit statistic)
-        and ``s`` that release's noise std (public). ``None``: 1 for the LastFM catalog, 0 (off) for
-        the synthetic one; 0 releases no item sums and gives the bandit the whole budget.
+        and ``s`` that release's noise std (public). ``None``: 1 on every catalog with an ``-exact`` mechanism (the
+        flat model; the hierarchy weighs its item level by the release's own noise), 0 with the others (no exact
+        composition); 0 releases no item sums and gives the bandit the whole budget.
     listen_weight
         Weight in ``[0, 1]`` of an organic listen (an ``interactions`` event with ``"kind": "listen"``)
         in the bandit statistic; it always counts in the item sums. ``None``: 1 with noise, 0.2
@@ -219,6 +235,8 @@ class Settings:
         noise to them and stops at ``user_budget`` (:class:`models.local.LocalConfig`, docs/local-userlevel.md).
     user_cap
         User level: release ticks per epoch one user may contribute to (local mode: reports per epoch of a device).
+        Unset: :data:`DEFAULT_CAPS` by model (1 for the hierarchy, 8 for the flat model); without noise the
+        hierarchy caps no one (``tree_ticks``).
     b_clip, item_clip
         The clip of one privacy unit's contribution per release tick (a user's tick at user level, one
         interaction at event level): its reward statistic ``sum r x`` to norm ``b_clip`` and its item rewards
@@ -272,6 +290,8 @@ class Settings:
     shuffle_batch: int = 0
     local_codewords: int = 0
     local_item_term: int = 0
+    model: str | None = None
+    hierarchy_shares: str | None = None
     algorithm: str = "linucb"
     mechanism: str = DEFAULT_MECHANISM
     epsilon: float = 2.0
@@ -295,7 +315,7 @@ class Settings:
     listen_weight: float | None = None
     item_share: float = 0.5
     privacy_unit: str | None = None
-    user_cap: int = 8
+    user_cap: int | None = None
     b_clip: float = B_CLIP
     item_clip: float = ITEM_CLIP
     cap_policy: str = "ignore"
@@ -334,6 +354,7 @@ class Settings:
                                              f"released statistics), got {self.algorithm!r}.")
         if self.algorithm not in ALGORITHMS:
             raise SettingsError("algorithm", f"must be one of {ALGORITHMS}, got {self.algorithm!r}.")
+        self._resolve_model()
         self._check_local()
         if self.mechanism not in MECHANISMS:
             raise SettingsError("mechanism", f"must be one of {sorted(MECHANISMS)}, got {self.mechanism!r}.")
@@ -486,6 +507,46 @@ class Settings:
             raise SettingsError("shuffle_batch", "shuffling applies to per-round reports: use --local-algorithm round "
                                                  "(a per-user continual release has no batch of one report per user)")
 
+    def _resolve_model(self) -> None:
+        """Set ``model`` and ``user_cap`` when unset, and check that the model fits the other settings."""
+        fits = (self.algorithm == "linucb" and self.graph == "clusters" and self.mode == "global"
+                and self.privacy_unit in (None, "user"))
+        # a setting of the flat model's own (its mechanism, a fixed prior, the item term's weight) selects it
+        flat_only = [name for name, on in (("mechanism", self.mechanism != DEFAULT_MECHANISM),
+                                           ("prior_strength", bool(self.prior_strength)),
+                                           ("item_weight", self.item_weight is not None)) if on]
+        if self.model is None:
+            object.__setattr__(self, "model", "hierarchy" if fits and not flat_only else "flat")
+        elif self.model == "hierarchy" and flat_only:
+            raise SettingsError(flat_only[0], f"applies to --model flat (the hierarchy brings its own mechanism, "
+                                              f"prior and item rule: docs/hierarchy.md), got --model hierarchy")
+        elif self.model not in MODELS:
+            raise SettingsError("model", f"must be one of {MODELS}, got {self.model!r}.")
+        elif self.model == "hierarchy" and not fits:
+            raise SettingsError("model", f"the hierarchy serves linucb over model units (--graph clusters) at user "
+                                         f"level in global mode, got algorithm {self.algorithm!r}, graph "
+                                         f"{self.graph!r}, mode {self.mode!r}, privacy unit {self.privacy_unit!r}; "
+                                         f"use --model flat")
+        if self.model == "hierarchy":
+            if self.hierarchy_shares is not None:
+                from models.streaming.hierarchy import parse_shares
+
+                try:
+                    parse_shares(self.hierarchy_shares)
+                except ValueError as e:
+                    raise SettingsError("hierarchy_shares", str(e)) from None
+        elif self.hierarchy_shares is not None:
+            raise SettingsError("hierarchy_shares", "applies to --model hierarchy")
+        if self.user_cap is None:
+            cap = DEFAULT_CAPS[self.model]
+            if self.model == "hierarchy" and not self.private:
+                cap = self.tree_ticks  # no noise: nothing to bound
+            object.__setattr__(self, "user_cap", cap)
+
+    @property
+    def hierarchy(self) -> bool:
+        return self.model == "hierarchy"
+
     def local_config(self, d: int) -> Any:
         """Local mode: the devices' public calibration (:class:`models.local.LocalConfig`) for contexts of length ``d``."""
         from models.local import LocalConfig
@@ -512,6 +573,8 @@ class Settings:
         ``local_mechanism``) and in federated mode (a site's ingest does not bound contributions yet)."""
         if self.privacy_unit is not None:
             return self.privacy_unit
+        if self.model == "hierarchy":  # its own mechanism, with a multi-participation bound
+            return "user"
         if self.mode == "local":  # the device's mechanism decides (a per-round report always composes)
             return "user" if self.local_algorithm == "round" or self.local_mechanism in USER_LEVEL_MECHANISMS \
                 else "event"
@@ -536,14 +599,15 @@ class Settings:
     def item_term_weight(self) -> float:
         """The item term's weight in force (0: off): ``item_weight``, or by catalog when unset.
 
-        Off for the per-unit baselines (their own mechanisms) and in federated mode (sites release the
-        bandit statistic only).
+        Off for the per-unit baselines (their own mechanisms), in federated mode (sites release the bandit
+        statistic only) and for the hierarchy (its item level is released and weighed by its own rule).
         """
-        if self.baseline is not None or self.mode in ("federated", "local"):
-            return 0.0
+        if self.baseline is not None or self.mode in ("federated", "local") or self.model == "hierarchy":
+            return 0.0  # (the hierarchy releases the item counts as a level of its own)
         if self.item_weight is not None:
             return self.item_weight
-        return 1.0 if self.catalog == "lastfm" else 0.0
+        # on wherever its release composes exactly with the bandit's (an '-exact' mechanism, or no noise)
+        return 1.0 if self.mechanism.endswith("-exact") or not self.private else 0.0
 
     @property
     def item_term(self) -> bool:
@@ -615,6 +679,10 @@ class Settings:
             del out["local_item_term"]
         if not self.prior_strength:  # likewise: no prior, and then its reward does not matter
             del out["prior_strength"], out["prior_reward"]
+        if self.model == "flat":  # likewise (namespaces made before the hierarchy existed were flat)
+            del out["model"]
+        if self.hierarchy_shares is None:
+            del out["hierarchy_shares"]
         return out
 
     def replace(self, **changes: Any) -> Settings:
@@ -627,7 +695,7 @@ DEFAULT_USER_BUDGET = 10.0
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
 MAX_DEFAULT_POOL = 1000
 
-MODEL_FIELDS = ("mode", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "local_codewords", "local_item_term", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
+MODEL_FIELDS = ("mode", "model", "hierarchy_shares", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "local_codewords", "local_item_term", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
                 "item_share", "privacy_unit", "user_cap", "b_clip", "item_clip", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "graph", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "prior_strength", "prior_reward", "partitions")
 
@@ -661,6 +729,12 @@ _HELP = {
     "prior_strength": "pseudo-observations of a public prior mean of theta (linucb; 0: off): the catalog's mean "
                       "context scaled to score --prior-reward; no privacy cost (docs/public-prior.md)",
     "prior_reward": "with --prior-strength: the expected reward of an average recommendation (LastFM: 1/25)",
+    "model": "hierarchy (the default for linucb over units at user level in global mode: public prior -> pooled -> "
+             "units -> items, docs/hierarchy.md) or flat (the papers' per-unit ridge regression with the item term)",
+    "hierarchy_shares": "with --model hierarchy: shares of the budget (mu**2) as pool=0.1,items=0.9,units=0 "
+                        "(default: a rule on the catalog's public size, docs/hierarchy.md)",
+    "user_cap": "user level: release ticks per epoch one user contributes to (default: 1 with the hierarchy, 8 with "
+                "the flat model; local mode: reports per epoch of a device)",
     "local_codewords": "local mode with shuffling at user level: K > 0 sends listens as codewords of a public "
                        "codebook of K with a blanket of fakes, population-wide batches (docs/local-live.md)",
     "local_item_term": "local mode with codewords: 1 makes the codebook the catalog itself (--local-codewords = its "

@@ -130,7 +130,7 @@ def make_processor(client: redis.Redis, settings: Settings, catalog: Catalog) ->
     the settings (the privacy audit, ``tests/privacy``, builds it here too)."""
     make = UserIngestProcessor if settings.user_level else IngestProcessor
     b_clip, item_clip = settings.clips
-    return make(client, settings.namespace, catalog, item_sums=settings.item_term,
+    return make(client, settings.namespace, catalog, item_sums=settings.item_term or settings.hierarchy,
                 listen_weight=settings.listen_weight_in_force, b_clip=b_clip, item_clip=item_clip,
                 partitions=settings.partitions)
 

@@ -39,6 +39,8 @@ from models.policies.jdp_linucb import SSLinUCB
 from models.mechanisms import MECHANISMS, Mechanism, TreeState, make_mechanism, noise_std
 from models.mechanisms.participation import participation_bound, participation_factor, replace_sensitivity
 from models.streaming import ReleasedStats, Releaser, solve
+from models.streaming.hierarchy import (HierarchyLayout, ReleasedHierarchy, default_shares, parse_shares,
+                                        solve_hierarchy)
 from models.streaming.release import SPARSE_STRUCTURES
 from models.streaming.solve import public_prior, solve_sparse
 from models.streaming.sparse import laplacian_regulariser
@@ -52,7 +54,8 @@ from ..config.settings import Settings
 from ..state.trusted import TrustedStore
 from ..state.userlevel import Folder
 
-__all__ = ["ReleaseStage", "SolveStage", "projection", "privacy_statement"]
+__all__ = ["ReleaseStage", "SolveStage", "projection", "privacy_statement", "hierarchy_statement", "hierarchy_layout",
+           "is_hierarchy"]
 
 
 def projection(algorithm: str, W: Any) -> tuple[str, Any]:
@@ -173,6 +176,93 @@ def released_statistics(settings: Settings, mechanism: Mechanism | None, items: 
                 "released": "exactly (public: it depends only on which items were shown, never on the choice)"})
     out.append({"name": "count", "what": "interactions per model unit", "released": "exactly (public: arrivals)"})
     return out
+
+
+#: The hierarchy's mechanism (one release of its weighted blocks) and its noise stream.
+HIERARCHY_MECHANISM = "blt-exact"
+HIERARCHY_STREAM = 11
+
+
+def hierarchy_layout(settings: Settings, catalog: Catalog) -> HierarchyLayout:
+    """The hierarchy's blocks for a catalog: the ``hierarchy_shares`` setting, else the public rule
+    (:func:`models.streaming.hierarchy.default_shares`) on the users the catalog knows."""
+    shares = (parse_shares(settings.hierarchy_shares) if settings.hierarchy_shares is not None else
+              default_shares(users=known_users(catalog), units=catalog.n_units, private=settings.private))
+    return HierarchyLayout(d=catalog.d, n_items=item_capacity(catalog), n_units=catalog.n_units, shares=shares)
+
+
+def known_users(catalog: Catalog) -> int:
+    """The users a catalog lists (public): LastFM's 1,892, a directory's users.csv and graph, the synthetic world's."""
+    return len(getattr(catalog, "_user_unit", {}))
+
+
+def hierarchy_features(catalog: Catalog, n_items: int) -> np.ndarray:
+    """The catalog's contexts padded with zero rows to ``n_items`` (items an open catalog may add later)."""
+    F = np.asarray(catalog.feature_matrix, dtype=np.float64)
+    if F.shape[0] >= n_items:
+        return F[:n_items]
+    return np.vstack([F, np.zeros((n_items - F.shape[0], F.shape[1]))])
+
+
+def is_hierarchy(raw: dict[bytes, bytes]) -> bool:
+    """Whether a released hash holds a :class:`~models.streaming.hierarchy.ReleasedHierarchy`."""
+    meta = raw.get(b"meta")
+    return meta is not None and json.loads(meta).get("schema") == ReleasedHierarchy.SCHEMA
+
+
+#: The relation the hierarchy's release is calibrated under (its contributions are means, not sums).
+HIERARCHY_NEIGHBOURS = ("user level, replace: two streams differing in everything one user contributed — their "
+                        "rewards and their choices (which shown item they acted on, which items they listened to); "
+                        "who arrived when and which items were shown to them are the same (public); at most "
+                        "`user_cap` release ticks per epoch per user; in each, the user's listens become one "
+                        "contribution: their mean context and their share of each item, weighted by min(1, total "
+                        "reward)")
+
+
+def hierarchy_statement(settings: Settings, mechanism: Mechanism | None, layout: HierarchyLayout,
+                        ratio: Any) -> dict[str, Any]:
+    """What the hierarchy's release guarantees, stated plainly (user level; its blocks and their shares)."""
+    from models.accounting import gdp_mu
+
+    s = settings
+    blocks = []
+    about = {"pool": "the pooled block: every user's mean listened context and count, summed (d + 1 values)",
+             "items": "the item counts: every user's share of each item they listened to, summed (one per item)",
+             "units": "each unit's block: its users' mean listened contexts and count, summed (d + 1 per unit)"}
+    for name in layout.blocks:
+        entry: dict[str, Any] = {"name": name, "what": about[name], "share_of_mu_squared": layout.share(name),
+                                 "sensitivity_per_tick": float(layout.sensitivity[name]),
+                                 "released": "through noise" if mechanism is not None else "without noise"}
+        blocks.append(entry)
+    base: dict[str, Any] = {
+        "model": "hierarchy", "unit": "user", "cap": s.user_cap, "cap_policy": s.cap_policy,
+        "statistics": blocks + [{"name": "count", "what": "interactions per release (arrivals)",
+                                 "released": "exactly (public: arrivals)"}],
+        **PUBLIC_AND_PROTECTED,
+        "public": [p for p in PUBLIC_AND_PROTECTED["public"] if not p.startswith("the Gram")],
+    }
+    if mechanism is None:
+        return {"private": False, "guarantee": "none: epsilon = inf, the blocks are released without noise", **base}
+    g = describe(mechanism.event, s.delta)
+    mu = gdp_mu(g.epsilon, g.delta) if math.isfinite(g.epsilon) else math.inf
+    for entry in blocks:
+        entry["mu"] = mu * math.sqrt(layout.share(entry["name"]))
+    return {
+        "private": True, "mechanism": HIERARCHY_MECHANISM,
+        "mechanism_about": MECHANISMS[HIERARCHY_MECHANISM] + "; one release of the hierarchy's blocks, each scaled "
+                                                             "so that it gets its share of mu**2 (Gaussian DP)",
+        "epsilon": g.epsilon, "delta": g.delta, "valid": g.valid, "note": g.note, "mu_at_cap": mu,
+        "neighbours": HIERARCHY_NEIGHBOURS,
+        "scope": f"per epoch of {s.tree_ticks} release ticks, all of one user's contributions (up to {s.user_cap} "
+                 f"ticks) are ({g.epsilon:.4g}, {g.delta:g})-DP; epochs compose (Gaussian DP: mu adds in "
+                 f"quadrature); a user with k < cap ticks spends mu sqrt(B(k)/B(cap))",
+        "sensitivity": {"rule": "multi-participation sensitivity sqrt(B(cap)) of the blocks' weighted sum (per "
+                                "tick 1: each block's contribution has norm <= 1, its replace difference <= its "
+                                "sensitivity, scaled by its weight)",
+                        "factor_vs_one_tick": math.sqrt(ratio(s.user_cap) / ratio(1))},
+        "ratios": [ratio(k) for k in range(1, s.user_cap + 1)],
+        **base,
+    }
 
 
 #: The item sums' mechanism (sensitivity 1 per interaction; exact Gaussian-DP accounting) and its noise stream.
@@ -363,9 +453,13 @@ class ReleaseStage:
             self.baseline = build_baseline(s, self.catalog, self.store.noise_seed())
             self.baseline_store = BaselineStateStore(self.client, s.namespace)
             self._baseline_version: int | None = -1  # which stored state the in-memory policy holds (-1: none)
+        elif s.hierarchy:
+            self.layout = hierarchy_layout(s, self.catalog)
+            self.mechanism = self.make_hierarchy_mechanism() if s.private else None
         elif s.private:
             self.mechanism = self.make_mechanism(np.ones(self.catalog.n_units, dtype=bool))
-        self.releaser = Releaser(structure=self.structure, V=self.V, d=self.catalog.d, mechanism=self.mechanism,
+        self.releaser = Releaser(structure=self.structure, V=self.V, d=self.catalog.d,
+                                 mechanism=None if s.hierarchy else self.mechanism,
                                  Q=regulariser(s.algorithm, self.catalog.W))
         # the item term: each item's reward sum, released beside the bandit statistic (its own mechanism and key)
         self.n_items = item_capacity(self.catalog) if s.item_term else 0
@@ -380,11 +474,21 @@ class ReleaseStage:
             self.item_mechanism = items(self._user_scale(items(1.0)))
         self.folder: Folder | None = None
         if s.user_level and self.baseline is None:
+            hierarchy = None
+            if s.hierarchy:
+                hierarchy = (self.layout, hierarchy_features(self.catalog, self.layout.n_items))
             self.folder = Folder(self.client, s.namespace, d=self.catalog.d, n_units=self.catalog.n_units,
                                  n_items=self.n_items, cap=s.user_cap, capacity=s.tree_ticks,
-                                 ratio=self.participation_ratio, b_clip=s.clips[0], item_clip=s.clips[1])
-        self.statement = privacy_statement(s, self.mechanism, self.baseline, self.item_mechanism)
-        if self.folder is not None:
+                                 ratio=self.participation_ratio, b_clip=s.clips[0], item_clip=s.clips[1],
+                                 hierarchy=hierarchy)
+        if s.hierarchy:
+            self.statement = hierarchy_statement(s, self.mechanism, self.layout, self.participation_ratio)
+        else:
+            self.statement = privacy_statement(s, self.mechanism, self.baseline, self.item_mechanism)
+        if self.folder is not None and s.hierarchy:
+            self.statement = with_budget(self.statement, s.lifetime_budget, s.delta)
+            self.folder.budget = LifetimeBudget.of(self.statement, self.participation_ratio)
+        elif self.folder is not None:
             self.statement = user_level_statement(s, self.statement, self.participation_ratio, self.mechanism,
                                                   self.item_mechanism)
             self.statement = with_budget(self.statement, s.lifetime_budget, s.delta)  # the lifetime budget (ledger.py)
@@ -421,6 +525,18 @@ class ReleaseStage:
 
         return build(self._user_scale(build(1.0)))
 
+    def make_hierarchy_mechanism(self) -> Mechanism:
+        """One ``blt-exact`` release of the hierarchy's weighted blocks: per tick their sensitivity is 1 (the
+        layout's weights), so a user capped at ``user_cap`` ticks gets the settings' ``(epsilon, delta)``."""
+        s = self.settings
+
+        def build(scale: float) -> Mechanism:
+            return make_mechanism(HIERARCHY_MECHANISM, dim=self.layout.dim, sensitivity=scale, epsilon=s.epsilon,
+                                  delta=s.delta, horizon=s.tree_ticks, seed=self.store.noise_seed(),
+                                  stream=HIERARCHY_STREAM)
+
+        return build(self._user_scale(build(1.0)))
+
     def _user_scale(self, event_level: Mechanism) -> float:
         """User level: the factor that makes one tick's calibration cover a user's ``user_cap`` ticks (else 1)."""
         if not self.settings.user_level:
@@ -438,6 +554,8 @@ class ReleaseStage:
         fold: dict[str, int] = {}
         if self.folder is not None:  # user level: this tick's per-user contributions, clipped and capped
             fold = self.folder.fold(self.settings.partitions, self.store.pending_version() + 1)
+        if self.settings.hierarchy:
+            return self._tick_hierarchy(fold, force)
         stats, item_sums, offsets = self.store.snapshot_items(self.settings.partitions, c.n_units, c.d, self.n_items)
         last = self.client.hget(self.store.keys.pending, "count")
         if not force and last is not None and int(last) == int(stats.count.sum()):
@@ -455,6 +573,35 @@ class ReleaseStage:
         items = self._release_items(item_sums, int(stats.count.sum())) if self.n_items else None
         ledger = None if self.folder is None else self._ledger_entry(version, fold)
         self.store.persist_release(state, released, event, offsets, items, ledger)
+        faults.point("release-persisted")
+        self.store.publish()
+        faults.point("release-published")
+        return version
+
+    def _tick_hierarchy(self, fold: dict[str, int], force: bool) -> int | None:
+        """The hierarchy's release: the weighted blocks' exact sum over partitions, one step of its mechanism
+        (state persisted before the release is published, never redrawn)."""
+        c, s = self.catalog, self.settings
+        stats, exact, offsets = self.store.snapshot_hierarchy(s.partitions, c.n_units, c.d, self.layout.dim)
+        last = self.client.hget(self.store.keys.pending, "count")
+        count = int(stats.count.sum())
+        if not force and last is not None and int(last) == count:
+            if fold.get("over_budget") or fold.get("dropped"):
+                self._ledger_entry(max(1, self.store.pending_version()), fold)
+            return None
+        version = self.store.pending_version() + 1
+        state = None
+        std = 0.0
+        y = exact
+        event: Any = {"kind": "none"}
+        if self.mechanism is not None:
+            state = self.store.load_noise_state(self.mechanism) or self.mechanism.init_state()
+            y, state, ev = self.mechanism.step_to(state, exact)
+            std = noise_std(self.mechanism, state)
+            event = event_to_dict(ev)
+        released = ReleasedHierarchy.from_vector(self.layout, y, std=std, version=version)
+        ledger = None if self.folder is None else self._ledger_entry(version, fold)
+        self.store.persist_release(state, released, json.dumps(event), offsets, None, ledger, count=count)
         faults.point("release-persisted")
         self.store.publish()
         faults.point("release-published")
@@ -521,6 +668,14 @@ class SolveStage:
     def __post_init__(self) -> None:
         self.keys = PublicKeys(self.settings.namespace)
         self._prior: np.ndarray | None = None
+        self._features: np.ndarray | None = None  # the hierarchy's catalog contexts (public), loaded once
+        self._n_units: int | None = None
+        if self.settings.hierarchy:
+            from ..data.catalog import load_catalog
+
+            catalog = load_catalog(self.settings)
+            self._features = np.asarray(catalog.feature_matrix, dtype=np.float64)
+            self._n_units = int(catalog.n_units)
 
     def _solve(self, released: ReleasedStats) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
         """:func:`models.streaming.solve` with the settings' ridge and public prior, and what to say of them."""
@@ -555,6 +710,8 @@ class SolveStage:
             models = ServingModels.from_mapping(raw)
             theta, M, width, count = models.theta, models.conf, models.width, models.count
             extra = {"width": "per-unit", **widths_summary(width)}
+        elif is_hierarchy(raw):
+            return self._run_hierarchy(raw, version, t0)
         else:
             released = ReleasedStats.from_mapping(raw)
             if released.structure in SPARSE_STRUCTURES:
@@ -564,6 +721,35 @@ class SolveStage:
         items = None if s.baseline is not None else ReleasedItems.from_mapping(raw)
         self._write(version, theta, M, width, count, (time.perf_counter() - t0) * 1e3, extra,
                     (raw.get(b"event") or b'{"kind": "none"}').decode(), items)
+        return version
+
+    def _run_hierarchy(self, raw: dict[bytes, bytes], version: int, t0: float) -> int:
+        """The hierarchy's serving models (:func:`models.streaming.hierarchy.solve_hierarchy`): post-processing of
+        the released blocks and the public catalog; the item term is each item's departure from the content
+        model, served with weight 1."""
+        s = self.settings
+        rel = ReleasedHierarchy.from_mapping(raw)
+        if self._features is None:
+            from ..data.catalog import load_catalog
+
+            self._features = np.asarray(load_catalog(s).feature_matrix, dtype=np.float64)
+        F = self._features
+        if rel.items is not None and rel.items.shape[0] > F.shape[0]:  # items beyond the catalog at start: not covered
+            rel = ReleasedHierarchy(rel.pool, rel.items[:F.shape[0]], rel.units, rel.std_pool, rel.std_items,
+                                    rel.std_units, rel.version)
+        n_units = int(s.catalog_units) if rel.units is None else rel.units.shape[0]
+        n_units = self._n_units or n_units
+        model = solve_hierarchy(rel, F, n_units=n_units)
+        count = np.array([int(raw.get(b"count") or 0)])
+        term = {"pop": model.item_scores.astype("<f8").tobytes(), "weight": "1.0", "version": str(version),
+                "noise_std": repr(rel.std_items), "total": str(int(count.sum())),
+                "rule": "hierarchy: log(p(a) / p_pool(a)), the item's departure from the pooled content model"}
+        extra = {"model": "hierarchy", "item_weight": "1.0",
+                 **{f"hierarchy_{k}": repr(float(v)) for k, v in model.info.items()},
+                 "noise_std_pool": repr(rel.std_pool), "noise_std_items": repr(rel.std_items),
+                 "noise_std_units": repr(rel.std_units)}
+        self._write(version, model.theta, model.M, None, count, (time.perf_counter() - t0) * 1e3, extra,
+                    (raw.get(b"event") or b'{"kind": "none"}').decode(), term=term)
         return version
 
     def _run_sparse(self, released: ReleasedStats, version: int, raw: dict[bytes, bytes], t0: float) -> int:
@@ -593,11 +779,12 @@ class SolveStage:
 
     def _write(self, version: int, theta: np.ndarray, M: np.ndarray, width: np.ndarray | None, count: np.ndarray,
                solve_ms: float, extra: dict[str, str], event: str, items: ReleasedItems | None = None,
-               widths: np.ndarray | None = None) -> None:
+               widths: np.ndarray | None = None, term: dict[str, Any] | None = None) -> None:
         """Publish the serving models; ``widths``: only these units get an ``M`` (the others have none and are
-        served ``meta["M_prior"]``); ``None``: every unit's ``M``."""
+        served ``meta["M_prior"]``); ``None``: every unit's ``M``. ``term``: the item term's fields as they are
+        (the hierarchy's), instead of the flat model's rule over ``items``."""
         s = self.settings
-        item_model: dict[str, Any] | None = None
+        item_model: dict[str, Any] | None = term
         if items is not None:  # the item term: post-processing of the released item sums only
             # local mode: released item sums exist only when devices send item reports; they are served with
             # item_weight (default 1) — the global mode's rule, applied to the sums of the devices' noisy messages

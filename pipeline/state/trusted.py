@@ -33,6 +33,7 @@ import redis
 
 from models.mechanisms import Mechanism, TreeState
 from models.streaming import ReleasedStats, UnitStats
+from models.streaming.hierarchy import ReleasedHierarchy
 
 from ..config.keys import PublicKeys
 
@@ -310,6 +311,21 @@ class TrustedStore:
             offsets.append(0 if off is None else off)
         return UnitStats.merged(shards), items, offsets
 
+    def snapshot_hierarchy(self, partitions: int, n_units: int, d: int, dim: int
+                           ) -> tuple[UnitStats, np.ndarray, list[int]]:
+        """:meth:`snapshot` plus the exact hierarchy vector summed over partitions, consistent with it."""
+        shards, offsets = [], []
+        h = np.zeros(dim)
+        for p in range(partitions):
+            with self.r.pipeline(transaction=True) as pipe:
+                pipe.hgetall(self.keys.stats(p))
+                pipe.get(self.keys.offset(p))
+                raw, off = pipe.execute()
+            shards.append(decode_stats(raw, n_units, d))
+            h += decode_hierarchy(raw, dim)
+            offsets.append(0 if off is None else int(off))
+        return UnitStats.merged(shards), h, offsets
+
     def load_noise_state(self, mechanism: Mechanism) -> TreeState | None:
         raw = self.r.hgetall(self.keys.noise_state)
         return mechanism.state_from_mapping(raw) if raw else None
@@ -318,14 +334,15 @@ class TrustedStore:
         raw = self.r.hgetall(self.keys.item_noise_state)
         return mechanism.state_from_mapping(raw) if raw else None
 
-    def persist_release(self, state: TreeState | None, release: ReleasedStats, event: str,
+    def persist_release(self, state: TreeState | None, release: ReleasedStats | ReleasedHierarchy, event: str,
                         offsets: list[int], items: tuple[TreeState | None, dict[str, bytes]] | None = None,
-                        ledger: str | None = None) -> None:
+                        ledger: str | None = None, count: int | None = None) -> None:
         """Persist the new mechanism state and the pending release together, *before* publishing.
 
         ``offsets`` (per partition, the first offset *not* covered) is public:
         it says which events the release contains. ``items``: the item sums' mechanism state and
-        their release's fields (``items/*``), persisted in the same transaction.
+        their release's fields (``items/*``), persisted in the same transaction. ``count``: the interactions the
+        release covers (public arrivals), when the release does not carry them itself (the hierarchy's).
         """
         mapping: dict[str, Any] = dict(release.to_mapping())
         if items is not None:
@@ -335,7 +352,7 @@ class TrustedStore:
         mapping["offsets"] = json.dumps(offsets)
         mapping["version"] = str(release.version)
         mapping["event"] = event
-        mapping["count"] = str(int(release.count.sum()))
+        mapping["count"] = str(int(release.count.sum()) if count is None else int(count))
         with self.r.pipeline(transaction=True) as pipe:
             if state is not None:
                 pipe.delete(self.keys.noise_state)
@@ -395,6 +412,21 @@ def make_durable(client: redis.Redis, key: str) -> bool:
         return False
 
 
+#: The field of a partition's stats hash that holds its exact hierarchy vector (``--model hierarchy``).
+HIERARCHY_FIELD = b"h:0"
+
+
+def decode_hierarchy(raw: dict[bytes, bytes], dim: int) -> np.ndarray:
+    """A partition's exact hierarchy vector (:mod:`models.streaming.hierarchy`; zeros when it has none)."""
+    v = raw.get(HIERARCHY_FIELD)
+    if v is None:
+        return np.zeros(dim)
+    out = np.frombuffer(v, dtype="<f8").copy()
+    if out.shape != (dim,):
+        raise ValueError(f"the stored hierarchy vector has {out.shape[0]} values, the layout {dim}")
+    return out
+
+
 def decode_items(raw: dict[bytes, bytes], n_items: int) -> np.ndarray:
     out = np.zeros(n_items)
     if n_items:
@@ -408,6 +440,8 @@ def decode_stats(raw: dict[bytes, bytes], n_units: int, d: int) -> UnitStats:
     s = UnitStats.zeros(n_units=n_units, d=d)
     for k, v in raw.items():
         kind, u = k.decode().split(":")
+        if kind == "h":  # the hierarchy vector (decode_hierarchy)
+            continue
         i = int(u)
         if kind == "g":
             s.gram[i] = np.frombuffer(v, dtype="<f8").reshape(d, d)

@@ -12,7 +12,9 @@ partition (``WATCH`` on the pending hash and the fold generation):
    ignore``: the events are dropped from the statistics, counted in ``dropped``); nor is a user whose
    one more tick would take their spent budget past ``user_budget`` (:class:`~pipeline.config.ledger.LifetimeBudget`;
    counted in ``over_budget``);
-3. otherwise the user's ``b`` is clipped to norm ``b_clip`` and their item rewards to norm ``item_clip``
+3. otherwise (``--model hierarchy``) the user's tick is added to the partition's hierarchy vector
+   (:func:`models.streaming.hierarchy.add_contribution`: their listens' mean context and item shares, weighted by
+   ``min(1, total reward)``), and the user's ``b`` is clipped to norm ``b_clip`` and their item rewards to norm ``item_clip``
    (the sums of every event of the tick, so a user who clicks 50 times counts like one
    participation), added to the unit statistics (the Gram as it is: public — the items the user's
    answered lists showed, never the item they chose), and the user's ledger record counts one more
@@ -43,6 +45,7 @@ import numpy as np
 import redis
 
 from models.mechanisms.participation import B_CLIP, ITEM_CLIP, clip_scale
+from models.streaming.hierarchy import HierarchyLayout, add_contribution
 
 from ..config.keys import PublicKeys
 from ..config.ledger import LedgerRecord, LifetimeBudget
@@ -157,8 +160,11 @@ class Folder:
 
     def __init__(self, client: redis.Redis, namespace: str, *, d: int, n_units: int, n_items: int, cap: int,
                  capacity: int, ratio: Callable[[int], float], b_clip: float = B_CLIP,
-                 item_clip: float = ITEM_CLIP) -> None:
+                 item_clip: float = ITEM_CLIP, hierarchy: tuple[HierarchyLayout, np.ndarray] | None = None) -> None:
         self.r, self.ns, self.d, self.n_units, self.n_items = client, namespace, d, n_units, n_items
+        #: ``--model hierarchy``: its layout and the catalog's contexts (rows beyond them: zero contexts); every
+        #: folded user's tick is also added to the partition's hierarchy vector (models.streaming.hierarchy)
+        self.hierarchy = hierarchy
         self.cap, self.capacity, self.ratio = int(cap), int(capacity), ratio
         self.b_clip, self.item_clip = float(b_clip), float(item_clip)
         self.trusted = TrustedKeys(namespace)
@@ -211,9 +217,10 @@ class Folder:
 
     def _plan(self, pending: dict[bytes, bytes], stats_raw: dict[bytes, bytes], users: Sequence[str],
               records_raw: Sequence[bytes | None], version: int, epoch: int) -> dict[str, Any]:
-        from .trusted import decode_items, decode_stats  # the partition's exact statistics
+        from .trusted import HIERARCHY_FIELD, decode_hierarchy, decode_items, decode_stats  # exact statistics
 
         stats = decode_stats(stats_raw, self.n_units, self.d)
+        hvec = None if self.hierarchy is None else decode_hierarchy(stats_raw, self.hierarchy[0].dim)
         items = decode_items(stats_raw, self.n_items) if self.n_items else np.zeros(0)
         touched_units: set[int] = set()
         touched_items: set[int] = set()
@@ -245,6 +252,9 @@ class Folder:
                 for item, value in c.items.items():
                     items[item] += iscale * value
                     touched_items.add(item)
+            if hvec is not None and self.hierarchy is not None:
+                layout, features = self.hierarchy
+                add_contribution(hvec, layout, c.unit, c.items, features)
             k = rec.k + 1
             records[user] = LedgerRecord(epoch, k, version, rec.past).dumps()
             summary["folded"] += 1
@@ -257,6 +267,8 @@ class Folder:
             out_stats[f"n:{u}"] = str(int(stats.count[u]))
         for a in touched_items:
             out_stats[f"i:{a}"] = repr(float(items[a]))
+        if hvec is not None and summary["folded"]:
+            out_stats[HIERARCHY_FIELD.decode()] = hvec.astype("<f8").tobytes()
         counts = {f"at_cap:{epoch}": summary["at_cap"], "dropped": summary["dropped"], "folded": summary["folded"],
                   "over_budget": summary["over_budget"]}
         return {"stats": out_stats, "remove": remove, "records": records, "counts": counts, "summary": summary}
