@@ -29,7 +29,7 @@ fi
 # --- 2. replay a slice of LastFM through the live API -----------------------------------
 # Real users' logged listens drive /recommend and /feedback; the page then shows a model that
 # has learned from them. PRIVREC_REPLAY_EVENTS=0 skips it.
-events=${PRIVREC_REPLAY_EVENTS:-3000}
+events=${PRIVREC_REPLAY_EVENTS:-5000}
 if [ "$events" -gt 0 ]; then
     "$privrec" replay lastfm --state-dir "$state" --events "$events" --rate "${PRIVREC_REPLAY_RATE:-auto}" \
         --out "$root/out/replay"

@@ -63,6 +63,8 @@ MODELS = ("hierarchy", "flat")
 #: ``user_cap`` when unset, by model: chosen on held-out windows of LastFM, the synthetic population and a synthetic
 #: tagged catalog (docs/hierarchy.md for the hierarchy, docs/privacy.md for the flat model).
 DEFAULT_CAPS = {"hierarchy": 1, "flat": 8}
+#: Local mode's protocol when none is set: the variant measured to learn (docs/local-live.md).
+LOCAL_DEFAULT = {"local_algorithm": "round", "shuffle_batch": 150, "local_codewords": 64, "user_cap": 2}
 CAP_POLICIES = ("ignore", "reject")
 #: Mechanisms with a multi-participation sensitivity bound (models.mechanisms.participation).
 USER_LEVEL_MECHANISMS = ("blt-exact", "blt-zcdp", "gaussian-exact", "gaussian-zcdp")
@@ -284,11 +286,11 @@ class Settings:
     topology: str = "star"
     fed_schedule: str = "tick"
     consensus_kappa: float = 0.5
-    local_algorithm: str = "tree"
+    local_algorithm: str | None = None
     local_mechanism: str = "blt-exact"
     local_capacity: int = 1023
-    shuffle_batch: int = 0
-    local_codewords: int = 0
+    shuffle_batch: int | None = None
+    local_codewords: int | None = None
     local_item_term: int = 0
     model: str | None = None
     hierarchy_shares: str | None = None
@@ -354,6 +356,7 @@ class Settings:
                                              f"released statistics), got {self.algorithm!r}.")
         if self.algorithm not in ALGORITHMS:
             raise SettingsError("algorithm", f"must be one of {ALGORITHMS}, got {self.algorithm!r}.")
+        self._resolve_local()
         self._resolve_model()
         self._check_local()
         if self.mechanism not in MECHANISMS:
@@ -507,10 +510,39 @@ class Settings:
             raise SettingsError("shuffle_batch", "shuffling applies to per-round reports: use --local-algorithm round "
                                                  "(a per-user continual release has no batch of one report per user)")
 
+    def _resolve_local(self) -> None:
+        """Local mode's protocol when unset: the variant that learns (:data:`LOCAL_DEFAULT`) — per-round reports,
+        population-wide shuffled batches of at least 150 distinct users, listens as codewords of a public codebook of
+        64 through a blanket of fakes, 2 reports per device and epoch (docs/local-live.md); the batch grows to the
+        smallest the blanket can calibrate at the settings' epsilon. Outside local mode: the device settings' old
+        values (no shuffler, no codewords), which nothing reads."""
+        local = self.mode == "local"
+        if self.local_algorithm is None:
+            object.__setattr__(self, "local_algorithm", "round" if local else "tree")
+        default_variant = local and self.local_algorithm == "round" and self.shuffle_batch is None \
+            and self.local_codewords is None and self.privacy_unit in (None, "user") and self.private
+        if default_variant:
+            if self.user_cap is None:
+                object.__setattr__(self, "user_cap", LOCAL_DEFAULT["user_cap"])
+            object.__setattr__(self, "local_codewords", LOCAL_DEFAULT["local_codewords"])
+            batch = LOCAL_DEFAULT["shuffle_batch"]
+            if 0 < self.delta < 1 and self.user_cap is not None and self.user_cap >= 1:
+                from models.local.items import smallest_batch
+
+                try:
+                    batch = max(batch, smallest_batch(self.epsilon, self.delta, self.user_cap))
+                except ValueError:
+                    pass  # no batch can: the settings check below names the setting
+            object.__setattr__(self, "shuffle_batch", batch)
+        if self.shuffle_batch is None:
+            object.__setattr__(self, "shuffle_batch", 0)
+        if self.local_codewords is None:
+            object.__setattr__(self, "local_codewords", 0)
+
     def _resolve_model(self) -> None:
         """Set ``model`` and ``user_cap`` when unset, and check that the model fits the other settings."""
-        fits = (self.algorithm == "linucb" and self.graph == "clusters" and self.mode == "global"
-                and self.privacy_unit in (None, "user"))
+        fits = (self.algorithm == "linucb" and self.graph == "clusters" and self.privacy_unit in (None, "user")
+                and (self.mode == "global" or (self.mode == "local" and bool(self.local_codewords))))
         # a setting of the flat model's own (its mechanism, a fixed prior, the item term's weight) selects it
         flat_only = [name for name, on in (("mechanism", self.mechanism != DEFAULT_MECHANISM),
                                            ("prior_strength", bool(self.prior_strength)),
@@ -524,9 +556,9 @@ class Settings:
             raise SettingsError("model", f"must be one of {MODELS}, got {self.model!r}.")
         elif self.model == "hierarchy" and not fits:
             raise SettingsError("model", f"the hierarchy serves linucb over model units (--graph clusters) at user "
-                                         f"level in global mode, got algorithm {self.algorithm!r}, graph "
-                                         f"{self.graph!r}, mode {self.mode!r}, privacy unit {self.privacy_unit!r}; "
-                                         f"use --model flat")
+                                         f"level in global mode, or local mode's population-wide codewords, got "
+                                         f"algorithm {self.algorithm!r}, graph {self.graph!r}, mode {self.mode!r}, "
+                                         f"privacy unit {self.privacy_unit!r}; use --model flat")
         if self.model == "hierarchy":
             if self.hierarchy_shares is not None:
                 from models.streaming.hierarchy import parse_shares
@@ -538,8 +570,8 @@ class Settings:
         elif self.hierarchy_shares is not None:
             raise SettingsError("hierarchy_shares", "applies to --model hierarchy")
         if self.user_cap is None:
-            cap = DEFAULT_CAPS[self.model]
-            if self.model == "hierarchy" and not self.private:
+            cap = DEFAULT_CAPS[self.model] if self.mode != "local" else DEFAULT_CAPS["flat"]
+            if self.model == "hierarchy" and self.mode == "global" and not self.private:
                 cap = self.tree_ticks  # no noise: nothing to bound
             object.__setattr__(self, "user_cap", cap)
 

@@ -204,6 +204,18 @@ def hierarchy_features(catalog: Catalog, n_items: int) -> np.ndarray:
     return np.vstack([F, np.zeros((n_items - F.shape[0], F.shape[1]))])
 
 
+def local_as_hierarchy(released: ReleasedStats, items: ReleasedItems | None) -> ReleasedHierarchy:
+    """Local mode's population-wide release (codewords: every unit holds the population's sum ``b`` of the listens'
+    codeword vectors, estimated from the blanketed histogram, with noise std ``noise_std``; ``count`` the reports)
+    as the hierarchy's pool block, and its item sums (``--local-item-term``) as the item block: post-processing."""
+    h = 1.0 / math.sqrt(2.0)
+    n = float(released.count.sum())
+    b = released.b_tilde.reshape(released.count.shape[0], -1)[0]
+    pool = np.concatenate([b, [n]]) * h
+    return ReleasedHierarchy(pool, None if items is None else items.sums, None, released.noise_std * h,
+                             0.0 if items is None else items.noise_std, 0.0, released.version)
+
+
 def is_hierarchy(raw: dict[bytes, bytes]) -> bool:
     """Whether a released hash holds a :class:`~models.streaming.hierarchy.ReleasedHierarchy`."""
     meta = raw.get(b"meta")
@@ -711,9 +723,12 @@ class SolveStage:
             theta, M, width, count = models.theta, models.conf, models.width, models.count
             extra = {"width": "per-unit", **widths_summary(width)}
         elif is_hierarchy(raw):
-            return self._run_hierarchy(raw, version, t0)
+            return self._run_hierarchy(ReleasedHierarchy.from_mapping(raw), raw, version, t0)
         else:
             released = ReleasedStats.from_mapping(raw)
+            if s.hierarchy and s.mode == "local":  # the devices' population-wide sums, read as the hierarchy's
+                return self._run_hierarchy(local_as_hierarchy(released, ReleasedItems.from_mapping(raw)), raw,
+                                           version, t0)
             if released.structure in SPARSE_STRUCTURES:
                 return self._run_sparse(released, version, raw, t0)
             theta, M, extra = self._solve(released)
@@ -723,12 +738,11 @@ class SolveStage:
                     (raw.get(b"event") or b'{"kind": "none"}').decode(), items)
         return version
 
-    def _run_hierarchy(self, raw: dict[bytes, bytes], version: int, t0: float) -> int:
+    def _run_hierarchy(self, rel: ReleasedHierarchy, raw: dict[bytes, bytes], version: int, t0: float) -> int:
         """The hierarchy's serving models (:func:`models.streaming.hierarchy.solve_hierarchy`): post-processing of
         the released blocks and the public catalog; the item term is each item's departure from the content
         model, served with weight 1."""
         s = self.settings
-        rel = ReleasedHierarchy.from_mapping(raw)
         if self._features is None:
             from ..data.catalog import load_catalog
 

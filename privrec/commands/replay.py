@@ -275,7 +275,7 @@ def _lastfm_events(args: argparse.Namespace, n: int) -> Any:
 
 
 def _baselines(ev: Any, n: int, info: dict[str, Any], every: int) -> dict[str, Any]:
-    """Random play, online popularity (global, per unit) and private popularity on the same events, offline.
+    """The data-free prior, online popularity (global, per unit) and private popularity on the same events, offline.
 
     ``ev`` is a :class:`privrec.experiments.lastfm.LastFMEvents` (units, pools, logged slots, features, ``W``).
     """
@@ -284,6 +284,7 @@ def _baselines(ev: Any, n: int, info: dict[str, Any], every: int) -> dict[str, A
     import numpy as np
 
     from models.policies import OnlinePopularity, make_popularity_policy
+    from models.policies.hierarchy import PriorScorer
     from privrec.experiments.lastfm import replay_offline
 
     priv = info.get("privacy") or {}
@@ -291,6 +292,7 @@ def _baselines(ev: Any, n: int, info: dict[str, Any], every: int) -> dict[str, A
     delta = float(priv.get("delta") or 1e-5)
     k = ev.features.shape[0]
     policies = {
+        "prior": PriorScorer(ev.features, seed=0),  # the data-free scorer (the hierarchy's model before any data)
         "popularity": OnlinePopularity(k, seed=0),
         "popularity_cluster": OnlinePopularity(k, n_units=ev.n_units, per_unit=True, seed=0),
         "private_popularity": make_popularity_policy(None, d=ev.features.shape[1], W=np.eye(ev.n_units), n_items=k,
@@ -313,10 +315,11 @@ def _baseline_fields(baselines: dict[str, Any], random_reward: float) -> dict[st
     for name, b in baselines.items():
         out[f"{name}_reward"] = b["reward"]
         out[f"{name}_ratio"] = b["reward"] / random_reward if random_reward else None
-    out["baselines"] = {"protocol": "offline, on the same events and pools, with the same models code: online "
-                                    "popularity counts every logged positive so far (global, or per friend-graph "
-                                    "cluster); private popularity ranks the item sums released through blt-exact at "
-                                    "the stack's epsilon",
+    out["baselines"] = {"protocol": "offline, on the same events and pools, with the same models code: the prior "
+                                    "ranks by x . (the catalog's mean context), with no data (the best data-free "
+                                    "scorer on LastFM); online popularity counts every logged positive so far "
+                                    "(global, or per friend-graph cluster); private popularity ranks the item sums "
+                                    "released through blt-exact at the stack's epsilon",
                         "curves": {name: [{"events": e, "reward": r} for e, r in b["curve"]]
                                    for name, b in baselines.items()},
                         "private_popularity_epsilon": baselines["private_popularity"].get("epsilon")}
@@ -348,7 +351,8 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     label = f"{model.get('algorithm', '?')} (ε={f'{float(eps):.3g}' if priv.get('private') and eps is not None else '∞'})"
     ax.plot(xs, [c["reward"] for c in doc["curve"]], label=label)
     ax.plot(xs, [c["random_reward"] for c in doc["curve"]], "k--", label="random (expected)")
-    styles = {"popularity": ("k", "-.", "online popularity (non-private)"),
+    styles = {"prior": ("tab:orange", "--", "the data-free prior (no data)"),
+              "popularity": ("k", "-.", "online popularity (non-private)"),
               "popularity_cluster": ("0.5", "-.", "popularity per cluster (non-private)"),
               "private_popularity": ("tab:green", ":", "private popularity (same ε)")}
     for name, curve in (doc.get("baselines") or {}).get("curves", {}).items():
