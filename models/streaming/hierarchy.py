@@ -441,6 +441,10 @@ def _fit_pooled(F: FloatArray, b: FloatArray, n: float, sigma2: float, prior: Fl
     return theta, 0.5 * (cov + cov.T)
 
 
+#: SureShrink's hybrid (Donoho & Johnstone 1995, §2.4): where the residuals' energy above the noise is below
+#: ``log2(K)**1.5 / sqrt(K)`` per item, the universal threshold instead of SURE's. Off: on held-out windows it kept
+#: LastFM at the prior (2.54 against 2.49) but cost the tagged catalog 1.4 (8.63 against 10.06, ε = 2).
+HYBRID = False
 #: The fractions of a residual kept below the threshold that :func:`sure_shrinkage` chooses among.
 BETAS = np.linspace(0.0, 1.0, 21)
 
@@ -463,8 +467,12 @@ def sure_shrinkage(r: FloatArray, sigma: float) -> tuple[float, float]:
     K = len(r)
     if sigma <= 0 or K == 0:
         return 1.0, 0.0
-    a = np.sort(np.abs(r))
     tmax = sigma * math.sqrt(2.0 * math.log(max(K, 2)))
+    if HYBRID and K > 1:  # SureShrink's sparsity test: too little energy above the noise for SURE to be reliable
+        energy = (float(np.sum(r * r)) / sigma**2 - K) / K
+        if energy <= math.log2(K) ** 1.5 / math.sqrt(K):
+            return 0.0, tmax
+    a = np.sort(np.abs(r))
     cand = np.concatenate([[0.0], a[a <= tmax], [tmax]])
     cs = np.concatenate([[0.0], np.cumsum(a ** 2)])
     idx = np.searchsorted(a, cand, side="right")

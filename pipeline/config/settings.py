@@ -514,13 +514,17 @@ class Settings:
         """Local mode's protocol when unset: the variant that learns (:data:`LOCAL_DEFAULT`) — per-round reports,
         population-wide shuffled batches of at least 150 distinct users, listens as codewords of a public codebook of
         64 through a blanket of fakes, 2 reports per device and epoch (docs/local-live.md); the batch grows to the
-        smallest the blanket can calibrate at the settings' epsilon. Outside local mode: the device settings' old
-        values (no shuffler, no codewords), which nothing reads."""
+        smallest the blanket can calibrate at the settings' epsilon. A synthetic world of fewer users than a batch
+        keeps the per-user tree (nothing to hide among). Outside local mode: the device settings' old values (no
+        shuffler, no codewords), which nothing reads."""
         local = self.mode == "local"
-        if self.local_algorithm is None:
-            object.__setattr__(self, "local_algorithm", "round" if local else "tree")
-        default_variant = local and self.local_algorithm == "round" and self.shuffle_batch is None \
-            and self.local_codewords is None and self.privacy_unit in (None, "user") and self.private
+        # the synthetic world names its population: one too small to fill a shuffled batch keeps the per-user tree
+        too_few = self.catalog == "synthetic" and self.n_users < LOCAL_DEFAULT["shuffle_batch"]
+        if local and self.local_algorithm is None and too_few:
+            object.__setattr__(self, "local_algorithm", "tree")
+        default_variant = local and self.local_algorithm in (None, "round") and self.shuffle_batch is None \
+            and self.local_codewords is None and self.privacy_unit in (None, "user") and self.private \
+            and not too_few
         if default_variant:
             if self.user_cap is None:
                 object.__setattr__(self, "user_cap", LOCAL_DEFAULT["user_cap"])
@@ -534,6 +538,10 @@ class Settings:
                 except ValueError:
                     pass  # no batch can: the settings check below names the setting
             object.__setattr__(self, "shuffle_batch", batch)
+            if self.catalog == "synthetic":
+                object.__setattr__(self, "local_codewords", min(LOCAL_DEFAULT["local_codewords"], self.n_arms))
+        if self.local_algorithm is None:
+            object.__setattr__(self, "local_algorithm", "round" if local and default_variant else "tree")
         if self.shuffle_batch is None:
             object.__setattr__(self, "shuffle_batch", 0)
         if self.local_codewords is None:

@@ -182,7 +182,13 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
         if settings.shuffle_batch > len(catalog.users):  # population-wide batches: distinct users of every unit
             raise OpsError(f"`shuffle_batch` {settings.shuffle_batch} exceeds the {len(catalog.users)} users of the "
                            f"{settings.catalog!r} catalog: a population-wide batch holds distinct users, so none "
-                           f"could ever close")
+                           f"could ever close (a population this small has no one to hide among: "
+                           f"--local-algorithm tree keeps each user's reports on their device's own tree)")
+        n_items = len(catalog.feature_matrix)
+        if not settings.local_item_term and settings.local_codewords > n_items:
+            raise SettingsError("local_codewords", f"{settings.local_codewords} codewords of a catalog of {n_items} "
+                                                   f"items: at most {n_items} (each codeword is a k-means centroid of "
+                                                   f"the items' contexts)")
     elif settings.mode == "local" and settings.shuffle_batch:
         from collections import Counter
 

@@ -1,0 +1,161 @@
+"""The hierarchical model's pure parts: contributions and their bounds, the layout's weights, the codec, the solve."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.mechanisms import make_mechanism
+from models.policies.hierarchy import HierarchicalUCB, PriorScorer
+from models.streaming.hierarchy import (REPLACE_SENSITIVITY, HierarchyLayout, ReleasedHierarchy, add_contribution,
+                                        contribution, default_shares, parse_shares, prior_direction,
+                                        solve_hierarchy, sure_shrinkage)
+
+
+def _features(K: int = 30, d: int = 4, seed: int = 0) -> np.ndarray:
+    F = np.random.default_rng(seed).normal(size=(K, d))
+    return F / np.linalg.norm(F, axis=1, keepdims=True)
+
+
+items_st = st.dictionaries(st.integers(0, 29), st.floats(0.0, 3.0, allow_nan=False), min_size=0, max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=items_st, b=items_st, unit_a=st.integers(0, 2), unit_b=st.integers(0, 2))
+def test_two_users_ticks_differ_by_at_most_one_in_the_weighted_release(a: dict[int, float], b: dict[int, float],
+                                                                      unit_a: int, unit_b: int) -> None:
+    """The calibration's premise: under replace neighbours the weighted vector moves by at most 1 per tick, whatever
+    the two users listened to, how many times, with which rewards, in which units."""
+    F = _features()
+    layout = HierarchyLayout(d=4, n_items=30, n_units=3, shares={"pool": 0.2, "items": 0.5, "units": 0.3})
+    va, vb = np.zeros(layout.dim), np.zeros(layout.dim)
+    add_contribution(va, layout, unit_a, a, F)
+    add_contribution(vb, layout, unit_b, b, F)
+    assert float(np.linalg.norm(va - vb)) <= 1.0 + 1e-12
+
+
+def test_the_bound_is_attained_so_the_weights_are_not_loose() -> None:
+    F = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])
+    layout = HierarchyLayout(d=2, n_items=3, n_units=1, shares={"pool": 1.0, "items": 0.0, "units": 0.0})
+    va, vb = np.zeros(layout.dim), np.zeros(layout.dim)
+    add_contribution(va, layout, 0, {0: 1.0}, F)
+    add_contribution(vb, layout, 0, {1: 1.0}, F)
+    # contexts +e1 and -e1: the pool blocks [x, 1] / sqrt(2) differ by sqrt(2); the weight is 1 / 2: 0.707
+    assert float(np.linalg.norm(va - vb)) == pytest.approx(math.sqrt(2) / 2)
+    assert REPLACE_SENSITIVITY["pool"] == 2.0  # the bound the weight divides by (a difference of two norm-1 blocks)
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=items_st)
+def test_a_tick_is_one_vote_at_most(items: dict[int, float]) -> None:
+    pool, shares = contribution(items, _features())
+    total = sum(r for r in items.values() if r > 0)
+    assert float(np.linalg.norm(pool)) <= 1.0 + 1e-12
+    assert sum(shares.values()) == pytest.approx(min(1.0, total))
+    assert pool[-1] == pytest.approx(min(1.0, total) / math.sqrt(2))
+
+
+def test_items_beyond_the_contexts_count_with_a_zero_context() -> None:
+    F = _features(K=5)
+    pool, shares = contribution({7: 1.0}, F)
+    assert shares == {7: 1.0} and np.allclose(pool[:-1], 0.0)
+
+
+def test_the_shares_split_mu_squared_across_blocks() -> None:
+    layout = HierarchyLayout(d=3, n_items=10, n_units=2, shares={"pool": 1.0, "items": 3.0, "units": 0.0})
+    assert layout.blocks == ("pool", "items") and layout.dim == 4 + 10
+    assert layout.share("pool") == pytest.approx(0.25) and layout.share("items") == pytest.approx(0.75)
+    # block l's mu is mu * sqrt(share): its sensitivity times its weight
+    assert layout.weight("items") * REPLACE_SENSITIVITY["items"] == pytest.approx(math.sqrt(0.75))
+    with pytest.raises(ValueError, match="pool block must be on"):
+        HierarchyLayout(d=3, n_items=10, n_units=2, shares={"pool": 0.0, "items": 1.0})
+
+
+def test_the_released_vector_unweights_to_the_blocks_and_round_trips() -> None:
+    F = _features()
+    layout = HierarchyLayout(d=4, n_items=30, n_units=3, shares={"pool": 0.2, "items": 0.5, "units": 0.3})
+    v = layout.exact_vector([(0, {1: 1.0}), (2, {1: 1.0, 4: 1.0}), (2, {9: 0.25})], F)
+    rel = ReleasedHierarchy.from_vector(layout, v, std=2.0, version=7)
+    assert rel.count == pytest.approx(2.25)
+    assert rel.items is not None and rel.items[[1, 4, 9]].tolist() == pytest.approx([1.5, 0.5, 0.25])
+    assert rel.units is not None and rel.units[2, -1] * math.sqrt(2) == pytest.approx(1.25)
+    assert rel.std_items == pytest.approx(2.0 / layout.weight("items"))
+    back = ReleasedHierarchy.from_mapping(rel.to_mapping())
+    assert back.version == 7 and np.array_equal(back.pool, rel.pool) and np.array_equal(back.items, rel.items)
+    assert back.std_pool == rel.std_pool and np.array_equal(back.units, rel.units)
+
+
+def test_without_noise_counts_decide_and_content_breaks_their_ties() -> None:
+    F = _features(K=40, d=4, seed=3)
+    layout = HierarchyLayout(d=4, n_items=40, n_units=1, shares={"pool": 1, "items": 1, "units": 0})
+    ticks = [(0, {5: 1.0})] * 30 + [(0, {9: 1.0})] * 10
+    rel = ReleasedHierarchy.from_vector(layout, layout.exact_vector(ticks, F), std=0.0)
+    model = solve_hierarchy(rel, F, n_units=1)
+    score = F @ model.theta[0] + model.item_scores
+    assert int(np.argmax(score)) == 5
+    assert score[9] > np.delete(score, [5, 9]).max()   # every counted item above every uncounted one
+
+
+def test_under_overwhelming_noise_the_model_falls_back_to_the_priors_ranking() -> None:
+    F = _features(K=60, d=5, seed=4)
+    layout = HierarchyLayout(d=5, n_items=60, n_units=1)
+    rng = np.random.default_rng(0)
+    exact = layout.exact_vector([(0, {int(a): 1.0}) for a in rng.integers(0, 60, size=20)], F)
+    y = exact + rng.normal(scale=1e4, size=exact.shape)
+    model = solve_hierarchy(ReleasedHierarchy.from_vector(layout, y, std=1e4), F)
+    u0 = prior_direction(F)
+    assert np.allclose(model.item_scores, 0.0, atol=1e-9)  # no item clears the noise
+    assert np.argsort(F @ model.theta[0]).tolist() == np.argsort(F @ u0).tolist()
+
+
+def test_sure_keeps_what_clears_the_noise_and_drops_what_does_not() -> None:
+    rng = np.random.default_rng(1)
+    sparse = rng.normal(size=2000)
+    sparse[:5] += 40.0
+    beta, t = sure_shrinkage(sparse, 1.0)
+    assert beta == 0.0 and t > 2.0            # a few needles: a high threshold, nothing below it kept
+    dense = rng.normal(size=2000) + rng.normal(scale=5.0, size=2000)
+    beta, t = sure_shrinkage(dense, 1.0)
+    assert beta > 0.5                         # signal everywhere: most of every residual kept
+
+
+def test_the_units_block_is_released_where_a_unit_has_users_enough() -> None:
+    assert default_shares(users=1_892, units=100)["units"] == 0.0
+    assert default_shares(users=100_000, units=100)["units"] == pytest.approx(0.2)
+    assert parse_shares("pool=1,units=1") == {"pool": 0.5, "items": 0.0, "units": 0.5}
+    for bad in ("pool=x", "pools=1", "pool=-1", "pool=inf,items=1", "items=1"):
+        with pytest.raises(ValueError):
+            parse_shares(bad)
+
+
+def test_the_twin_releases_with_the_stated_calibration() -> None:
+    """A capped user at cap k gets the settings' (epsilon, delta): the twin's mechanism is the release stage's."""
+    from models.mechanisms.participation import participation_factor
+
+    F = _features()
+    twin = HierarchicalUCB(F, n_units=2, epsilon=2.0, cap=3, tick=2, seed=5)
+    one = make_mechanism("blt-exact", dim=twin.layout.dim, sensitivity=1.0, epsilon=2.0, delta=1e-5,
+                         horizon=(1 << 14) - 1, seed=5, stream=11)
+    expected = make_mechanism("blt-exact", dim=twin.layout.dim, sensitivity=participation_factor(one, 3),
+                              epsilon=2.0, delta=1e-5, horizon=(1 << 14) - 1, seed=5, stream=11)
+    assert twin.mechanisms[0].event == expected.event
+
+
+def test_the_twin_caps_a_user_at_one_tick_by_default_and_not_without_noise() -> None:
+    F = _features()
+    for eps, dropped in ((2.0, 2), (math.inf, 0)):
+        twin = HierarchicalUCB(F, n_units=1, epsilon=eps, tick=1, seed=0)
+        for _ in range(3):
+            twin.begin_event("u")
+            twin.update(0, F[2], 1.0, 2)
+        assert twin.dropped == dropped
+
+
+def test_the_prior_scorer_ranks_by_the_catalogs_mean_context() -> None:
+    F = _features(K=25, d=3, seed=9)
+    scorer = PriorScorer(F)
+    assert scorer.select(0, F) == int(np.argmax(F @ prior_direction(F)))
