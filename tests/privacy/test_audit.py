@@ -377,7 +377,9 @@ def local_reports_user(size: Size, algorithm: str) -> Audit:
     ``tree``: one block of the device's mechanism (its epoch is ``cap`` reports, calibrated to their
     multi-participation sensitivity); ``round``: ``cap`` independent reports of ``mu / sqrt(cap)`` each."""
     def make() -> Audit:
-        s = Settings(mode="local", local_algorithm=algorithm, local_capacity=size.ticks, d=size.d, kafka=None)
+        # the Gaussian device reports (no shuffler, no codewords: the codeword variant is test_blanket.py's)
+        s = Settings(mode="local", local_algorithm=algorithm, local_capacity=size.ticks, d=size.d, kafka=None,
+                     shuffle_batch=0, local_codewords=0)
         config = s.local_config(size.d)
         g = config.guarantee()
         assert g["unit"] == "user" and config.cap == s.user_cap
