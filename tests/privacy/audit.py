@@ -15,6 +15,14 @@ stage with its own mechanisms — against a real ``redis-server``, and records w
 another seed: same calibration, independent noise). :func:`distinguish` estimates ``Sigma`` on training seeds,
 checks on test seeds that ``y_B - y_A`` is exactly ``m_B - m_A`` (the noise does not depend on the data: the two
 hypotheses differ by a shift), and measures ``mu`` of the fixed test ``w`` on the held-out test seeds.
+
+``--model hierarchy`` (:mod:`models.streaming.hierarchy`) publishes one vector per tick instead: the weighted blocks
+``[pool, items, units]`` through one mechanism, unweighted by :meth:`ReleasedHierarchy.from_vector` (a public
+per-block scale: post-processing, the same ``mu``). :func:`run_stream` records the exact weighted vector each tick
+handed the mechanism (``TrustedStore.snapshot_hierarchy``) and what it published; :class:`HierarchyReleases`
+re-releases it with the stage's own mechanism under other seeds (bit for bit with the namespace's seed, checked on
+the published blocks), :class:`HierarchyNeighbours` restricts the releases to some blocks and names the public fields
+of the released hash that differ between the streams (each is ``mu = inf``).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import copy
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,7 +42,11 @@ from models.accounting import gdp_mu
 from models.ground.noise import KeyedNoise
 from models.mechanisms import Mechanism
 from models.ground.items import ReleasedItems
+from models.mechanisms import noise_std
+from models.mechanisms.factorization import BLTMechanism, blt_coefficients
+from models.mechanisms.participation import toeplitz_matrix
 from models.streaming import ReleasedStats, UnitStats
+from models.streaming.hierarchy import ReleasedHierarchy
 from pipeline.data.catalog import Catalog
 from pipeline.ingestion.agents import make_processor
 from pipeline.config.keys import PublicKeys
@@ -42,8 +54,9 @@ from pipeline.config.settings import Settings
 from pipeline.release.stages import ReleaseStage
 from pipeline.state.trusted import TrustedKeys
 
-__all__ = ["Trace", "run_stream", "reseeded", "StageReleases", "StageNeighbours", "Neighbours", "Estimate",
-           "distinguish", "claimed_mu", "margin", "event", "ALPHA"]
+__all__ = ["Trace", "run_stream", "reseeded", "StageReleases", "StageNeighbours", "HierarchyReleases",
+           "HierarchyNeighbours", "Neighbours", "Estimate", "distinguish", "exact_mu", "claimed_mu", "margin", "event",
+           "ALPHA", "HIERARCHY_ARRAYS"]
 
 #: One-sided level of the margin: a mechanism that keeps its claim fails the audit with probability <= ALPHA
 #: over the choice of seeds (the seeds are fixed, so a given run is deterministic).
@@ -72,7 +85,14 @@ class Trace:
     stats: list[UnitStats]       # per tick: the trusted snapshot (Grams, b, counts) the releaser got
     items: list[np.ndarray]      # per tick: the exact item reward sums (empty without the item term)
     seed: int                    # the namespace's secret noise seed
-    published: list[dict[str, np.ndarray]]  # per tick: what the tick published ("b": b_tilde, "items": sums)
+    published: list[dict[str, np.ndarray]]  # per tick: what the tick published ("b": b_tilde, "items": sums; the
+    #                                         hierarchy: its blocks "pool", "items", "units" and their noise stds)
+    hierarchy: list[np.ndarray] = field(default_factory=list)  # per tick: the exact weighted hierarchy vector
+    public: list[dict[bytes, bytes]] = field(default_factory=list)  # per tick: the released hash but its noisy arrays
+
+
+#: The released hash's fields that hold the hierarchy's noisy blocks; every other field is public as it is.
+HIERARCHY_ARRAYS = (b"a:pool", b"a:items", b"a:units")
 
 
 def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
@@ -91,6 +111,8 @@ def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
     offsets: dict[int, int] = {}
     stats: list[UnitStats] = []
     items: list[np.ndarray] = []
+    hierarchy: list[np.ndarray] = []
+    public: list[dict[bytes, bytes]] = []
     published: list[dict[str, np.ndarray]] = []
     keys = PublicKeys(s.namespace)
     for t, per_partition in enumerate(ticks, start=1):
@@ -101,16 +123,26 @@ def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
             offsets[partition] = start + len(raws)
         version = stage.tick(force=True)
         assert version == t, (version, t)
+        raw = client.hgetall(keys.released)
+        if s.hierarchy:  # one vector of weighted blocks (the tick's snapshot: what the mechanism was handed)
+            public.append({k: v for k, v in raw.items() if k not in HIERARCHY_ARRAYS})
+            snap, h, _ = stage.store.snapshot_hierarchy(s.partitions, catalog.n_units, catalog.d, stage.layout.dim)
+            stats.append(snap)
+            hierarchy.append(h)
+            items.append(np.zeros(0))
+            rel = ReleasedHierarchy.from_mapping(raw)
+            published.append({"pool": rel.pool, "items": rel.items, "units": rel.units,
+                              "std": np.array([rel.std_pool, rel.std_items, rel.std_units])})
+            continue
         snap, sums, _ = stage.store.snapshot_items(s.partitions, catalog.n_units, catalog.d, n_items)
         stats.append(snap)
         items.append(sums)
-        raw = client.hgetall(keys.released)
         out = {"b": ReleasedStats.from_mapping(raw).b_tilde}
         rel_items = ReleasedItems.from_mapping(raw)
         if rel_items is not None:
             out["items"] = rel_items.sums
         published.append(out)
-    return Trace(stage, stats, items, int(seed), published)
+    return Trace(stage, stats, items, int(seed), published, hierarchy, public)
 
 
 def reseeded(mechanism: Mechanism, seed: int) -> Mechanism:
@@ -206,6 +238,94 @@ class StageNeighbours(Neighbours):
         super().__init__(cat(a.exact), cat(b.exact), lambda seed: cat(a(seed)), lambda seed: cat(b(seed)))
 
 
+class HierarchyReleases:
+    """What a ``--model hierarchy`` stage publishes over a recorded stream, for any secret seed (cached per seed).
+
+    Per tick one vector of the layout's weighted blocks (``stage.layout``: ``[pool, items, units]``), the stage's own
+    mechanism (``stage.mechanism``, ``blt-exact``) stepped with ``step_to`` over the exact vectors the ticks read, as
+    ``ReleaseStage._tick_hierarchy`` does. With the namespace's own seed, :meth:`ReleasedHierarchy.from_vector` of
+    these releases (the public unweighting) gives every published block and noise std bit for bit (checked).
+    """
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        stage = trace.stage
+        if stage.mechanism is None:
+            raise ValueError("the hierarchy is released without noise: nothing to audit")
+        self.layout = stage.layout
+        self.exact = np.array(trace.hierarchy)
+        self._cache: dict[int, np.ndarray] = {}
+        stds: list[float] = []  # the public noise std of each tick's release (the same for every seed)
+        mine = self._cache[trace.seed] = self._release(trace.seed, stds)  # exactly what the ticks published
+        for t, (y, std, pub) in enumerate(zip(mine, stds, trace.published), start=1):
+            rel = ReleasedHierarchy.from_vector(self.layout, y, std=std, version=t)
+            for name, ours in (("pool", rel.pool), ("items", rel.items), ("units", rel.units),
+                               ("std", np.array([rel.std_pool, rel.std_items, rel.std_units]))):
+                theirs = pub[name]
+                if (ours is None) != (theirs is None) or (ours is not None and not np.array_equal(ours, theirs)):
+                    raise AssertionError(f"tick {t}: the re-released {name!r} differs from what the stage published")
+
+    def __call__(self, seed: int) -> np.ndarray:
+        """``(ticks, layout.dim)``: the weighted vectors released with the secret ``seed``."""
+        hit = self._cache.get(seed)
+        if hit is None:
+            hit = self._cache[seed] = self._release(seed)
+        return hit
+
+    def _release(self, seed: int, stds: list[float] | None = None) -> np.ndarray:
+        mech = reseeded(self.trace.stage.mechanism, seed)  # type: ignore[arg-type]
+        state = mech.init_state()
+        rows = []
+        for exact in self.exact:
+            y, state, _ = mech.step_to(state, exact)
+            rows.append(y)
+            if stds is not None:
+                stds.append(noise_std(mech, state))
+        return np.array(rows)
+
+    def columns(self, blocks: Sequence[str]) -> np.ndarray:
+        """The released vector's coordinates of ``blocks`` (in the layout's order)."""
+        return np.concatenate([np.arange(self.layout.dim)[self.layout.slice(b)] for b in blocks])
+
+
+class HierarchyNeighbours(Neighbours):
+    """Two recorded hierarchy streams' releases restricted to ``blocks`` (``None``: every block that is on).
+
+    ``leaks`` names the released hash's public fields (everything but the noisy blocks: the count of interactions,
+    offsets, version, event, ledger, noise stds, schema) that differ between the streams in some tick: each is
+    ``mu = inf``.
+    """
+
+    def __init__(self, a: HierarchyReleases, b: HierarchyReleases, blocks: Sequence[str] | None = None) -> None:
+        if a.layout != b.layout:
+            raise ValueError(f"the streams have other layouts: {a.layout} / {b.layout}")
+        self.blocks = tuple(a.layout.blocks if blocks is None else blocks)
+        self.leaks = sorted({k.decode() for pa, pb in zip(a.trace.public, b.trace.public)
+                             for k in pa.keys() | pb.keys() if pa.get(k) != pb.get(k)})
+        self.mechanism = a.trace.stage.mechanism
+        cols = a.columns(self.blocks)
+        super().__init__(a.exact[:, cols], b.exact[:, cols], lambda seed: a(seed)[:, cols],
+                         lambda seed: b(seed)[:, cols])
+
+
+def exact_mu(nb: HierarchyNeighbours) -> float:
+    """The exact ``mu`` between two hierarchy neighbours (a cross-check of :func:`distinguish`, not used by the tests).
+
+    The ``blt-exact`` release after ``t`` ticks is ``m_t + eta_t``, ``eta = L z`` with ``L`` the lower-triangular
+    Toeplitz matrix of ``blt_coefficients`` and ``z`` i.i.d. ``N(0, scale**2)`` per tick and coordinate (one epoch), so
+    ``mu = ||L^-1 (m_B - m_A)||_F / scale``.
+    """
+    mech = nb.mechanism
+    if not isinstance(mech, BLTMechanism):
+        raise TypeError(f"exact_mu knows the BLT factorization, not {type(mech).__name__}")
+    delta = nb.exact_b - nb.exact_a
+    n = delta.shape[0]
+    if n > mech.capacity:
+        raise ValueError(f"{n} ticks: more than one epoch ({mech.capacity})")
+    L = toeplitz_matrix(blt_coefficients(mech.theta, mech.w, mech.capacity))[:n, :n]
+    return float(np.linalg.norm(np.linalg.solve(L, delta)) / mech.scale)
+
+
 @dataclass(frozen=True)
 class Estimate:
     """The distinguisher's result: ``mu`` of its test on held-out seeds, and how it was obtained."""
@@ -268,7 +388,8 @@ def distinguish(nb: Neighbours, train: Sequence[int], test: Sequence[int], *, ch
 
 
 def claimed_mu(statement: dict[str, Any], statistic: str | None = None) -> float:
-    """The ``mu`` a published statement claims: for one statistic (``"b"`` / ``"items"``) or, ``None``, all of them.
+    """The ``mu`` a published statement claims: for one statistic (``"b"`` / ``"items"``; the hierarchy's blocks
+    ``"pool"`` / ``"items"`` / ``"units"``) or, ``None``, all of them (composed in quadrature).
 
     Reads ``statement["statistics"]`` (per statistic ``mu_at_cap``, or ``mu`` at event level) when the statement
     has it; else
