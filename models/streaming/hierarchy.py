@@ -33,7 +33,8 @@ here is post-processing of released statistics and the public catalog: it change
 mechanism, in blocks ``[pool (d + 1), items (K), units (N (d + 1))]``. One user's contribution in one tick
 (:func:`contribution`) is their listens' reward-weighted mean context and their listens' shares of the items,
 each weighted by ``min(1, total reward)``: the pool block ``c [x_mean, 1] / sqrt(2)`` (norm <= 1), the items
-block ``c w / sum(w)`` (L1 and L2 norm <= 1), the unit block as the pool block in the user's unit's slot. The
+block ``c w / sum(w)`` (L1 and L2 norm <= 1), the unit block as the pool block in the user's unit's slot. Two
+users' blocks have a nonnegative inner product, so they differ by at most ``sqrt(2)`` (:data:`REPLACE_SENSITIVITY`). The
 blocks are scaled by public weights so that the block ``l`` gets the share ``s_l`` of ``mu**2`` (Gaussian DP:
 one Gaussian mechanism over the scaled blocks is exactly the composition of one per block).
 
@@ -73,8 +74,10 @@ FloatArray = NDArray[np.float64]
 #: and a synthetic tagged catalog (docs/hierarchy.md).
 SHARES: dict[str, float] = {"pool": 0.1, "items": 0.9, "units": 0.0}
 #: Per-tick L2 sensitivity of each block under *replace* neighbours (a user's contribution against another's):
-#: the pool and unit blocks have a signed part (``2``), the items block is nonnegative (``sqrt(2)``).
-REPLACE_SENSITIVITY: dict[str, float] = {"pool": 2.0, "items": math.sqrt(2.0), "units": 2.0}
+#: ``||u - v||^2 = ||u||^2 + ||v||^2 - 2 u.v <= 2`` whenever ``u.v >= 0``. The items block is nonnegative; the pool
+#: and unit blocks ``c [x_mean, 1] / sqrt(2)`` have ``u.v = c_u c_v (x_u.x_v + 1) / 2 >= 0`` because the means of
+#: contexts clipped to norm 1 have ``x_u.x_v >= -1``: ``sqrt(2)`` for all three (found by the audit, tests/privacy).
+REPLACE_SENSITIVITY: dict[str, float] = {"pool": math.sqrt(2.0), "items": math.sqrt(2.0), "units": math.sqrt(2.0)}
 _H = 1.0 / math.sqrt(2.0)  # the pool block is [x_mean, 1] / sqrt(2): norm <= 1 for contexts of norm <= 1
 #: The unit block is released when the catalog knows at least this many users per unit (a public count): below it a
 #: unit's own signal does not clear its noise, and its share of the budget earns more on the other blocks
@@ -497,14 +500,16 @@ def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: in
     """Serving models from released blocks and the public catalog (module docstring, levels 1–4).
 
     ``n_units``: the rows of ``theta`` and ``M`` when the release has no unit block (every unit is then served the
-    pooled model); with a unit block, its own number of units.
+    pooled model); with a unit block, its own number of units. Item counts beyond the catalog's rows (capacity an
+    open catalog has not filled) are not used; ``item_scores`` has one entry per catalog row.
     """
     F = np.asarray(features, dtype=np.float64)
     K, d = F.shape
     if rel.d != d:
         raise ValueError(f"the release has contexts of length {rel.d}, the catalog {d}.")
-    if rel.items is not None and rel.items.shape[0] > K:
-        raise ValueError(f"the release has {rel.items.shape[0]} items, the catalog {K}.")
+    if rel.items is not None and rel.items.shape[0] > K:  # capacity an open catalog does not fill (yet): not covered
+        rel = ReleasedHierarchy(rel.pool, rel.items[:K], rel.units, rel.std_pool, rel.std_items, rel.std_units,
+                                rel.version)
     u0 = prior_direction(F) if u0 is None else np.asarray(u0, dtype=np.float64)
     n = max(rel.count, 0.0)
     b = rel.pool[:d] / _H

@@ -197,11 +197,10 @@ def known_users(catalog: Catalog) -> int:
 
 
 def hierarchy_features(catalog: Catalog, n_items: int) -> np.ndarray:
-    """The catalog's contexts padded with zero rows to ``n_items`` (items an open catalog may add later)."""
+    """The catalog's contexts as of now, at most ``n_items`` rows (an open catalog grows; rows it does not have yet
+    count as zero contexts, :func:`models.streaming.hierarchy.contribution`)."""
     F = np.asarray(catalog.feature_matrix, dtype=np.float64)
-    if F.shape[0] >= n_items:
-        return F[:n_items]
-    return np.vstack([F, np.zeros((n_items - F.shape[0], F.shape[1]))])
+    return F[:n_items]
 
 
 def local_as_hierarchy(released: ReleasedStats, items: ReleasedItems | None) -> ReleasedHierarchy:
@@ -243,8 +242,12 @@ def hierarchy_statement(settings: Settings, mechanism: Mechanism | None, layout:
              "units": "each unit's block: its users' mean listened contexts and count, summed (d + 1 per unit)"}
     for name in layout.blocks:
         entry: dict[str, Any] = {"name": name, "what": about[name], "share_of_mu_squared": layout.share(name),
+                                 "released": "through noise" if mechanism is not None else "without noise",
+                                 "clip": 1.0, "clip_of": "the L2 norm of a user's tick's contribution (a mean of their "
+                                                         "listens, weighted by min(1, total reward))",
                                  "sensitivity_per_tick": float(layout.sensitivity[name]),
-                                 "released": "through noise" if mechanism is not None else "without noise"}
+                                 "sensitivity_rule": "sqrt(2) x clip: two replacing contributions with a "
+                                                     "nonnegative inner product"}
         blocks.append(entry)
     base: dict[str, Any] = {
         "model": "hierarchy", "unit": "user", "cap": s.user_cap, "cap_policy": s.cap_policy,
@@ -488,7 +491,8 @@ class ReleaseStage:
         if s.user_level and self.baseline is None:
             hierarchy = None
             if s.hierarchy:
-                hierarchy = (self.layout, hierarchy_features(self.catalog, self.layout.n_items))
+                n_items = self.layout.n_items
+                hierarchy = (self.layout, lambda: hierarchy_features(self.catalog, n_items))
             self.folder = Folder(self.client, s.namespace, d=self.catalog.d, n_units=self.catalog.n_units,
                                  n_items=self.n_items, cap=s.user_cap, capacity=s.tree_ticks,
                                  ratio=self.participation_ratio, b_clip=s.clips[0], item_clip=s.clips[1],
@@ -676,18 +680,16 @@ class SolveStage:
     settings: Settings
     client: redis.Redis
     statement: dict[str, Any]
+    #: The worker's catalog (an open one grows as items are added); ``None``: loaded from the settings when needed.
+    catalog: Catalog | None = None
 
     def __post_init__(self) -> None:
         self.keys = PublicKeys(self.settings.namespace)
         self._prior: np.ndarray | None = None
-        self._features: np.ndarray | None = None  # the hierarchy's catalog contexts (public), loaded once
-        self._n_units: int | None = None
-        if self.settings.hierarchy:
+        if self.settings.hierarchy and self.catalog is None:
             from ..data.catalog import load_catalog
 
-            catalog = load_catalog(self.settings)
-            self._features = np.asarray(catalog.feature_matrix, dtype=np.float64)
-            self._n_units = int(catalog.n_units)
+            self.catalog = load_catalog(self.settings)
 
     def _solve(self, released: ReleasedStats) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
         """:func:`models.streaming.solve` with the settings' ridge and public prior, and what to say of them."""
@@ -742,18 +744,9 @@ class SolveStage:
         """The hierarchy's serving models (:func:`models.streaming.hierarchy.solve_hierarchy`): post-processing of
         the released blocks and the public catalog; the item term is each item's departure from the content
         model, served with weight 1."""
-        s = self.settings
-        if self._features is None:
-            from ..data.catalog import load_catalog
-
-            self._features = np.asarray(load_catalog(s).feature_matrix, dtype=np.float64)
-        F = self._features
-        if rel.items is not None and rel.items.shape[0] > F.shape[0]:  # items beyond the catalog at start: not covered
-            rel = ReleasedHierarchy(rel.pool, rel.items[:F.shape[0]], rel.units, rel.std_pool, rel.std_items,
-                                    rel.std_units, rel.version)
-        n_units = int(s.catalog_units) if rel.units is None else rel.units.shape[0]
-        n_units = self._n_units or n_units
-        model = solve_hierarchy(rel, F, n_units=n_units)
+        assert self.catalog is not None
+        F = np.asarray(self.catalog.feature_matrix, dtype=np.float64)  # as of now: an open catalog grows
+        model = solve_hierarchy(rel, F, n_units=self.catalog.n_units)
         count = np.array([int(raw.get(b"count") or 0)])
         term = {"pop": model.item_scores.astype("<f8").tobytes(), "weight": "1.0", "version": str(version),
                 "noise_std": repr(rel.std_items), "total": str(int(count.sum())),

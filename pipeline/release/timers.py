@@ -40,7 +40,7 @@ class ReleaseTicker:
         if self._stages is None:
             client = connect(self.settings.redis_url or "redis://127.0.0.1:6379/0")
             release = self._release(self.settings, self.catalog, client)
-            self._stages = (release, SolveStage(self.settings, client, release.statement))
+            self._stages = (release, SolveStage(self.settings, client, release.statement, self.catalog))
         return self._stages
 
     def tick(self) -> tuple[int | None, int | None]:

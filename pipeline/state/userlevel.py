@@ -160,10 +160,12 @@ class Folder:
 
     def __init__(self, client: redis.Redis, namespace: str, *, d: int, n_units: int, n_items: int, cap: int,
                  capacity: int, ratio: Callable[[int], float], b_clip: float = B_CLIP,
-                 item_clip: float = ITEM_CLIP, hierarchy: tuple[HierarchyLayout, np.ndarray] | None = None) -> None:
+                 item_clip: float = ITEM_CLIP,
+                 hierarchy: tuple[HierarchyLayout, Callable[[], np.ndarray]] | None = None) -> None:
         self.r, self.ns, self.d, self.n_units, self.n_items = client, namespace, d, n_units, n_items
-        #: ``--model hierarchy``: its layout and the catalog's contexts (rows beyond them: zero contexts); every
-        #: folded user's tick is also added to the partition's hierarchy vector (models.streaming.hierarchy)
+        #: ``--model hierarchy``: its layout and the catalog's contexts as of now (a callable: an open catalog grows;
+        #: rows beyond them are zero contexts); every folded user's tick is also added to the partition's hierarchy
+        #: vector (models.streaming.hierarchy)
         self.hierarchy = hierarchy
         self.cap, self.capacity, self.ratio = int(cap), int(capacity), ratio
         self.b_clip, self.item_clip = float(b_clip), float(item_clip)
@@ -221,6 +223,7 @@ class Folder:
 
         stats = decode_stats(stats_raw, self.n_units, self.d)
         hvec = None if self.hierarchy is None else decode_hierarchy(stats_raw, self.hierarchy[0].dim)
+        features = None if self.hierarchy is None else self.hierarchy[1]()
         items = decode_items(stats_raw, self.n_items) if self.n_items else np.zeros(0)
         touched_units: set[int] = set()
         touched_items: set[int] = set()
@@ -252,9 +255,8 @@ class Folder:
                 for item, value in c.items.items():
                     items[item] += iscale * value
                     touched_items.add(item)
-            if hvec is not None and self.hierarchy is not None:
-                layout, features = self.hierarchy
-                add_contribution(hvec, layout, c.unit, c.items, features)
+            if hvec is not None and self.hierarchy is not None and features is not None:
+                add_contribution(hvec, self.hierarchy[0], c.unit, c.items, features)
             k = rec.k + 1
             records[user] = LedgerRecord(epoch, k, version, rec.past).dumps()
             summary["folded"] += 1

@@ -93,7 +93,8 @@ def test_listen_and_skip_reach_the_model(stack: LocalStack, page: Any, tmp_path:
     assert status == 200 and before["interactions"] == api_budget["user"]["interactions"]
     # stacked bar: each row has an estimate and a bonus segment, labelled for screen readers
     label = page.locator("li.item .bar").first.get_attribute("aria-label")
-    assert label and re.match(r"score -?[\d.]+: estimate -?[\d.]+ plus exploration bonus [\d.]+", label)
+    assert label and re.match(r"score -?[\d.]+: estimate -?[\d.]+( plus popularity -?[\d.]+)? plus exploration "
+                              r"bonus [\d.]+", label)
     page.screenshot(path=str(tmp_path / "page-before.png"))
 
     listened, seconds = _give_feedback(page, "Listen to", row=0)

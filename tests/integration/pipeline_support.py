@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 #: (user level sums and clips each user's events per release tick, which depends on the tick timing;
 #: tests/integration/test_user_level_stack.py covers it).
 WORLD = {"PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40", "PRIVREC_TICK_SECONDS": "0.3",
-         "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PRIVACY_UNIT": "event"}
+         "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PRIVACY_UNIT": "event",
+         "PRIVREC_ITEM_WEIGHT": "0"}  # the bandit's release alone (the flat model without the item term)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.1) -> Any:

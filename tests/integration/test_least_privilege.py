@@ -219,7 +219,7 @@ def test_a_user_past_the_lifetime_budget_is_no_longer_learned_from(tmp_path: Pat
     """One event per release tick from one user, with ``user_budget`` below what a capped user spends in one epoch:
     the fold takes exactly the ticks the budget allows, then counts every later event as "not learned (budget)"."""
     budget_eps, sent = 1.0, 10
-    settings = Settings(namespace="lb", user_budget=budget_eps, **WORLD)
+    settings = Settings(namespace="lb", user_budget=budget_eps, user_cap=8, **WORLD)  # the budget, not the cap, stops
     state = tmp_path / "stack"
     ops.up(settings, state, timeout=90, supervise=False)
     try:

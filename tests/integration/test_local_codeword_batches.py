@@ -34,7 +34,8 @@ K = 8
 WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": str(N), "PRIVREC_N_ARMS": "40",
          "PRIVREC_ALGORITHM": "linucb", "PRIVREC_EPSILON": "2", "PRIVREC_MODE": "local",
          "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_SHUFFLE_BATCH": str(N), "PRIVREC_USER_CAP": "2",
-         "PRIVREC_LOCAL_CODEWORDS": str(K), "PRIVREC_NAMESPACE": "codes", "PRIVREC_NOISE_RIDGE": "0"}
+         "PRIVREC_LOCAL_CODEWORDS": str(K), "PRIVREC_NAMESPACE": "codes", "PRIVREC_NOISE_RIDGE": "0",
+         "PRIVREC_MODEL": "flat"}  # the analyzer and release; the hierarchy's serving of them: test_hierarchy_stack.py
 
 
 def test_sealed_codeword_messages_move_the_released_b_and_the_served_scores(redis_client: redis.Redis,

@@ -67,7 +67,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Servi
            "PRIVREC_CATALOG": str(catalog_dir), "PRIVREC_CATALOG_UNITS": str(UNITS), "PRIVREC_D": "8",
            "PRIVREC_EPSILON": "inf", "PRIVREC_TICK_SECONDS": "0.3", "PRIVREC_STATE_DIR": str(tmp),
            "PRIVREC_CACHE_DIR": str(tmp / "cache"), "PRIVREC_LOGLEVEL": "WARNING", "PYTHONPATH": str(REPO),
-           "PRIVREC_ADMIN_TOKEN": "operator-secret"}
+           "PRIVREC_ADMIN_TOKEN": "operator-secret",
+           "PRIVREC_MODEL": "flat", "PRIVREC_ITEM_WEIGHT": "0"}  # the flat bandit's widths and features alone
+                                                                  # (the hierarchy on an open catalog: test_hierarchy_stack.py)
     client = redis.Redis.from_url(redis_server.url)
     started = []
     try:

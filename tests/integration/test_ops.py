@@ -27,7 +27,9 @@ from pipeline_support import admin_url, alive, produce_synthetic as produce, rel
 pytestmark = pytest.mark.integration
 
 #: A small synthetic world, as flags (the pipeline tests use the same sizes as environment).
-WORLD_FLAGS = ["--d", "5", "--n-users", "6", "--n-arms", "40", "--tick-seconds", "0.3", "--loglevel", "WARNING"]
+# a cap above the ticks these tests span: every event they produce is learned (counted in the release)
+WORLD_FLAGS = ["--d", "5", "--n-users", "6", "--n-arms", "40", "--tick-seconds", "0.3", "--loglevel", "WARNING",
+               "--user-cap", "8"]
 CONTRACT_KEYS = ("kafka", "redis", "http", "processes")
 
 _ns = itertools.count()

@@ -36,7 +36,7 @@ POLICY = {"backoff_s": 0.2, "poll_s": 0.1}
 
 
 def _settings(namespace: str) -> Settings:
-    return Settings(d=5, n_users=6, n_arms=40, tick_seconds=0.3, namespace=namespace)
+    return Settings(d=5, n_users=6, n_arms=40, tick_seconds=0.3, namespace=namespace, user_cap=8)  # all learned
 
 
 def _up(state: Path, namespace: str, **kw: Any) -> tuple[dict[str, Any], list[str]]:

@@ -32,7 +32,8 @@ pytestmark = pytest.mark.integration
 
 _ns = itertools.count()
 USER_WORLD = {"PRIVREC_D": "4", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "20", "PRIVREC_TICK_SECONDS": "0.4",
-              "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PRIVACY_UNIT": "user"}
+              "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PRIVACY_UNIT": "user",
+              "PRIVREC_MODEL": "flat"}  # the flat model's clipping of b (the hierarchy's: test_hierarchy_stack.py)
 
 
 @pytest.fixture

@@ -44,9 +44,9 @@ def test_the_bound_is_attained_so_the_weights_are_not_loose() -> None:
     va, vb = np.zeros(layout.dim), np.zeros(layout.dim)
     add_contribution(va, layout, 0, {0: 1.0}, F)
     add_contribution(vb, layout, 0, {1: 1.0}, F)
-    # contexts +e1 and -e1: the pool blocks [x, 1] / sqrt(2) differ by sqrt(2); the weight is 1 / 2: 0.707
-    assert float(np.linalg.norm(va - vb)) == pytest.approx(math.sqrt(2) / 2)
-    assert REPLACE_SENSITIVITY["pool"] == 2.0  # the bound the weight divides by (a difference of two norm-1 blocks)
+    # contexts +e1 and -e1: the pool blocks [x, 1] / sqrt(2) differ by sqrt(2), the sensitivity the weight divides by
+    assert float(np.linalg.norm(va - vb)) == pytest.approx(1.0)
+    assert REPLACE_SENSITIVITY["pool"] == pytest.approx(math.sqrt(2))
 
 
 @settings(max_examples=200, deadline=None)
