@@ -151,7 +151,7 @@ class Settings:
         per-unit ridge regression released through ``mechanism``, with the item term; every other algorithm,
         mode and graph).
     hierarchy_shares
-        With the hierarchy: the blocks' shares of ``mu**2`` as ``pool=0.1,items=0.9,units=0`` (unset: the rule of
+        With the hierarchy: the blocks' shares of ``mu**2`` as ``pool=0.05,items=0.95,units=0`` (unset: the rule of
         :func:`models.streaming.hierarchy.default_shares`, from the catalog's public size).
     algorithm
         ``"linucb"`` (one model per unit), ``"colin"`` or ``"goblin"`` (released
@@ -771,7 +771,7 @@ _HELP = {
     "prior_reward": "with --prior-strength: the expected reward of an average recommendation (LastFM: 1/25)",
     "model": "hierarchy (the default for linucb over units at user level in global mode: public prior -> pooled -> "
              "units -> items, docs/hierarchy.md) or flat (the papers' per-unit ridge regression with the item term)",
-    "hierarchy_shares": "with --model hierarchy: shares of the budget (mu**2) as pool=0.1,items=0.9,units=0 "
+    "hierarchy_shares": "with --model hierarchy: shares of the budget (mu**2) as pool=0.05,items=0.95,units=0 "
                         "(default: a rule on the catalog's public size, docs/hierarchy.md)",
     "user_cap": "user level: release ticks per epoch one user contributes to (default: 1 with the hierarchy, 8 with "
                 "the flat model; local mode: reports per epoch of a device)",
