@@ -470,7 +470,7 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
         prior = _stats(values(runs(name, "prior")))
         online = _stats(values(runs(name, "online-popularity")))
         data_free = ({"which": "prior", **prior} if (prior["ratio"] or 0.0) > 1.0 else
-                     {"which": "random", "ratio": 1.0, "se": 0.0, "runs": []})
+                     {"which": "random", "ratio": 1.0, "se": None, "runs": []})
         p.update(nonprivate=ref, prior=prior, random={"ratio": 1.0, "se": 0.0}, data_free=data_free,
                  online_popularity=online)
         p["private_popularity"] = {_eps_key(e): _stats(values(runs(name, "private-popularity", e)))
