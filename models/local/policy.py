@@ -28,8 +28,9 @@ from numpy.typing import NDArray
 
 from models.accounting import NoNoiseEvent
 from models.ground.items import popularity_feature
-from models.ground.linalg import ucb_scores_blas
+from models.ground.linalg import ucb_scores, ucb_scores_blas
 from models.streaming import ReleasedStats, solve
+from models.streaming.hierarchy import ReleasedHierarchy, prior_direction, solve_hierarchy
 
 from .aggregate import LocalAggregate, clip_context
 from .client import LocalClient, MemoryStorage, ReportRefused
@@ -148,12 +149,31 @@ class LocalItemUCB:
     same model (exact listens and counts, no batch, no cap); ``prior`` with ``prior_strength`` is the serving
     solve's public prior mean (:func:`models.streaming.solve.solve`: ``theta = (G + (lambda + s) I)^-1 (b + s prior)``).
 
+    ``hierarchy=True`` (with the catalog's ``features``) serves the global mode's hierarchical model instead of
+    LinUCB plus the item term: each solve is :func:`~models.streaming.hierarchy.solve_hierarchy` of what the server
+    has released (:meth:`released_hierarchy`: the pool block from the listens' sum ``b`` and the count of reports in
+    closed batches, the items block from the blanket's item sums, each with its public noise std; no unit block), so
+    a candidate ``a`` scores ``x_a . theta + alpha ||x_a||_M + item_scores[a]`` as
+    :class:`models.policies.hierarchy.HierarchicalUCB` does. It needs the listens' channel (``share < 1``); the Gram
+    of shown contexts is not used. A solve happens every ``tick`` interactions when a batch has closed since the
+    last one (before any, the public prior's ranking). The default (``False``) is unchanged.
+
     >>> import numpy as np
     >>> pol = LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, share=0.5)
     >>> X = np.eye(2)[[0, 1, 0, 1]]
     >>> for u in range(200):
     ...     pol.update(0, X[pol.select(0, X, items=np.arange(4))], 0.0, user=str(u), item=2, x_item=X[2])
     >>> pol.batches, pol.item_reports, int(np.argmax(pol.sums))   # 200 listens of item 2 stand out
+    (1, 200, 2)
+
+    The hierarchical serving over the same releases (``hierarchy=True``): after the first batch closes, the next
+    solve ranks item 2 first by its released count, and the pool block counts the batch's 200 reports:
+
+    >>> F = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [-1.0, 0.0]])
+    >>> pol = LocalItemUCB(d=2, n_items=4, epsilon=4.0, batch=200, cap=1, seed=0, hierarchy=True, features=F)
+    >>> for u in range(300):
+    ...     pol.update(0, F[0], 0.0, user=str(u), item=2, x_item=F[2])
+    >>> pol.batches, round(pol.released_hierarchy().count), int(np.argmax(pol.item_scores))
     (1, 200, 2)
     """
 
@@ -165,8 +185,16 @@ class LocalItemUCB:
                  threshold_stds: float = 2.0, lambda_: float = 1.0, alpha: float = 0.3, noise_ridge: float = 0.0,
                  tick: int = 100, private: bool = True, codewords: FloatArray | None = None, n_units: int = 1,
                  pool_weight: float = 0.0, groups: NDArray[np.int64] | None = None, prior: FloatArray | None = None,
-                 prior_strength: float = 0.0) -> None:
+                 prior_strength: float = 0.0, hierarchy: bool = False, features: FloatArray | None = None) -> None:
         from .items import ItemBlanket
+
+        if hierarchy:
+            if features is None or np.shape(features) != (n_items, d):
+                raise ValueError(f"`hierarchy` needs the catalog's `features` of shape ({n_items}, {d}), got "
+                                 f"{None if features is None else np.shape(features)}.")
+            if private and share >= 1.0:
+                raise ValueError(f"`hierarchy` needs the listens' channel for its pool block (`share` < 1), got "
+                                 f"{share!r}.")
 
         # groups: model unit -> the model (group) its users share (public; default: each unit its own, or one)
         self.group_of = (np.zeros(n_units, dtype=np.int64) if groups is None and n_units == 1 else
@@ -213,7 +241,16 @@ class LocalItemUCB:
             raise ValueError(f"`prior` must be a vector of length {d}, got shape {self.prior.shape}.")
         self.theta = np.zeros((n_units, d))
         self.M = np.broadcast_to(np.eye(d) / lambda_, (n_units, d, d)).copy()
-        if prior_strength:  # before any data: the prior alone (as the pipeline's first solve)
+        self.hierarchy = bool(hierarchy)
+        self.features = None if features is None else np.asarray(features, dtype=np.float64)
+        self.item_scores = np.zeros(n_items)
+        self.info: dict[str, float] = {}
+        self._solved_batches = -1
+        if self.hierarchy:
+            assert self.features is not None
+            self._u0 = prior_direction(self.features)
+            self._solve()  # no report yet: the public prior's ranking
+        elif prior_strength:  # before any data: the prior alone (as the pipeline's first solve)
             self._solve()
 
     @property
@@ -226,6 +263,13 @@ class LocalItemUCB:
 
     def select(self, unit: int, X: FloatArray, user: str | None = None, items: NDArray[np.int64] | None = None) -> int:
         g = self._group(unit)
+        if self.hierarchy:
+            mean, bonus = ucb_scores(self.theta[0], self.M[0], np.asarray(X, dtype=np.float64), self.alpha)
+            score = mean + bonus
+            if items is not None:
+                score = score + self.item_scores[np.asarray(items)]
+            best = np.flatnonzero(score >= score.max() - 1e-12)
+            return int(best[0] if len(best) == 1 else self._rng.choice(best))
         mean, bonus = ucb_scores_blas(self.theta[g], self.M[g], X, self.alpha)
         score = mean + bonus
         if items is not None and (self.items is not None or not self.private):
@@ -305,7 +349,30 @@ class LocalItemUCB:
             else:
                 self._open[name] = (item, vec)
 
+    def released_hierarchy(self) -> ReleasedHierarchy:
+        """What the server has released, as the hierarchy's blocks (``hierarchy=True``; post-processing only).
+
+        Pool: ``[b, n] / sqrt(2)`` with ``b`` the sum of the listens' reports over every group and ``n`` the reports
+        in closed batches (public: a batch's size is); its noise std ``sqrt(b_var) / sqrt(2)`` (``b_var``: the
+        per-coordinate noise variance of ``b``; the count has none). Items: the blanket's unbiased item sums, std
+        ``sqrt(variance)``. Without privacy both stds are 0.
+        """
+        b = self.b.sum(axis=0)
+        n = float(self.item_reports)
+        h = 1.0 / math.sqrt(2.0)
+        return ReleasedHierarchy(pool=np.r_[b, n] * h, items=self.sums.copy(), units=None,
+                                 std_pool=math.sqrt(self.b_var) * h, std_items=math.sqrt(self.variance), std_units=0.0,
+                                 version=self.batches)
+
     def _solve(self) -> None:
+        if self.hierarchy:
+            if self.batches == self._solved_batches:  # nothing new released since the last solve
+                return
+            assert self.features is not None
+            model = solve_hierarchy(self.released_hierarchy(), self.features, n_units=1, u0=self._u0)
+            self.theta, self.M, self.item_scores, self.info = model.theta, model.M, model.item_scores, model.info
+            self._solved_batches = self.batches
+            return
         ridge = self.lambda_ + self.noise_ridge * float(np.sqrt(self.b_var)) + self.prior_strength
         w = self.pool_weight
         G = self.gram + w * self.gram.sum(axis=0) + ridge * np.eye(self.d)

@@ -9,7 +9,8 @@ Layers, bottom to top:
 ``dgs``          LinUCB with dynamic global sensitivity (Wang et al. 2022)
 ``baselines``    :data:`BASELINES`: the per-unit baselines by name
 ``registry``     :data:`ALGORITHMS` and :func:`make_policy`: every policy by name
-``popularity``   the popularity counter, and any bandit plus a privately released item term
+``popularity``   the popularity counter, private popularity at user level, and any bandit plus a privately
+                 released item term
 ``userlevel``    the offline twin of user-level privacy: per-user per-tick clipping, a cap
 
 A new bandit is one module here (below ``registry``) that takes a mechanism by
@@ -23,7 +24,7 @@ from .dgs import DGSLinUCB
 from .jdp_linucb import SSLinUCB
 from .kronecker import KroneckerUCB, Policy, PrivacyConfig, PrivacyMode, RandomPolicy
 from .peruser import PerUserLinUCB, ServingModels
-from .popularity import OnlinePopularity, PopularityUCB, make_popularity_policy
+from .popularity import OnlinePopularity, PopularityUCB, PrivatePopularity, make_popularity_policy
 from .registry import ALGORITHMS, make_policy, projection_for
 from .userlevel import UserLevelUCB, make_user_level_policy
 from .userspace import UserSpaceKroneckerUCB
@@ -34,6 +35,7 @@ __all__ = [
     "DGSLinUCB",
     "KroneckerUCB",
     "OnlinePopularity",
+    "PrivatePopularity",
     "PerUserLinUCB",
     "PopularityUCB",
     "Policy",

@@ -5,6 +5,10 @@ is popular, and on LastFM a plain counter of positives beats every such model. T
 
 * :class:`OnlinePopularity` — the counter (non-private): recommend the candidate with the most
   positives seen so far, over all users or per unit (cluster); ties at random;
+* :class:`PrivatePopularity` — private popularity at user level: each user's positives of a release tick become
+  their item shares (L1 norm ``<= 1``), at most ``cap`` ticks per user and epoch, the ``K`` item sums released
+  through one mechanism with the whole budget; candidates rank by the released sums (the floor a private model
+  must clear, ``privrec experiment frontier``);
 * :class:`PopularityUCB` — a bandit of :mod:`models.policies` plus an *item term*: every candidate
   ``a`` scores ``x_a^T theta_u + alpha ||x_a||_{C_u} + weight * pop_a``, where ``pop_a`` is
   :func:`models.ground.items.popularity_feature` of the item's **released** reward sum. The sums are
@@ -46,11 +50,11 @@ from numpy.typing import NDArray
 from models.accounting import split_epsilon
 from models.ground.items import popularity_feature
 from models.mechanisms import Mechanism, TreeState, make_mechanism, noise_std
-from models.mechanisms.participation import B_CLIP, ITEM_CLIP, replace_sensitivity
+from models.mechanisms.participation import B_CLIP, ITEM_CLIP, participation_factor, replace_sensitivity
 
 from .kronecker import KroneckerUCB
 
-__all__ = ["OnlinePopularity", "PopularityUCB", "make_popularity_policy", "EXACT_MECHANISMS", "LISTEN_WEIGHT"]
+__all__ = ["OnlinePopularity", "PrivatePopularity", "PopularityUCB", "make_popularity_policy", "EXACT_MECHANISMS", "LISTEN_WEIGHT"]
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -101,6 +105,131 @@ class OnlinePopularity:
 
     def observe(self, user: int, item: int, reward: float = 1.0) -> None:
         self.counts[self._row(user), int(item)] += float(reward)
+
+
+class PrivatePopularity:
+    """Private popularity at user level: released item sums of the users' per-tick item shares, ranked.
+
+    Every ``tick`` interactions, each user's positives of the tick (bandit rewards and organic listens) become one
+    contribution, their shares of the items ``min(1, total) w_a / total`` (L1 and L2 norm ``<= 1``; the items block of
+    :func:`models.streaming.hierarchy.contribution`); a user contributes to at most ``cap`` ticks per epoch of
+    ``capacity`` ticks (later ticks of theirs are dropped, counted in ``dropped``). The ``K`` sums are released through
+    ``mechanism`` after every tick with the whole budget, and a candidate's score is its released sum (ties at random).
+    ``epsilon = inf``: no noise, no cap (online popularity over the same shares).
+
+    Privacy: replace neighbours (one user's whole history against another's). One tick's contribution has L2
+    sensitivity ``sqrt(2)`` (two nonnegative vectors of L2 norm ``<= 1``); ``cap`` ticks per user and epoch enter
+    through :func:`models.mechanisms.participation.participation_factor` (the mechanism's exact multi-participation
+    sensitivity), so a capped user's epoch is ``(epsilon, delta)``-DP, the calibration of
+    :class:`models.policies.hierarchy.HierarchicalUCB`'s items block with all of the budget.
+
+    Parameters
+    ----------
+    n_items
+        Catalog size ``K``.
+    epsilon, delta
+        A capped user's guarantee per epoch (``epsilon = inf``: no noise, no cap).
+    cap
+        Ticks per epoch one user contributes to.
+    tick
+        Interactions (calls of :meth:`update`) per release.
+    capacity
+        Ticks per epoch (the mechanism's horizon).
+    mechanism
+        A mechanism of :data:`models.mechanisms.MECHANISMS` (default ``blt-exact``).
+    seed
+        Seed of the noise keys and of the random tie-breaking.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> pop = PrivatePopularity(3, epsilon=float("inf"), tick=2)
+    >>> pop.begin_event("a"); pop.update(0, np.zeros(1), 0.0, 0); pop.observe(0, 2)
+    >>> pop.begin_event("b"); pop.update(0, np.zeros(1), 1.0, 2)
+    >>> pop.released.tolist(), pop.select(0, np.zeros((3, 1)), np.array([0, 1, 2]))
+    ([0.0, 0.0, 2.0], 2)
+    >>> noisy = PrivatePopularity(3, epsilon=1.0, seed=0)
+    >>> round(noisy.sensitivity, 4)   # sqrt(2) per tick, one tick per user and epoch
+    1.4142
+    """
+
+    def __init__(self, n_items: int, *, epsilon: float, delta: float = 1e-5, cap: int = 1, tick: int = 100,
+                 capacity: int = (1 << 14) - 1, mechanism: str = "blt-exact", seed: int = 0) -> None:
+        if int(n_items) < 1:
+            raise ValueError(f"`n_items` must be positive, got {n_items}.")
+        if not epsilon > 0:
+            raise ValueError(f"`epsilon` must be positive, got {epsilon}.")
+        if int(cap) < 1:
+            raise ValueError(f"`cap` must be a positive number of ticks, got {cap}.")
+        if int(tick) < 1:
+            raise ValueError(f"`tick` must be a positive number of interactions, got {tick}.")
+        self.n_items, self.epsilon, self.delta = int(n_items), float(epsilon), float(delta)
+        self.private = not math.isinf(epsilon)
+        self.cap = int(cap) if self.private else 1 << 62
+        self.tick, self.capacity, self.seed = int(tick), int(capacity), int(seed)
+        self.mechanism: Mechanism | None = None
+        self.sensitivity = 0.0
+        if self.private:
+            tick_sensitivity = replace_sensitivity(ITEM_CLIP, signed=False)
+            one = make_mechanism(mechanism, dim=self.n_items, sensitivity=tick_sensitivity, epsilon=epsilon,
+                                 delta=delta, horizon=self.capacity, seed=seed, stream=5)
+            self.sensitivity = tick_sensitivity * participation_factor(one, self.cap)
+            self.mechanism = make_mechanism(mechanism, dim=self.n_items, sensitivity=self.sensitivity,
+                                            epsilon=epsilon, delta=delta, horizon=self.capacity, seed=seed, stream=5)
+            self.state = self.mechanism.init_state()
+        self.rng = np.random.default_rng(seed)
+        self.exact = np.zeros(self.n_items)
+        self.released = np.zeros(self.n_items)
+        self.released_std = 0.0
+        self.user = 0
+        self.buffer: list[tuple[int, int, float]] = []  # (user, item, reward)
+        self.participations: dict[tuple[int, int], int] = {}
+        self.seen = self.ticks = self.dropped = 0
+
+    def begin_event(self, user: int | str) -> None:
+        """The next interaction's user (a user-level policy caps users, not events)."""
+        self.user = hash(user) if isinstance(user, str) else int(user)
+
+    def select(self, unit: int, contexts: FloatArray, items: IntArray) -> int:
+        return _argmax_random(self.released[np.asarray(items)], self.rng)
+
+    def update(self, unit: int, context: FloatArray, reward: float, item: int) -> None:
+        """Bandit feedback: the recommended ``item`` got ``reward`` (a positive counts)."""
+        if reward > 0:
+            self.buffer.append((self.user, int(item), float(reward)))
+        self.seen += 1
+        if self.seen % self.tick == 0:
+            self.fold()
+
+    def observe(self, unit: int, item: int, reward: float = 1.0) -> None:
+        """An organic positive (a logged listen of an item that was not recommended)."""
+        if reward > 0:
+            self.buffer.append((self.user, int(item), float(reward)))
+
+    def fold(self) -> None:
+        """One release tick: every user's shares of the tick, capped, then the release."""
+        epoch = self.ticks // self.capacity
+        by_user: dict[int, dict[int, float]] = {}
+        for user, item, r in self.buffer:
+            w = by_user.setdefault(user, {})
+            w[item] = w.get(item, 0.0) + r
+        self.buffer = []
+        for user, w in by_user.items():
+            key = (user, epoch)
+            if self.participations.get(key, 0) >= self.cap:
+                self.dropped += 1
+                continue
+            self.participations[key] = self.participations.get(key, 0) + 1
+            total = sum(w.values())
+            c = min(1.0, total)
+            for item, r in w.items():
+                self.exact[item] += c * r / total
+        if self.mechanism is None:
+            self.released = self.exact.copy()
+        else:
+            self.released, self.state, _ = self.mechanism.step_to(self.state, self.exact.copy())
+            self.released_std = noise_std(self.mechanism, self.state)
+        self.ticks += 1
 
 
 class PopularityUCB:

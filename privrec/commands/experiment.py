@@ -160,6 +160,50 @@ def register(sub: Any) -> None:
     fg.add_argument("--data-dir", default=None, help="LastFM data directory (default: PRIVREC_DATA_DIR or ../shared/data/lastfm-2k)")
     fg.set_defaults(func=_fullgraph)
 
+    fr = esub.add_parser(
+        "frontier", help="what privacy costs the default model: share of the non-private gain per epsilon, mode and "
+                         "population",
+        description="Run the default (hierarchical) model at user-level epsilon 0.5, 1, 2, 4, 8 and inf under the "
+                    "global, federated and local modes on the LastFM replay, an optional catalog directory, a "
+                    "generated tagged catalog and the synthetic population at several sizes; report each cell's "
+                    "reward ratio to random play, the share of the non-private gain kept (against the best "
+                    "data-free scorer), private and online popularity on the same events, and whether the cell "
+                    "clears its floor. Evaluation only: nothing is tuned. Writes frontier.json, frontier.md and "
+                    "frontier.png to --out (and the generated catalog under it).",
+    )
+    fr.add_argument("--out", type=Path, required=True, help="output directory")
+    fr.add_argument("--epsilons", default=None,
+                    help="comma-separated user-level epsilons, 'inf' for non-private (default 0.5,1,2,4,8,inf; "
+                         "--quick: 1,2,inf)")
+    fr.add_argument("--modes", default=None, help="comma-separated subset of global,federated,local (default all)")
+    fr.add_argument("--seeds", type=int, default=None, help="seeds per cell: noise keys and tie-breaking (default 3; "
+                                                            "--quick: 1)")
+    fr.add_argument("--sizes", default=None,
+                    help="comma-separated population sizes ('' for none; default 10000,100000,1000000; --quick: "
+                         "10000); the largest run last")
+    fr.add_argument("--lastfm-events", type=int, default=None,
+                    help="LastFM evaluation window length (default 20000; --quick: 5000)")
+    fr.add_argument("--lastfm-start", type=int, default=0, help="first LastFM event of the window (default 0)")
+    fr.add_argument("--no-lastfm", action="store_true", help="skip LastFM (no data needed)")
+    fr.add_argument("--data-dir", default=None, help="LastFM data directory (default: PRIVREC_DATA_DIR or ../shared/data/lastfm-2k)")
+    fr.add_argument("--catalog", default=None, help="also a catalog directory with an events.csv (replayed as "
+                                                    "privrec replay events does)")
+    fr.add_argument("--catalog-events", type=int, default=None, help="the catalog's first N positives (default all)")
+    fr.add_argument("--no-tagged", action="store_true", help="skip the generated tagged catalog")
+    fr.add_argument("--tagged-events", type=int, default=None, help="the tagged catalog's window (default 5000)")
+    fr.add_argument("--tagged-catalog", default=None, metavar="ITEMS,USERS,EVENTS",
+                    help="size of the generated tagged catalog (default 2000,2000,20000)")
+    fr.add_argument("--sites", type=int, default=4, help="federated sites (default 4)")
+    fr.add_argument("--local-batch", type=int, default=None,
+                    help="local mode on the replays: distinct users per shuffled batch (default 150; the population "
+                         "uses max(400, 0.2 x users))")
+    fr.add_argument("--seed", type=int, default=0, help="seed the runs' noise keys derive from (default 0)")
+    fr.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    fr.add_argument("--quick", action="store_true", help="epsilon 1, 2, inf; LastFM 5,000 events; tagged; the 10k "
+                                                         "population; one seed (a few minutes)")
+    fr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    fr.set_defaults(func=_frontier)
+
     u = esub.add_parser(
         "userlevel",
         help="utility at user level: LastFM reward ratio and synthetic regret against the user-level epsilon",
@@ -325,4 +369,51 @@ def _userlevel(args: argparse.Namespace) -> int:
     doc = run_userlevel(cfg, args.out, jobs=args.jobs)
     print((args.out / "userlevel.md").read_text())
     print(f"wrote {args.out}/userlevel.json, userlevel.md, userlevel.png ({doc['seconds']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def _epsilons(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"`--epsilons` must be comma-separated numbers or 'inf', got {text!r}.") from None
+    if not values or any(not v > 0 for v in values):
+        raise ValueError(f"`--epsilons` must be positive numbers or 'inf', got {text!r}.")
+    return values
+
+
+def _frontier(args: argparse.Namespace) -> int:
+    from privrec.experiments.frontier import FrontierConfig, run_frontier
+
+    kw: dict[str, Any] = {"data_dir": args.data_dir, "lastfm": not args.no_lastfm, "tagged": not args.no_tagged,
+                          "lastfm_start": args.lastfm_start, "sites": args.sites, "seed": args.seed,
+                          "catalog": args.catalog, "catalog_events": args.catalog_events}
+    if args.lastfm_start < 0:
+        raise ValueError(f"`--lastfm-start` must be non-negative, got {args.lastfm_start}.")
+    if args.epsilons:
+        kw["epsilons"] = _epsilons(args.epsilons)
+    if args.modes:
+        kw["modes"] = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if args.sizes is not None:
+        try:
+            kw["sizes"] = tuple(int(v) for v in args.sizes.split(",") if v.strip())
+        except ValueError:
+            raise ValueError(f"`--sizes` must be comma-separated integers, got {args.sizes!r}.") from None
+    for name, key in (("seeds", "seeds"), ("lastfm_events", "lastfm_events"), ("tagged_events", "tagged_events"),
+                      ("local_batch", "local_batch")):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"`--{name.replace('_', '-')}` must be positive, got {value}.")
+            kw[key] = value
+    if args.tagged_catalog:
+        try:
+            kw["tagged_items"], kw["tagged_users"], kw["tagged_log"] = (int(v) for v in args.tagged_catalog.split(","))
+        except ValueError:
+            raise ValueError(f"`--tagged-catalog` must be three comma-separated integers ITEMS,USERS,EVENTS, got "
+                             f"{args.tagged_catalog!r}.") from None
+    cfg = FrontierConfig.quick(**kw) if args.quick else FrontierConfig(**kw)
+    doc = run_frontier(cfg, args.out, jobs=args.jobs, progress=not args.no_progress)
+    print((args.out / "frontier.md").read_text())
+    print(f"wrote {args.out}/frontier.json, frontier.md, frontier.png ({doc['seconds']:.0f} s)", file=sys.stderr)
     return 0

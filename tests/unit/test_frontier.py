@@ -1,0 +1,92 @@
+"""``privrec experiment frontier`` through its CLI on tiny settings: the JSON's shape, sane shares of the gain, and an
+uncalibrated local cell reported (``n/c`` with the reason), not raised.
+
+Populations: a stand-in for the LastFM arrays (the real files need not be here), a tiny generated catalog passed
+as ``--catalog``, a tiny generated tagged catalog and a 300-user synthetic population; ε ∈ {2, ∞}, two seeds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from models.local.policy import LocalItemUCB
+from privrec.cli import main
+from privrec.experiments import frontier
+from privrec.experiments.lastfm import LastFMEvents
+from producers.catalog.generate import write_catalog
+
+
+def _lastfm_stand_in(n: int, data_dir: str | None, start: int) -> LastFMEvents:
+    """300 events of 200 users in two units, 60 items of 6 dims, pools of 5, a planted taste."""
+    rng = np.random.default_rng(7)
+    n = min(n, 300)
+    features = rng.normal(size=(60, 6))
+    features /= np.linalg.norm(features, axis=1, keepdims=True)
+    taste = features[:4].mean(axis=0)
+    users = rng.integers(0, 200, size=n)
+    pools = np.stack([rng.choice(60, size=5, replace=False) for _ in range(n)])
+    correct = np.array([int(np.argmax(features[p] @ taste)) for p in pools], dtype=np.int64)
+    return LastFMEvents((users % 2).astype(np.int64), pools, correct, features, np.eye(2), 2, users.astype(np.int64))
+
+
+def _strict_json(text: str) -> Any:
+    def refuse(name: str) -> Any:
+        raise AssertionError(f"frontier.json holds {name}: JSON has no NaN")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_frontier_cli_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(frontier, "_load_lastfm", _lastfm_stand_in)
+    monkeypatch.setenv("PRIVREC_CACHE_DIR", str(tmp_path / "cache"))  # the catalog build's cache stays here
+    catalog = write_catalog(tmp_path / "shop", n_items=120, n_users=80, n_events=700, seed=3, zipf=1.0)
+    out = tmp_path / "frontier"
+    rc = main(["experiment", "frontier", "--out", str(out), "--epsilons", "2,inf", "--seeds", "2",
+               "--sizes", "300", "--lastfm-events", "300", "--catalog", str(catalog), "--catalog-events", "400",
+               "--tagged-catalog", "120,60,600", "--tagged-events", "400", "--jobs", "1", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    doc = _strict_json((out / "frontier.json").read_text())
+    assert doc["epsilons"] == [2.0, "inf"] and doc["modes"] == ["global", "federated", "local"] and doc["seeds"] == 2
+    assert list(doc["populations"]) == ["lastfm", "catalog", "tagged", "population-300"]
+    assert set(doc["windows"]) == set(doc["populations"])
+    assert doc["windows"]["lastfm"]["events"] == [0, 299] and doc["windows"]["tagged"]["events"] == [0, 399]
+    for name, p in doc["populations"].items():
+        assert p["nonprivate"]["ratio"] > 0 and len(p["nonprivate"]["runs"]) == 2, name
+        assert p["data_free"]["which"] in ("prior", "random") and p["data_free"]["ratio"] >= 1.0
+        assert p["private_popularity"]["2"]["ratio"] > 0 and p["online_popularity"]["ratio"] > 0
+        for mode in doc["modes"]:
+            assert set(p["cells"][mode]) == {"2", "inf"}
+            for key, c in p["cells"][mode].items():
+                if c["uncalibrated"]:
+                    continue
+                assert c["ratio"] > 0 and len(c["runs"]) == 2 and c["se"] is not None
+                assert isinstance(c["floor_met"], bool) and c["floor"] >= 1.0
+                if c["share_of_gain"] is not None:  # a gain to keep: the share is a sane fraction
+                    assert -3.0 < c["share_of_gain"] <= 1.5, (name, mode, key, c["share_of_gain"])
+        assert p["cells"]["global"]["inf"]["share_of_gain"] in (1.0, None)  # the reference itself
+        # federated without noise is the same model as global: the sites' exact sums add up
+        assert p["cells"]["federated"]["inf"]["ratio"] == pytest.approx(p["nonprivate"]["ratio"])
+    # the stand-in's local cell at eps = 2: 150 users per batch cannot hide an item report at eps 1 over 2 batches
+    lf = doc["populations"]["lastfm"]["cells"]["local"]
+    assert lf["2"]["uncalibrated"].startswith("no blanket reaches (1, 5e-06) with n = 150 users per batch")
+    assert lf["2"]["ratio"] is None and lf["2"]["runs"] == [] and lf["2"]["floor_met"] is None
+    assert lf["inf"]["uncalibrated"] is None and lf["inf"]["ratio"] > 0
+    assert doc["populations"]["population-300"]["cells"]["local"]["2"]["uncalibrated"] is None  # batch 400
+    md = (out / "frontier.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("|  | local | 2 |"))  # LastFM's block comes first
+    assert "n/c" in row
+    assert "- LastFM, local, ε = 2: no blanket reaches (1, 5e-06)" in md
+    assert (out / "frontier.png").stat().st_size > 0
+    assert (out / "tagged-catalog" / "events.csv").is_file()
+
+
+def test_local_hierarchy_needs_the_catalog_and_the_listens() -> None:
+    with pytest.raises(ValueError, match="`hierarchy` needs the catalog's `features`"):
+        LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, hierarchy=True)
+    with pytest.raises(ValueError, match="share"):
+        LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, hierarchy=True, share=1.0,
+                     features=np.eye(2)[[0, 1, 0, 1]])
