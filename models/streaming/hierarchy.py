@@ -108,7 +108,7 @@ def default_shares(*, users: int, units: int, private: bool = True) -> dict[str,
 
 
 def parse_shares(text: str) -> dict[str, float]:
-    ""``"pool=0.05,items=0.95,units=0"`` -> a shares mapping (the ``hierarchy_shares`` setting).
+    """``"pool=0.05,items=0.95,units=0"`` -> a shares mapping (the ``hierarchy_shares`` setting).
 
     >>> parse_shares("pool=1, items=3")
     {'pool': 0.25, 'items': 0.75, 'units': 0.0}
