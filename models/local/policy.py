@@ -185,7 +185,8 @@ class LocalItemUCB:
                  threshold_stds: float = 2.0, lambda_: float = 1.0, alpha: float = 0.3, noise_ridge: float = 0.0,
                  tick: int = 100, private: bool = True, codewords: FloatArray | None = None, n_units: int = 1,
                  pool_weight: float = 0.0, groups: NDArray[np.int64] | None = None, prior: FloatArray | None = None,
-                 prior_strength: float = 0.0, hierarchy: bool = False, features: FloatArray | None = None) -> None:
+                 prior_strength: float = 0.0, hierarchy: bool = False, features: FloatArray | None = None,
+                 codes_are_items: bool = False) -> None:
         from .items import ItemBlanket
 
         if hierarchy:
@@ -242,6 +243,11 @@ class LocalItemUCB:
         self.theta = np.zeros((n_units, d))
         self.M = np.broadcast_to(np.eye(d) / lambda_, (n_units, d, d)).copy()
         self.hierarchy = bool(hierarchy)
+        # the codebook is the catalog itself (the live `--local-item-term 1`): a message names the item listened to,
+        # and the codes' histogram estimate is also released as the item sums (the same estimate: no extra cost)
+        self.codes_are_items = bool(codes_are_items)
+        if self.codes_are_items and (self.codewords is None or len(self.codewords) != n_items or n_units != 1):
+            raise ValueError("`codes_are_items` needs `codewords` with one row per item (the catalog) and one group.")
         self.features = None if features is None else np.asarray(features, dtype=np.float64)
         self.item_scores = np.zeros(n_items)
         self.info: dict[str, float] = {}
@@ -296,7 +302,8 @@ class LocalItemUCB:
         if self.codes is not None and self.codewords is not None:
             from .items import nearest_code
 
-            code = int(nearest_code(self.codewords, clip_context(np.asarray(x_item)))[0])
+            code = int(item) if self.codes_are_items else \
+                int(nearest_code(self.codewords, clip_context(np.asarray(x_item)))[0])
             vec = np.array([float((self._group(unit)) * len(self.codewords) + code)])  # the message
         if self.config is not None:
             dev = self._clients.get(name)
@@ -321,6 +328,9 @@ class LocalItemUCB:
             est = self.codes.estimate(self.codes.histogram(np.concatenate(msgs)), n)
             self.b += est.reshape(self.n_units, -1) @ self.codewords
             self.b_var += self.codes.variance(n) * float((self.codewords**2).sum(axis=0).max())
+            if self.codes_are_items:
+                self.sums += est
+                self.variance += self.codes.variance(n)
         elif vectors and not self.private:
             for v in vectors:
                 self.b[int(v[0])] += v[1:]

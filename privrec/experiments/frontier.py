@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from models.local.policy import LocalItemUCB
+from models.streaming.hierarchy import default_shares
 from models.policies import OnlinePopularity, PrivatePopularity
 from models.policies.hierarchy import HierarchicalUCB
 from models.streaming.hierarchy import prior_direction
@@ -104,10 +105,7 @@ class FrontierConfig:
     population_seed: int = 0        # public seed of the population draws (the defaults were chosen on seed 1)
     pool: int = 25                  # pool of a catalog's replay (LastFM's pools are its own, 25)
     local_cap: int = 2              # reports per device and epoch (local mode)
-    local_batch: int = 150          # distinct users per shuffled batch on the replays (LastFM, catalogs)
-    local_min_batch: int = 400      # the population's batch: max(local_min_batch, local_batch_fraction x users)
-    local_batch_fraction: float = 0.2
-    local_share: float = 0.5        # the item reports' part of epsilon (LocalItemUCB's default)
+    local_batch: int = 150          # local mode's default batch (grown to the smallest the blanket can calibrate)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -118,14 +116,11 @@ class FrontierConfig:
             raise ValueError(f"`modes` must be among {list(MODES)}, got {list(self.modes)}.")
         for name in ("seeds", "tick", "sites", "lastfm_events", "tagged_items", "tagged_users", "tagged_log",
                      "tagged_events", "population_items", "population_units", "population_events_per_user",
-                     "local_cap", "local_batch", "local_min_batch"):
+                     "local_cap", "local_batch"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"`{name}` must be positive, got {getattr(self, name)}.")
         if any(n < 2 for n in self.sizes):
             raise ValueError(f"`sizes` must be populations of at least 2 users, got {self.sizes}.")
-        if not 0 <= self.local_share < 1:
-            raise ValueError(f"`local_share` must be in [0, 1) (the local row's pool block needs the listens), got "
-                             f"{self.local_share}.")
         if self.catalog_events is not None and self.catalog_events < 1:
             raise ValueError(f"`catalog_events` must be positive, got {self.catalog_events}.")
 
@@ -322,7 +317,7 @@ def _load(cfg: FrontierConfig, name: str, out: Path) -> _Population:
     window = {"source": f"SyntheticPopulation(n_users={n_users}, n_units={cfg.population_units}, "
                         f"n_items={cfg.population_items}, events_per_user={cfg.population_events_per_user}, "
                         f"seed={cfg.population_seed})", "events": [0, pop.n - 1]}
-    batch = max(cfg.local_min_batch, int(cfg.local_batch_fraction * n_users))
+    batch = cfg.local_batch
     return _Population(name, f"population {n_users:,}", ev, batch, window,
                        "the synthetic population: units of Zipf sizes, a taste per unit, Zipf item popularity")
 
@@ -336,13 +331,14 @@ def _policy(job: _Job, cfg: FrontierConfig, pop: _Population, seed: int) -> Any:
         return HierarchicalUCB(F, n_units=ev.n_units, epsilon=math.inf, shares=ALL_LEVELS, tick=cfg.tick, seed=seed)
     if job.kind in ("global", "federated"):
         sites = cfg.sites if job.kind == "federated" else 1
-        shares = ALL_LEVELS if math.isinf(eps) else None  # None: the model's default shares
+        # the live rule (pipeline.release.stages.hierarchy_layout): the unit block where the users per unit allow
+        users = len(np.unique(ev.users)) if ev.users is not None else 0
+        shares = ALL_LEVELS if math.isinf(eps) else default_shares(users=users, units=ev.n_units)
         return HierarchicalUCB(F, n_units=ev.n_units, epsilon=eps, delta=cfg.delta, shares=shares, tick=cfg.tick,
                                seed=seed, sites=sites)
     if job.kind == "local":
-        return LocalItemUCB(d=d, n_items=K, epsilon=2.0 if math.isinf(eps) else eps, delta=cfg.delta,
-                            batch=pop.local_batch, cap=cfg.local_cap, seed=seed, share=cfg.local_share,
-                            tick=cfg.tick, private=not math.isinf(eps), hierarchy=True, features=F)
+        return local_default_twin(F, eps=eps, delta=cfg.delta, cap=cfg.local_cap, batch=cfg.local_batch, seed=seed,
+                                  tick=cfg.tick)
     if job.kind == "private-popularity":
         return PrivatePopularity(K, epsilon=eps, delta=cfg.delta, cap=1, tick=cfg.tick, seed=seed)
     if job.kind == "online-popularity":
@@ -350,6 +346,31 @@ def _policy(job: _Job, cfg: FrontierConfig, pop: _Population, seed: int) -> Any:
     if job.kind == "prior":
         return PublicPrior(F, seed=seed)
     raise ValueError(f"unknown kind {job.kind!r}")
+
+
+def local_default_twin(F: np.ndarray, *, eps: float, delta: float, cap: int, batch: int, seed: int,
+                       tick: int) -> LocalItemUCB:
+    """The offline twin of ``privrec up --mode local`` with no flags (``Settings._resolve_local`` and ``privrec up``):
+    per-round reports in population-wide shuffled batches of ``max(batch, smallest workable)`` distinct users, ``cap``
+    reports per device, listens as codewords through the blanket at the whole epsilon — the catalog itself as the
+    codebook (the item term) up to ``privrec.ops.up.MAX_CATALOG_CODEBOOK`` items, else 64 k-means codewords —, served
+    by the hierarchy. ``eps = inf``: the same model without noise, no batch, no cap."""
+    from models.local.items import codebook, smallest_batch
+    from privrec.ops.up import MAX_CATALOG_CODEBOOK
+
+    K, d = F.shape
+    private = not math.isinf(eps)
+    items = K <= MAX_CATALOG_CODEBOOK
+    clipped = F / np.maximum(1.0, np.linalg.norm(F, axis=1, keepdims=True))
+    codes = clipped if items else codebook(F, 64, seed=0)
+    if private:
+        try:
+            batch = max(batch, smallest_batch(eps, delta, cap))
+        except ValueError:
+            pass  # no batch can: the cell reports it (population.uncalibrated)
+    return LocalItemUCB(d=d, n_items=K, epsilon=2.0 if not private else eps, delta=delta, batch=batch, cap=cap,
+                        seed=seed, share=0.0, tick=tick, private=private, hierarchy=True, features=F, codewords=codes,
+                        codes_are_items=items)
 
 
 def _local_reward(policy: LocalItemUCB, ev: LastFMEvents) -> float:
@@ -378,6 +399,11 @@ def _execute(job: _Job) -> _Result:
     seed = derive_seed("frontier", cfg.seed, job.population, job.run)
     policy = _policy(job, cfg, pop, seed)
     why = uncalibrated(policy)  # before the run, whether or not it would fill a batch
+    if why is None and isinstance(policy, LocalItemUCB) and policy.private and pop.events.users is not None:
+        users = len(np.unique(pop.events.users))
+        if policy.batch > users:  # the batch that calibrates holds more distinct users than the window has
+            why = (f"a batch that calibrates at epsilon {job.epsilon:g} holds {policy.batch} distinct users; the "
+                   f"window has {users}: none could ever close")
     if why is not None:
         return _Result(job, None, time.perf_counter() - t0, uncalibrated=why)
     ev = pop.events
@@ -562,9 +588,10 @@ def _markdown(doc: dict[str, Any]) -> str:
              f"Reward ÷ random play's (mean ± standard error over {doc['seeds']} seed(s): noise keys and "
              f"tie-breaking; no ± with one seed) of the default hierarchical model, user level, δ = {doc['delta']:g}, "
              f"release every {cfg['tick']} events, per trust mode: `global` (one server), `federated` "
-             f"({cfg['sites']} sites, each its own noise, summed), `local` (LocalItemUCB with the hierarchy: "
-             f"shuffled batches of distinct users, cap {cfg['local_cap']} reports per device, the item reports "
-             f"{cfg['local_share']:g} of ε through a blanket of fakes, the listens as Laplace vectors). At ε = ∞ "
+             f"({cfg['sites']} sites, each its own noise, summed), `local` (`privrec up --mode local`'s default: "
+             f"population-wide shuffled batches of distinct users, cap {cfg['local_cap']} reports per device, "
+             f"listens as codewords through a blanket of fakes at the whole ε — the catalog itself as the codebook up "
+             f"to 1,024 items, else 64 codewords —, served by the hierarchy). At ε = ∞ "
              "each mode's non-private twin; `global` at ∞ is the non-private reference (HierarchicalUCB with the "
              "pool, items and units released).", "",
              "Columns: **share** of the non-private gain kept = (private − best data-free) ÷ (non-private − best "

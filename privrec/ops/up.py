@@ -97,6 +97,11 @@ def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: d
             **role_env(state, WEB)}
 
 
+#: Local mode's default makes the codebook the catalog itself (the item term) up to this many items: a device then
+#: seals about ``p (K + 1) + 1`` messages per report (~140 at K = 1,000, docs/local-live.md).
+MAX_CATALOG_CODEBOOK = 1024
+
+
 def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 1, http_port: int = 0,
        http_host: str = services.LOOPBACK, loglevel: str | None = None, timeout: float = 120.0,
        say: Callable[[str], None] | None = None, supervise: bool | dict[str, float] = True, no_acl: bool = False,
@@ -174,6 +179,12 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
         raise
     except (OSError, ValueError) as exc:
         raise OpsError(f"cannot load the {settings.catalog!r} catalog (setting `catalog`): {exc}") from exc
+    if settings.mode == "local" and getattr(settings, "local_defaulted", False) \
+            and len(catalog.feature_matrix) <= MAX_CATALOG_CODEBOOK:
+        # local mode's default on a catalog small enough: the codebook is the catalog itself, so the messages' histogram
+        # is also the item term (docs/local-live.md); every process gets these values (child_env spells them out)
+        settings = settings.replace(local_codewords=len(catalog.feature_matrix), local_item_term=1)
+        note(f"  local    the catalog's {settings.local_codewords} items are the codebook (the item term)")
     if settings.mode == "local" and settings.local_item_term:  # the codebook is the catalog: one codeword per item
         from pipeline.modes.local.local_http import catalog_codebook
 

@@ -70,16 +70,17 @@ def test_frontier_cli_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
         assert p["cells"]["global"]["inf"]["share_of_gain"] in (1.0, None)  # the reference itself
         # federated without noise is the same model as global: the sites' exact sums add up
         assert p["cells"]["federated"]["inf"]["ratio"] == pytest.approx(p["nonprivate"]["ratio"])
-    # the stand-in's local cell at eps = 2: 150 users per batch cannot hide an item report at eps 1 over 2 batches
-    lf = doc["populations"]["lastfm"]["cells"]["local"]
-    assert lf["2"]["uncalibrated"].startswith("no blanket reaches (1, 5e-06) with n = 150 users per batch")
+    # the catalog's local cell at eps = 2: local mode's default batch (150 distinct users) exceeds its 80 users
+    lf = doc["populations"]["catalog"]["cells"]["local"]
+    assert lf["2"]["uncalibrated"].startswith("a batch that calibrates at epsilon 2 holds 150 distinct users; the "
+                                              "window has ")
     assert lf["2"]["ratio"] is None and lf["2"]["runs"] == [] and lf["2"]["floor_met"] is None
     assert lf["inf"]["uncalibrated"] is None and lf["inf"]["ratio"] > 0
-    assert doc["populations"]["population-300"]["cells"]["local"]["2"]["uncalibrated"] is None  # batch 400
+    assert doc["populations"]["population-300"]["cells"]["local"]["2"]["uncalibrated"] is None  # 300 users >= 150
     md = (out / "frontier.md").read_text()
-    row = next(line for line in md.splitlines() if line.startswith("|  | local | 2 |"))  # LastFM's block comes first
-    assert "n/c" in row
-    assert "- LastFM, local, ε = 2: no blanket reaches (1, 5e-06)" in md
+    rows = [line for line in md.splitlines() if line.startswith("|  | local | 2 |")]  # LastFM's, then the catalog's
+    assert "n/c" not in rows[0] and "n/c" in rows[1]
+    assert "local, ε = 2: a batch that calibrates at epsilon 2 holds 150 distinct users" in md
     assert (out / "frontier.png").stat().st_size > 0
     assert (out / "tagged-catalog" / "events.csv").is_file()
 
