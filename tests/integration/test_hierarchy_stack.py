@@ -124,6 +124,7 @@ def test_without_noise_the_release_is_the_contributions_and_the_served_model_its
     # /recommend ranks by x . theta_u + item term + bonus
     user = users[0]
     pool = items[:25]
+    wait_for(lambda: _served_version(stack, pool[0]) >= version, 15, "the solved release served")
     status, body = stack.get_json("/recommend?" + urllib.parse.urlencode({"user": user, "k": "5",
                                                                             "candidates": ",".join(pool)}))
     assert status == 200
@@ -187,8 +188,16 @@ def test_an_item_added_while_running_is_learned_by_the_item_level(open_stack: Lo
     client = _client(stack)
     keys = PublicKeys(stack.namespace)
     wait_for(lambda: int(client.hget(keys.model_meta, "version") or 0) >= version, 30, "the release solved")
+    # the web server re-reads the model's version at most every 0.2 s: wait until it serves the solved release
+    wait_for(lambda: _served_version(stack, new) >= version, 15, "the solved release served")
     after = _pop_of(stack, s, new)
     assert before == 0.0 and after > 1.0  # learned: far above the content model's prediction
+
+
+def _served_version(stack: LocalStack, arm: str) -> int:
+    status, body = stack.get_json("/recommend?" + urllib.parse.urlencode({"user": "probe", "k": "1",
+                                                                            "candidates": arm}))
+    return int(body["model_version"]) if status == 200 else -1
 
 
 def _pop_of(stack: LocalStack, s: Settings, arm: str) -> float:
