@@ -23,6 +23,7 @@ import pytest
 import redis
 
 from pipeline import services
+from pipeline.config.keys import PublicKeys
 from privrec.cli import main
 from producers.catalog import hash_unit
 from producers.catalog.generate import write_catalog
@@ -89,7 +90,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Servi
 
 
 def test_a_new_user_is_served_over_every_item_and_learned_from(stack: tuple[str, dict[str, str]]) -> None:
-    url, _ = stack
+    url, env = stack
     user = "Zoë, new today"
     q = urllib.parse.urlencode({"user": user, "k": "5"})
     code, body = _get(f"{url}/recommend?{q}")
@@ -106,7 +107,10 @@ def test_a_new_user_is_served_over_every_item_and_learned_from(stack: tuple[str,
         assert code == 202, ack
 
     wait_for(lambda: _get(f"{url}/budget")[1].get("events_released", 0) >= 20, 30, "the 20 feedbacks released")
-    _, now = _get(f"{url}/recommend?{cand}")
+    released = int(redis.Redis.from_url(env["REDIS_URL"]).hget(PublicKeys("ow").released, "version"))
+    # the release is solved, then served once the web server re-reads the model's version (every 0.2 s)
+    now = wait_for(lambda: (lambda r: r if r["model_version"] >= released else None)(_get(f"{url}/recommend?{cand}")[1]),
+                   30, "the release's model served")
     # exactly the 20 feedbacks in the unit's Gram (epsilon = inf, nobody else in it yet): width alpha / sqrt(1 + 20)
     assert now["items"][0]["bonus"] == pytest.approx(before["items"][0]["bonus"] / 21 ** 0.5, rel=1e-9)
     assert before["items"][0]["mean"] == 0.0 and now["items"][0]["mean"] > 0.0
