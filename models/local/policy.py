@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 from models.accounting import NoNoiseEvent
 from models.ground.items import popularity_feature
 from models.ground.linalg import ucb_scores, ucb_scores_blas
+from models.policies.popularity import argmax_random
 from models.streaming import ReleasedStats, solve
 from models.streaming.hierarchy import ReleasedHierarchy, prior_direction, solve_hierarchy
 
@@ -274,8 +275,7 @@ class LocalItemUCB:
             score = mean + bonus
             if items is not None:
                 score = score + self.item_scores[np.asarray(items)]
-            best = np.flatnonzero(score >= score.max() - 1e-12)
-            return int(best[0] if len(best) == 1 else self._rng.choice(best))
+            return argmax_random(score, self._rng)
         mean, bonus = ucb_scores_blas(self.theta[g], self.M[g], X, self.alpha)
         score = mean + bonus
         if items is not None and (self.items is not None or not self.private):
@@ -367,12 +367,8 @@ class LocalItemUCB:
         per-coordinate noise variance of ``b``; the count has none). Items: the blanket's unbiased item sums, std
         ``sqrt(variance)``. Without privacy both stds are 0.
         """
-        b = self.b.sum(axis=0)
-        n = float(self.item_reports)
-        h = 1.0 / math.sqrt(2.0)
-        return ReleasedHierarchy(pool=np.r_[b, n] * h, items=self.sums.copy(), units=None,
-                                 std_pool=math.sqrt(self.b_var) * h, std_items=math.sqrt(self.variance), std_units=0.0,
-                                 version=self.batches)
+        return ReleasedHierarchy.from_sums(self.b.sum(axis=0), float(self.item_reports), math.sqrt(self.b_var),
+                                           self.sums.copy(), math.sqrt(self.variance), self.batches)
 
     def _solve(self) -> None:
         if self.hierarchy:

@@ -27,7 +27,6 @@ Examples
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +38,8 @@ from models.mechanisms import make_mechanism, noise_std
 from models.mechanisms.participation import participation_factor
 from models.streaming.hierarchy import HierarchyLayout, ReleasedHierarchy, add_contribution, prior_direction, \
     solve_hierarchy
+
+from .popularity import argmax_random, capped_ticks
 
 __all__ = ["HierarchicalUCB", "PriorScorer", "HIERARCHY_CAP"]
 
@@ -104,7 +105,7 @@ class HierarchicalUCB:
         self.rng = np.random.default_rng(seed)
         self.user = 0
         self.buffer: list[tuple[int, int, int, float]] = []  # (user, unit, item, reward)
-        self.participations: dict[tuple[int, int], int] = defaultdict(int)
+        self.participations: dict[tuple[int, int], int] = {}
         self.ticks = self.seen = self.dropped = 0
         self.released: ReleasedHierarchy | None = None
         self.item_scores = np.zeros(K)
@@ -121,9 +122,7 @@ class HierarchicalUCB:
         return out
 
     def select(self, unit: int, contexts: FloatArray, items: Any = None) -> int:
-        s = self.scores(unit, contexts, items)
-        best = np.flatnonzero(s >= s.max() - 1e-12)
-        return int(best[0] if len(best) == 1 else self.rng.choice(best))
+        return argmax_random(self.scores(unit, contexts, items), self.rng)
 
     def update(self, unit: int, context: FloatArray, reward: float, item: int = -1) -> None:
         if item >= 0 and reward > 0:
@@ -142,17 +141,10 @@ class HierarchicalUCB:
 
     def fold(self) -> None:
         """One release tick: every user's positives of the tick, capped, then the release and the solve."""
-        epoch = self.ticks // self.capacity
-        by_user: dict[int, tuple[int, dict[int, float]]] = {}
-        for user, unit, item, r in self.buffer:
-            u, items = by_user.setdefault(user, (unit, defaultdict(float)))
-            items[item] += r
+        kept, dropped = capped_ticks(self.buffer, self.participations, self.ticks // self.capacity, self.cap)
         self.buffer = []
-        for user, (unit, items) in by_user.items():
-            if self.participations[(user, epoch)] >= self.cap:
-                self.dropped += 1
-                continue
-            self.participations[(user, epoch)] += 1
+        self.dropped += dropped
+        for unit, items in kept:
             add_contribution(self.exact[unit % self.sites], self.layout, unit, items, self.features)
         if not self.mechanisms:
             y, std = self.exact.sum(axis=0), 0.0
@@ -186,9 +178,10 @@ class PriorScorer:
         self.rng = np.random.default_rng(seed)
 
     def select(self, unit: int, contexts: FloatArray, items: Any = None) -> int:
-        s = np.asarray(contexts, dtype=np.float64) @ self.u0
-        best = np.flatnonzero(s >= s.max() - 1e-12)
-        return int(best[0] if len(best) == 1 else self.rng.choice(best))
+        return argmax_random(np.asarray(contexts, dtype=np.float64) @ self.u0, self.rng)
 
     def update(self, unit: int, context: FloatArray, reward: float, item: int = -1) -> None:
+        pass
+
+    def observe(self, unit: int, item: int, reward: float = 1.0) -> None:
         pass

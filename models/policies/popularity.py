@@ -51,10 +51,11 @@ from models.accounting import split_epsilon
 from models.ground.items import popularity_feature
 from models.mechanisms import Mechanism, TreeState, make_mechanism, noise_std
 from models.mechanisms.participation import B_CLIP, ITEM_CLIP, participation_factor, replace_sensitivity
+from models.streaming.hierarchy import item_shares
 
 from .kronecker import KroneckerUCB
 
-__all__ = ["OnlinePopularity", "PrivatePopularity", "PopularityUCB", "make_popularity_policy", "EXACT_MECHANISMS", "LISTEN_WEIGHT"]
+__all__ = ["OnlinePopularity", "PrivatePopularity", "argmax_random", "capped_ticks", "PopularityUCB", "make_popularity_policy", "EXACT_MECHANISMS", "LISTEN_WEIGHT"]
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -67,9 +68,37 @@ EXACT_MECHANISMS = ("gaussian-exact", "honaker-exact", "smooth-exact", "blt-exac
                     "user-honaker-exact", "user-blt-exact")
 
 
-def _argmax_random(scores: FloatArray, rng: np.random.Generator) -> int:
+def argmax_random(scores: FloatArray, rng: np.random.Generator) -> int:
+    """The index of the largest score (within 1e-12), ties broken at random by ``rng`` (the policies' rule)."""
     best = np.flatnonzero(scores >= scores.max() - 1e-12)
     return int(best[0] if len(best) == 1 else rng.choice(best))
+
+
+def capped_ticks(buffer: list[tuple[int, int, int, float]], participations: dict[tuple[int, int], int], epoch: int,
+                 cap: int) -> tuple[list[tuple[int, dict[int, float]]], int]:
+    """A release tick's positives ``(user, unit, item, reward)`` as one ``(unit, {item: summed reward})`` per user
+    (in order of first appearance), each user's tick kept while they are under ``cap`` ticks in ``epoch``
+    (``participations`` counts them, updated in place); also the number of users dropped at the cap.
+
+    >>> seen = {}
+    >>> capped_ticks([(1, 0, 5, 1.0), (2, 3, 6, 1.0), (1, 0, 5, 0.5)], seen, 0, 1)
+    ([(0, {5: 1.5}), (3, {6: 1.0})], 0)
+    >>> capped_ticks([(1, 0, 7, 1.0)], seen, 0, 1)
+    ([], 1)
+    """
+    by_user: dict[int, tuple[int, dict[int, float]]] = {}
+    for user, unit, item, r in buffer:
+        items = by_user.setdefault(user, (unit, {}))[1]
+        items[item] = items.get(item, 0.0) + r
+    kept, dropped = [], 0
+    for user, tick in by_user.items():
+        key = (user, epoch)
+        if participations.get(key, 0) >= cap:
+            dropped += 1
+            continue
+        participations[key] = participations.get(key, 0) + 1
+        kept.append(tick)
+    return kept, dropped
 
 
 class OnlinePopularity:
@@ -98,7 +127,7 @@ class OnlinePopularity:
         return int(user) if self.per_unit else 0
 
     def select(self, user: int, contexts: FloatArray, items: IntArray) -> int:
-        return _argmax_random(self.counts[self._row(user), np.asarray(items)], self.rng)
+        return argmax_random(self.counts[self._row(user), np.asarray(items)], self.rng)
 
     def update(self, user: int, context: FloatArray, reward: float, item: int) -> None:
         self.counts[self._row(user), int(item)] += float(reward)
@@ -182,7 +211,7 @@ class PrivatePopularity:
         self.released = np.zeros(self.n_items)
         self.released_std = 0.0
         self.user = 0
-        self.buffer: list[tuple[int, int, float]] = []  # (user, item, reward)
+        self.buffer: list[tuple[int, int, int, float]] = []  # (user, unit, item, reward)
         self.participations: dict[tuple[int, int], int] = {}
         self.seen = self.ticks = self.dropped = 0
 
@@ -191,12 +220,12 @@ class PrivatePopularity:
         self.user = hash(user) if isinstance(user, str) else int(user)
 
     def select(self, unit: int, contexts: FloatArray, items: IntArray) -> int:
-        return _argmax_random(self.released[np.asarray(items)], self.rng)
+        return argmax_random(self.released[np.asarray(items)], self.rng)
 
     def update(self, unit: int, context: FloatArray, reward: float, item: int) -> None:
         """Bandit feedback: the recommended ``item`` got ``reward`` (a positive counts)."""
         if reward > 0:
-            self.buffer.append((self.user, int(item), float(reward)))
+            self.buffer.append((self.user, int(unit), int(item), float(reward)))
         self.seen += 1
         if self.seen % self.tick == 0:
             self.fold()
@@ -204,26 +233,16 @@ class PrivatePopularity:
     def observe(self, unit: int, item: int, reward: float = 1.0) -> None:
         """An organic positive (a logged listen of an item that was not recommended)."""
         if reward > 0:
-            self.buffer.append((self.user, int(item), float(reward)))
+            self.buffer.append((self.user, int(unit), int(item), float(reward)))
 
     def fold(self) -> None:
         """One release tick: every user's shares of the tick, capped, then the release."""
-        epoch = self.ticks // self.capacity
-        by_user: dict[int, dict[int, float]] = {}
-        for user, item, r in self.buffer:
-            w = by_user.setdefault(user, {})
-            w[item] = w.get(item, 0.0) + r
+        kept, dropped = capped_ticks(self.buffer, self.participations, self.ticks // self.capacity, self.cap)
         self.buffer = []
-        for user, w in by_user.items():
-            key = (user, epoch)
-            if self.participations.get(key, 0) >= self.cap:
-                self.dropped += 1
-                continue
-            self.participations[key] = self.participations.get(key, 0) + 1
-            total = sum(w.values())
-            c = min(1.0, total)
-            for item, r in w.items():
-                self.exact[item] += c * r / total
+        self.dropped += dropped
+        for _, w in kept:
+            for item, share in item_shares(w).items():
+                self.exact[item] += share
         if self.mechanism is None:
             self.released = self.exact.copy()
         else:
@@ -308,7 +327,7 @@ class PopularityUCB:
         return out
 
     def select(self, user: int, contexts: FloatArray, items: IntArray) -> int:
-        return _argmax_random(self.scores(user, contexts, items), self.rng)
+        return argmax_random(self.scores(user, contexts, items), self.rng)
 
     def update(self, user: int, context: FloatArray, reward: float, item: int) -> None:
         """Bandit feedback: the recommended ``item`` got ``reward``."""

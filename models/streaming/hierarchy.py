@@ -12,12 +12,14 @@ statistics' own (public) noise and counts, never a constant tuned on one catalog
    ``b ~ N(n mu(theta), n Sigma(theta) + sigma^2 I)`` with the prior ``theta ~ N(theta_0, tau0^2 I)``; ``tau0^2``
    by type-II maximum likelihood (:func:`eb_prior_variance`). Noise that swamps the data gives ``tau0 -> 0`` and
    the prior's ranking back.
-3. **items** — each item's released count ``s_hat_a`` against what the pooled tilt predicts, ``m_a = n p(a)``:
-   the residual ``r`` is shrunk by ``beta r + (1 - beta) soft(r, t)``, ``(beta, t)`` minimising Stein's unbiased
-   risk estimate for the release's noise ``sigma_items`` (:func:`sure_shrinkage`; Donoho & Johnstone 1995): where
-   few items stand out of the noise (LastFM at user level) only those move away from the content model; where many
-   do (a catalog with a steep popularity), the counts are kept. Without noise the counts are taken as they are
-   (online popularity, with the content model breaking the ties of unseen items).
+3. **items** — each item's released count ``s_hat_a`` against what the pooled tilt predicts, ``m_a = n p(a)``.
+   The release itself says which rule applies, through the share of the count by which residuals ``r`` clear the
+   universal threshold ``sigma_items sqrt(2 ln K)`` (where no item of pure noise lands; :data:`CLEAR_MASS`): at
+   least 5 %, popularity stands out of the noise and the counts are kept whole (a catalog with a steep
+   popularity); some, but less, ``r`` is shrunk by ``beta r + (1 - beta) soft(r, t)``, ``(beta, t)`` minimising
+   Stein's unbiased risk estimate for the release's noise (:func:`sure_shrinkage`; Donoho & Johnstone 1995);
+   none (LastFM at user level), the item level says nothing and the content model ranks. Without noise the counts
+   are taken as they are (online popularity, with the content model breaking the ties of unseen items).
 4. **units** (when released) — each unit's pooled-style sum ``b_u, n_u`` against the pooled model's prediction:
    ``delta_u = tau^2 A_u (tau^2 A_u^2 + A_u + sigma_u^2 I)^-1 (b_u - n_u mu)`` with ``A_u = n_u Sigma``, the
    exact Gaussian posterior mean of the unit's deviation, ``tau^2`` by the method of moments over units
@@ -56,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -64,7 +66,7 @@ from numpy.typing import NDArray
 
 from models.ground.codec import decode_arrays, encode_arrays
 
-__all__ = ["HierarchyLayout", "ReleasedHierarchy", "HierarchyModel", "contribution", "solve_hierarchy",
+__all__ = ["HierarchyLayout", "ReleasedHierarchy", "HierarchyModel", "contribution", "item_shares", "solve_hierarchy",
            "default_shares", "parse_shares", "add_contribution", "UNITS_MIN_USERS",
            "prior_direction", "sure_shrinkage", "eb_prior_variance", "SHARES", "REPLACE_SENSITIVITY"]
 
@@ -236,12 +238,11 @@ def contribution(items: Mapping[int, float], features: FloatArray) -> tuple[Floa
     >>> float(np.linalg.norm(contribution({0: 0.25}, F)[0])) <= 1.0
     True
     """
-    w = {int(a): float(r) for a, r in items.items() if r > 0}
-    total = sum(w.values())
+    w, total, c = _tick_weights(items)
     d = features.shape[1]
     if total <= 0:
         return np.zeros(d + 1), {}
-    c = min(1.0, total)
+    shares = {a: c * r / total for a, r in w.items()}
     xs = np.zeros(d)
     for a, r in w.items():
         if a >= len(features):  # an item the contexts do not cover yet (added to an open catalog): a zero context
@@ -253,7 +254,25 @@ def contribution(items: Mapping[int, float], features: FloatArray) -> tuple[Floa
     pool[:d] = xs / total
     pool[d] = 1.0
     pool *= c * _H
-    return pool, {a: c * r / total for a, r in w.items()}
+    return pool, shares
+
+
+def item_shares(items: Mapping[int, float]) -> dict[int, float]:
+    """One user's tick as item shares, ``c w_a / sum(w)`` with ``c = min(1, sum of rewards)`` (the items block of
+    :func:`contribution`; L1 and L2 norm ``<= 1``).
+
+    >>> item_shares({3: 2.0, 5: 2.0, 7: 0.0})
+    {3: 0.5, 5: 0.5}
+    """
+    w, total, c = _tick_weights(items)
+    return {a: c * r / total for a, r in w.items()} if total > 0 else {}
+
+
+def _tick_weights(items: Mapping[int, float]) -> tuple[dict[int, float], float, float]:
+    """A tick's positive rewards by item, their total and the tick's weight ``c = min(1, total)``."""
+    w = {int(a): float(r) for a, r in items.items() if r > 0}
+    total = sum(w.values())
+    return w, total, min(1.0, total)
 
 
 def add_contribution(v: FloatArray, layout: HierarchyLayout, unit: int, items: Mapping[int, float],
@@ -308,6 +327,20 @@ class ReleasedHierarchy:
         assert pool is not None
         return cls(pool, items, None if units is None else units.reshape(layout.n_units, layout.d + 1), sp, si, su,
                    int(version))
+
+    @classmethod
+    def from_sums(cls, b: FloatArray, count: float, std_b: float, items: FloatArray | None = None,
+                  std_items: float = 0.0, version: int = 0) -> ReleasedHierarchy:
+        """The pooled block from a released context sum ``b`` (noise std ``std_b`` per coordinate) and an exact
+        count, and the item counts if any; no unit block (local mode's population-wide releases).
+
+        >>> rel = ReleasedHierarchy.from_sums(np.array([3.0, 1.0]), 4.0, 0.5)
+        >>> rel.count, round(rel.std_pool * math.sqrt(2), 12)
+        (4.0, 0.5)
+        """
+        pool = np.r_[np.asarray(b, dtype=np.float64), float(count)] * _H
+        return cls(pool, None if items is None else np.asarray(items, dtype=np.float64), None, float(std_b) * _H,
+                   float(std_items), 0.0, int(version))
 
     @property
     def d(self) -> int:
@@ -392,7 +425,7 @@ def _fit_scale(f: FloatArray, y: float, n: float, sigma2: float, *, prior: float
 
 #: The grid of prior variances the type-II likelihood is maximised over (0: the prior alone).
 #: ``tau^2`` is the smallest variance whose log-likelihood is within this margin of the maximum: a level moves away
-#: from the one above only as far as the data insist (chi-square(1) 99 % / 2 = 3.32; 0: the maximum itself). At 1.35
+#: from the one above only as far as the data insist (chi-square(1) 99 % / 2 = 3.32; 0 would be the maximum). At 1.35
 #: (90 %) LastFM's held-out window fell 0.03 below the prior's ranking at epsilon 1 and 2 (docs/hierarchy.md).
 LIKELIHOOD_MARGIN = 3.32
 TAU_GRID = np.concatenate([[0.0], np.logspace(-6, 4, 81)])
@@ -412,8 +445,6 @@ def eb_prior_variance(r: FloatArray, A: FloatArray, sigma2: float) -> float:
     rr = (Q.T @ r) ** 2
     v = TAU_GRID[:, None] * lam[None, :] ** 2 + lam[None, :] + sigma2 + 1e-12
     ll = -0.5 * np.sum(np.log(v) + rr[None, :] / v, axis=1)
-    if LIKELIHOOD_MARGIN <= 0:
-        return float(TAU_GRID[int(np.argmax(ll))])
     # the smallest variance the data do not reject: within the margin of the maximum (a one-sided likelihood interval)
     return float(TAU_GRID[int(np.flatnonzero(ll >= ll.max() - LIKELIHOOD_MARGIN)[0])])
 
@@ -445,10 +476,6 @@ def _fit_pooled(F: FloatArray, b: FloatArray, n: float, sigma2: float, prior: Fl
     return theta, 0.5 * (cov + cov.T)
 
 
-#: SureShrink's hybrid (Donoho & Johnstone 1995, §2.4): where the residuals' energy above the noise is below
-#: ``log2(K)**1.5 / sqrt(K)`` per item, the universal threshold instead of SURE's. Off: on held-out windows it kept
-#: LastFM at the prior (2.54 against 2.49) but cost the tagged catalog 1.4 (8.63 against 10.06, ε = 2).
-HYBRID = False
 #: The fractions of a residual kept below the threshold that :func:`sure_shrinkage` chooses among.
 BETAS = np.linspace(0.0, 1.0, 21)
 
@@ -472,10 +499,6 @@ def sure_shrinkage(r: FloatArray, sigma: float) -> tuple[float, float]:
     if sigma <= 0 or K == 0:
         return 1.0, 0.0
     tmax = sigma * math.sqrt(2.0 * math.log(max(K, 2)))
-    if HYBRID and K > 1:  # SureShrink's sparsity test: too little energy above the noise for SURE to be reliable
-        energy = (float(np.sum(r * r)) / sigma**2 - K) / K
-        if energy <= math.log2(K) ** 1.5 / math.sqrt(K):
-            return 0.0, tmax
     a = np.sort(np.abs(r))
     cand = np.concatenate([[0.0], a[a <= tmax], [tmax]])
     cs = np.concatenate([[0.0], np.cumsum(a ** 2)])
@@ -499,7 +522,6 @@ def sure_shrinkage(r: FloatArray, sigma: float) -> tuple[float, float]:
 CLEAR_MASS = 0.05
 #: Where no item clears the universal threshold at all, the item level says nothing (content alone) rather than
 #: SURE's threshold, which lets about 1 % of pure-noise items through (each one a spurious top pick in its pools).
-SILENT_WHEN_NOTHING_CLEARS = True
 #: An item's rate never drops below this share of the content model's prediction (a released count within the
 #: noise of zero does not make an item impossible).
 FLOOR = 0.1
@@ -518,8 +540,7 @@ def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: in
     if rel.d != d:
         raise ValueError(f"the release has contexts of length {rel.d}, the catalog {d}.")
     if rel.items is not None and rel.items.shape[0] > K:  # capacity an open catalog does not fill (yet): not covered
-        rel = ReleasedHierarchy(rel.pool, rel.items[:K], rel.units, rel.std_pool, rel.std_items, rel.std_units,
-                                rel.version)
+        rel = replace(rel, items=rel.items[:K])
     u0 = prior_direction(F) if u0 is None else np.asarray(u0, dtype=np.float64)
     n = max(rel.count, 0.0)
     b = rel.pool[:d] / _H
@@ -533,7 +554,8 @@ def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: in
         _, mu0, S0 = _tilt(F, prior)
         tau0 = eb_prior_variance(b - n * mu0, n * S0, sigma2)
     theta, cov = _fit_pooled(F, b, n, sigma2, prior, tau0)
-    p, mu, S = _tilt(F, theta)
+    p_pool, mu, S = _tilt(F, theta)
+    p = p_pool
     info = {"count": n, "prior_scale": c, "tau0_sq": tau0}
     # 3. the items
     if rel.items is not None and n > 0:
@@ -544,7 +566,7 @@ def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: in
         clear_mass = float(np.maximum(r - universal, 0.0).sum()) / n
         if clear_mass >= CLEAR_MASS:  # popularity stands out of the noise: the counts rank on their own, kept whole
             beta, t = 1.0, 0.0
-        elif clear_mass > 0 or not SILENT_WHEN_NOTHING_CLEARS:
+        elif clear_mass > 0:
             beta, t = sure_shrinkage(r, rel.std_items)
         else:  # no item clears the universal threshold: nothing in the counts is told from noise; content alone
             beta, t = 0.0, math.inf
@@ -559,7 +581,6 @@ def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: in
         info["item_kept_below"] = beta
     # the item term: log(p(a) / p_pool(a)), the item's departure from the pooled content model (0: none; an item
     # the release does not cover, e.g. one added to an open catalog after it, is served by content alone)
-    p_pool, _, _ = _tilt(F, theta)
     residual = np.log(np.maximum(p, 1e-300) / np.maximum(p_pool, 1e-300))
     # 4. the units
     N = int(n_units) if rel.units is None else rel.units.shape[0]

@@ -207,12 +207,10 @@ def local_as_hierarchy(released: ReleasedStats, items: ReleasedItems | None) -> 
     """Local mode's population-wide release (codewords: every unit holds the population's sum ``b`` of the listens'
     codeword vectors, estimated from the blanketed histogram, with noise std ``noise_std``; ``count`` the reports)
     as the hierarchy's pool block, and its item sums (``--local-item-term``) as the item block: post-processing."""
-    h = 1.0 / math.sqrt(2.0)
-    n = float(released.count.sum())
     b = released.b_tilde.reshape(released.count.shape[0], -1)[0]
-    pool = np.concatenate([b, [n]]) * h
-    return ReleasedHierarchy(pool, None if items is None else items.sums, None, released.noise_std * h,
-                             0.0 if items is None else items.noise_std, 0.0, released.version)
+    return ReleasedHierarchy.from_sums(b, float(released.count.sum()), released.noise_std,
+                                       None if items is None else items.sums,
+                                       0.0 if items is None else items.noise_std, released.version)
 
 
 def is_hierarchy(raw: dict[bytes, bytes]) -> bool:
@@ -501,12 +499,10 @@ class ReleaseStage:
             self.statement = hierarchy_statement(s, self.mechanism, self.layout, self.participation_ratio)
         else:
             self.statement = privacy_statement(s, self.mechanism, self.baseline, self.item_mechanism)
-        if self.folder is not None and s.hierarchy:
-            self.statement = with_budget(self.statement, s.lifetime_budget, s.delta)
-            self.folder.budget = LifetimeBudget.of(self.statement, self.participation_ratio)
-        elif self.folder is not None:
-            self.statement = user_level_statement(s, self.statement, self.participation_ratio, self.mechanism,
-                                                  self.item_mechanism)
+        if self.folder is not None:
+            if not s.hierarchy:  # (the hierarchy's statement is user level already)
+                self.statement = user_level_statement(s, self.statement, self.participation_ratio, self.mechanism,
+                                                      self.item_mechanism)
             self.statement = with_budget(self.statement, s.lifetime_budget, s.delta)  # the lifetime budget (ledger.py)
             self.folder.budget = LifetimeBudget.of(self.statement, self.participation_ratio)
 

@@ -209,11 +209,16 @@ class TrustedStore:
     def load_partition_items(self, partition: int, n_units: int, d: int, n_items: int
                              ) -> tuple[UnitStats, np.ndarray, int | None]:
         """As :meth:`load_partition`, plus the partition's exact per-item reward sums (``n_items`` of them)."""
+        raw, off = self._read_partition(partition)
+        return decode_stats(raw, n_units, d), decode_items(raw, n_items), off
+
+    def _read_partition(self, partition: int) -> tuple[dict[bytes, bytes], int | None]:
+        """A partition's statistics hash and offset, read in one transaction (they change together)."""
         with self.r.pipeline(transaction=True) as pipe:
             pipe.hgetall(self.keys.stats(partition))
             pipe.get(self.keys.offset(partition))
             raw, off = pipe.execute()
-        return decode_stats(raw, n_units, d), decode_items(raw, n_items), (None if off is None else int(off))
+        return raw, (None if off is None else int(off))
 
     def commit_partition(self, partition: int, stats: UnitStats, units: np.ndarray, expected: int | None,
                          next_offset: int, deadletters: dict[str, int],
@@ -317,13 +322,10 @@ class TrustedStore:
         shards, offsets = [], []
         h = np.zeros(dim)
         for p in range(partitions):
-            with self.r.pipeline(transaction=True) as pipe:
-                pipe.hgetall(self.keys.stats(p))
-                pipe.get(self.keys.offset(p))
-                raw, off = pipe.execute()
+            raw, off = self._read_partition(p)
             shards.append(decode_stats(raw, n_units, d))
             h += decode_hierarchy(raw, dim)
-            offsets.append(0 if off is None else int(off))
+            offsets.append(0 if off is None else off)
         return UnitStats.merged(shards), h, offsets
 
     def load_noise_state(self, mechanism: Mechanism) -> TreeState | None:

@@ -56,17 +56,16 @@ from typing import Any
 import numpy as np
 
 from models.local.policy import LocalItemUCB
-from models.streaming.hierarchy import default_shares
 from models.policies import OnlinePopularity, PrivatePopularity
-from models.policies.hierarchy import HierarchicalUCB
-from models.streaming.hierarchy import prior_direction
+from models.policies.hierarchy import HierarchicalUCB, PriorScorer
+from models.streaming.hierarchy import default_shares
 
 from .lastfm import LastFMEvents, load_events, replay_offline
 from .plots import pyplot, save
 from .population import SyntheticPopulation, uncalibrated
 from .runner import derive_seed, machine_info
 
-__all__ = ["FrontierConfig", "run_frontier", "share_of_gain", "standard_error", "PublicPrior", "catalog_events",
+__all__ = ["FrontierConfig", "run_frontier", "share_of_gain", "standard_error", "catalog_events",
            "EPSILONS", "MODES"]
 
 EPSILONS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
@@ -151,33 +150,6 @@ def standard_error(values: Sequence[float]) -> float | None:
     if len(values) < 2:
         return None
     return float(np.std(values, ddof=1) / math.sqrt(len(values)))
-
-
-class PublicPrior:
-    """The public prior alone: rank the candidates by ``x · u_0`` (the catalog's mean direction), ties at random.
-
-    A data-free scorer (it learns nothing): with :func:`replay_offline` it is the prior level of the hierarchy
-    with no release at all.
-
-    >>> F = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.2]])
-    >>> PublicPrior(F, seed=0).select(0, F, np.arange(3))
-    2
-    """
-
-    def __init__(self, features: np.ndarray, *, seed: int = 0) -> None:
-        self.u0 = prior_direction(np.asarray(features, dtype=np.float64))
-        self.rng = np.random.default_rng(seed)
-
-    def select(self, unit: int, contexts: np.ndarray, items: Any = None) -> int:
-        s = np.asarray(contexts, dtype=np.float64) @ self.u0
-        best = np.flatnonzero(s >= s.max() - 1e-12)
-        return int(best[0] if len(best) == 1 else self.rng.choice(best))
-
-    def update(self, unit: int, context: np.ndarray, reward: float, item: int = -1) -> None:
-        pass
-
-    def observe(self, unit: int, item: int, reward: float = 1.0) -> None:
-        pass
 
 
 def catalog_events(root: str | os.PathLike[str], *, n: int | None = None, pool: int = 25, seed: int = 0,
@@ -344,7 +316,7 @@ def _policy(job: _Job, cfg: FrontierConfig, pop: _Population, seed: int) -> Any:
     if job.kind == "online-popularity":
         return OnlinePopularity(K, seed=seed)
     if job.kind == "prior":
-        return PublicPrior(F, seed=seed)
+        return PriorScorer(F, seed=seed)
     raise ValueError(f"unknown kind {job.kind!r}")
 
 
