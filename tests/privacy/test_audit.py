@@ -426,11 +426,10 @@ HIERARCHY_NEIGHBOURS: dict[str, dict[str, list[tuple[str, float, bool]]]] = {
     "reward-choice": {"a": [("0", 0.5, False)], "b": [("1", 1.0, False)]},
 }
 #: Configurations whose neighbours sit too far below the claim for a sigma/2 control to be caught with a margin: twice
-#: their exact mu is below the claim ("reward": 0.34, 0.25, 0.35 of it) or within 5 % of claim + margin (the pool
-#: block of "several" and "reward-choice": 0.56 of its claim, as its change is 1.12 of the 2 it is calibrated to).
-#: Their claim is checked, their control is computed and printed but not asserted; the power for the same code paths comes from the controls of
-#: "reward-choice" (the min(1, total) weight, every block and items) and of "listen" / "choice" (the pool block, 0.71).
-NO_CONTROL = {"hier-reward", "hier-reward-pool", "hier-reward-items", "hier-several-pool", "hier-reward-choice-pool"}
+#: their exact mu is below the claim ("reward": 0.35 of it, a change of half of one contribution). Their claim is
+#: checked, their control is computed and printed but not asserted; the power for the same code paths comes from the
+#: controls of "reward-choice" (the min(1, total) weight, every block, pool and items) and of "listen" / "choice".
+NO_CONTROL = {"hier-reward", "hier-reward-pool", "hier-reward-items"}
 
 
 def _hierarchy_ticks(size: Size, mine: list[tuple[str, float, bool]], partitions: int = 1
