@@ -73,6 +73,18 @@ class PublicKeys:
         """Hash: ``theta``, ``M`` and ``version`` of one unit's serving model."""
         return self._key("model", "model", f"u{unit}")
 
+    @property
+    def release_figures(self) -> str:
+        """Hash: the latest release's exact figures under the add/remove relation — ``version``, ``count`` (the
+        interactions it covers), ``offsets`` (per partition, the first not covered), ``ledger`` (its summary).
+        Participation data: answered to the operator only (under replace they are in :attr:`released`)."""
+        return self._key("ledger", "rel", "figures")
+
+    @property
+    def release_figures_log(self) -> str:
+        """Stream: :attr:`release_figures` of every release (the operator's history)."""
+        return self._key("ledger", "rel", "figures_log")
+
     def ledger_users(self, partition: int) -> str:
         """Hash: interactions counted per user in one partition (public arrival counts; the budget view). Local mode
         with a shuffler: the reports the shuffler accepted (the in-worker task or the separate service writes them)."""

@@ -57,6 +57,9 @@ MODES = ("global", "federated", "local")
 #: Local mode: what a device reports (models.local.config.ALGORITHMS).
 LOCAL_ALGORITHMS = ("tree", "round")
 PRIVACY_UNITS = ("user", "event")
+#: Neighbouring relations (``privacy_relation``): ``add-remove`` protects whether a user took part at all (their whole
+#: epoch, arrivals included); ``replace`` protects what a user did, with their arrivals public.
+RELATIONS = ("add-remove", "replace")
 #: The serving model over the released statistics (``model``): the hierarchy of :mod:`models.streaming.hierarchy`
 #: (public prior -> pooled -> units -> items), or the papers' flat per-unit ridge regression with the item term.
 MODELS = ("hierarchy", "flat")
@@ -235,6 +238,14 @@ class Settings:
         per-unit baselines (ss-*, dgs-*) are event level only. Local mode (default ``"user"`` too): each device
         makes at most ``user_cap`` reports per epoch (``tree_ticks * tick_seconds`` seconds), calibrates its
         noise to them and stops at ``user_budget`` (:class:`models.local.LocalConfig`, docs/local-userlevel.md).
+    privacy_relation
+        The neighbouring relation (:data:`RELATIONS`). ``"add-remove"`` (unset: the default with the hierarchy in
+        global mode): two streams differ by everything one user did in an epoch, taking part at all included —
+        nothing published depends on it but through noise: the release schedule is one release per tick whatever
+        arrived, the released count is the pool block's noisy one, and the exact figures (counts, offsets, the
+        ledger's summary) go to the operator's key only; the noise is calibrated to the larger of the add/remove and
+        the replace difference, so the stated ``(epsilon, delta)`` holds for both. ``"replace"`` (the flat model,
+        federated and local mode): two streams differ in what one user did, with the same arrivals (public).
     user_cap
         User level: release ticks per epoch one user may contribute to (local mode: reports per epoch of a device).
         Unset: :data:`DEFAULT_CAPS` by model (1 for the hierarchy, 8 for the flat model); without noise the
@@ -317,6 +328,7 @@ class Settings:
     listen_weight: float | None = None
     item_share: float = 0.5
     privacy_unit: str | None = None
+    privacy_relation: str | None = None
     user_cap: int | None = None
     b_clip: float = B_CLIP
     item_clip: float = ITEM_CLIP
@@ -580,11 +592,39 @@ class Settings:
                     raise SettingsError("hierarchy_shares", str(e)) from None
         elif self.hierarchy_shares is not None:
             raise SettingsError("hierarchy_shares", "applies to --model hierarchy")
+        self._check_relation()
         if self.user_cap is None:
             cap = DEFAULT_CAPS[self.model] if self.mode != "local" else DEFAULT_CAPS["flat"]
             if self.model == "hierarchy" and self.mode == "global" and not self.private:
                 cap = self.tree_ticks  # no noise: nothing to bound
             object.__setattr__(self, "user_cap", cap)
+
+    def _check_relation(self) -> None:
+        """``privacy_relation``: one of :data:`RELATIONS`; ``add-remove`` only where everything published can be
+        calibrated under it (the hierarchy in global mode)."""
+        if self.privacy_relation is None:
+            return
+        if self.privacy_relation not in RELATIONS:
+            raise SettingsError("privacy_relation", f"must be one of {RELATIONS}, got {self.privacy_relation!r}.")
+        if self.privacy_relation == "add-remove" and not (self.model == "hierarchy" and self.mode == "global"):
+            why = ("the server sees which devices send reports" if self.mode == "local" else
+                   "the flat model (and every federated site) publishes the exact Gram of the shown lists and each "
+                   "unit's exact count, which change with whether a user took part")
+            raise SettingsError("privacy_relation", f"add-remove needs the hierarchy in global mode (--model "
+                                                    f"hierarchy, --mode global): {why}; use --privacy-relation "
+                                                    f"replace (docs/privacy.md)")
+
+    @property
+    def relation(self) -> str:
+        """The neighbouring relation in force: ``privacy_relation``, or when unset ``add-remove`` for the hierarchy in
+        global mode (nothing it publishes depends on participation but through noise) and ``replace`` elsewhere."""
+        if self.privacy_relation is not None:
+            return self.privacy_relation
+        return "add-remove" if self.model == "hierarchy" and self.mode == "global" else "replace"
+
+    @property
+    def add_remove(self) -> bool:
+        return self.relation == "add-remove"
 
     @property
     def hierarchy(self) -> bool:
@@ -726,6 +766,9 @@ class Settings:
             del out["model"]
         if self.hierarchy_shares is None:
             del out["hierarchy_shares"]
+        out["privacy_relation"] = self.relation
+        if out["privacy_relation"] == "replace":  # likewise (namespaces made before the setting existed)
+            del out["privacy_relation"]
         return out
 
     def replace(self, **changes: Any) -> Settings:
@@ -738,7 +781,7 @@ DEFAULT_USER_BUDGET = 10.0
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
 MAX_DEFAULT_POOL = 1000
 
-MODEL_FIELDS = ("mode", "model", "hierarchy_shares", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "local_codewords", "local_item_term", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
+MODEL_FIELDS = ("mode", "model", "hierarchy_shares", "privacy_relation", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "local_codewords", "local_item_term", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
                 "item_share", "privacy_unit", "user_cap", "b_clip", "item_clip", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "graph", "d", "n_users",
                 "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "prior_strength", "prior_reward", "partitions")
 
@@ -776,6 +819,10 @@ _HELP = {
              "units -> items, docs/hierarchy.md) or flat (the papers' per-unit ridge regression with the item term)",
     "hierarchy_shares": "with --model hierarchy: shares of the budget (mu**2) as pool=0.05,items=0.95,units=0 "
                         "(default: a rule on the catalog's public size, docs/hierarchy.md)",
+    "privacy_relation": "add-remove (the default with the hierarchy in global mode: whether a user took part at all is "
+                        "protected, arrivals and counts included; the release schedule is one release per tick) or "
+                        "replace (what a user did is protected, their arrivals public; the only relation of the flat "
+                        "model, federated and local mode); docs/privacy.md",
     "user_cap": "user level: release ticks per epoch one user contributes to (default: 1 with the hierarchy, 8 with "
                 "the flat model; local mode: reports per epoch of a device)",
     "local_codewords": "local mode with shuffling at user level: K > 0 sends listens as codewords of a public "

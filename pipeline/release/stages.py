@@ -220,6 +220,28 @@ def is_hierarchy(raw: dict[bytes, bytes]) -> bool:
 
 
 #: The relation the hierarchy's release is calibrated under (its contributions are means, not sums).
+#: What stays public under the add/remove relation (the hierarchy in global mode): nothing that depends on whether a
+#: user took part, but through noise. The protected list is :data:`PUBLIC_AND_PROTECTED`'s with participation added.
+ADD_REMOVE_PUBLIC_AND_PROTECTED = {
+    "protected": ["whether a user took part at all in an epoch: their arrivals, how many interactions they made, "
+                  "whether they reached the cap"] + PUBLIC_AND_PROTECTED["protected"],
+    "public": ["the item catalog and its features, and each user's model unit (a public rule on the user's id)",
+               "the release schedule: one release per tick whatever arrived, a new epoch every `tree_ticks` ticks",
+               "the mechanism, its noise scale and the settings (epsilon, delta, cap, lifetime budget, shares)",
+               "to the user alone (their token): their own recommendations, shown lists and spent budget",
+               "to the operator alone (the operator token): the exact counts, ingest offsets, the ledger's figures "
+               "and dead letters — participation data, not calibrated"],
+}
+
+#: The add/remove relation of the hierarchy (the default in global mode).
+HIERARCHY_ADD_REMOVE = ("user level, add/remove: two streams differing in everything one user did in an epoch, "
+                        "taking part at all included — present with any events or absent; the noise is calibrated "
+                        "to the larger of this difference (a contribution's norm, 1 per block) and the replace one "
+                        "(sqrt 2), so the same (epsilon, delta) also holds between two versions of one user's "
+                        "history with the same arrivals; at most `user_cap` release ticks per epoch per user; in "
+                        "each, the user's listens become one contribution: their mean context and their share of "
+                        "each item, weighted by min(1, total reward)")
+
 HIERARCHY_NEIGHBOURS = ("user level, replace: two streams differing in everything one user contributed — their "
                         "rewards and their choices (which shown item they acted on, which items they listened to); "
                         "who arrived when and which items were shown to them are the same (public); at most "
@@ -245,14 +267,22 @@ def hierarchy_statement(settings: Settings, mechanism: Mechanism | None, layout:
                                                          "listens, weighted by min(1, total reward))",
                                  "sensitivity_per_tick": float(layout.sensitivity[name]),
                                  "sensitivity_rule": "sqrt(2) x clip: two replacing contributions with a "
-                                                     "nonnegative inner product"}
+                                                     "nonnegative inner product" + (
+                                                         "; adding or removing one: 1 x clip (covered)"
+                                                         if s.add_remove else "")}
         blocks.append(entry)
+    if s.add_remove:
+        count = {"name": "count", "what": "user ticks per release: the pool block's last coordinate",
+                 "released": "through noise (the pool block's)"}
+        lists: dict[str, Any] = dict(ADD_REMOVE_PUBLIC_AND_PROTECTED)
+    else:
+        count = {"name": "count", "what": "interactions per release (arrivals)", "released": "exactly (public: "
+                                                                                           "arrivals)"}
+        lists = {**PUBLIC_AND_PROTECTED,
+                 "public": [p for p in PUBLIC_AND_PROTECTED["public"] if not p.startswith("the Gram")]}
     base: dict[str, Any] = {
-        "model": "hierarchy", "unit": "user", "cap": s.user_cap, "cap_policy": s.cap_policy,
-        "statistics": blocks + [{"name": "count", "what": "interactions per release (arrivals)",
-                                 "released": "exactly (public: arrivals)"}],
-        **PUBLIC_AND_PROTECTED,
-        "public": [p for p in PUBLIC_AND_PROTECTED["public"] if not p.startswith("the Gram")],
+        "model": "hierarchy", "unit": "user", "relation": s.relation, "cap": s.user_cap, "cap_policy": s.cap_policy,
+        "statistics": blocks + [count], **lists,
     }
     if mechanism is None:
         return {"private": False, "guarantee": "none: epsilon = inf, the blocks are released without noise", **base}
@@ -265,7 +295,7 @@ def hierarchy_statement(settings: Settings, mechanism: Mechanism | None, layout:
         "mechanism_about": MECHANISMS[HIERARCHY_MECHANISM] + "; one release of the hierarchy's blocks, each scaled "
                                                              "so that it gets its share of mu**2 (Gaussian DP)",
         "epsilon": g.epsilon, "delta": g.delta, "valid": g.valid, "note": g.note, "mu_at_cap": mu,
-        "neighbours": HIERARCHY_NEIGHBOURS,
+        "neighbours": HIERARCHY_ADD_REMOVE if s.add_remove else HIERARCHY_NEIGHBOURS,
         "scope": f"per epoch of {s.tree_ticks} release ticks, all of one user's contributions (up to {s.user_cap} "
                  f"ticks) are ({g.epsilon:.4g}, {g.delta:g})-DP; epochs compose (Gaussian DP: mu adds in "
                  f"quadrature); a user with k < cap ticks spends mu sqrt(B(k)/B(cap))",
@@ -597,7 +627,9 @@ class ReleaseStage:
         stats, exact, offsets = self.store.snapshot_hierarchy(s.partitions, c.n_units, c.d, self.layout.dim)
         last = self.client.hget(self.store.keys.pending, "count")
         count = int(stats.count.sum())
-        if not force and last is not None and int(last) == count:
+        # add/remove: one release per tick whatever arrived (the schedule is public; skipping a tick with nothing
+        # new would publish whether anyone took part in it)
+        if not force and not s.add_remove and last is not None and int(last) == count:
             if fold.get("over_budget") or fold.get("dropped"):
                 self._ledger_entry(max(1, self.store.pending_version()), fold)
             return None
@@ -613,7 +645,10 @@ class ReleaseStage:
             event = event_to_dict(ev)
         released = ReleasedHierarchy.from_vector(self.layout, y, std=std, version=version)
         ledger = None if self.folder is None else self._ledger_entry(version, fold)
-        self.store.persist_release(state, released, json.dumps(event), offsets, None, ledger, count=count)
+        # add/remove: the released hash carries the release's own noisy count; the exact one is the operator's
+        public_count = max(0, round(released.count)) if s.add_remove else None
+        self.store.persist_release(state, released, json.dumps(event), offsets, None, ledger, count=count,
+                                   public_count=public_count)
         faults.point("release-persisted")
         self.store.publish()
         faults.point("release-published")

@@ -74,6 +74,12 @@ class TrustedKeys:
         return self._key("noise", "rel", "pending")
 
     @property
+    def pending_figures(self) -> str:
+        """Add/remove relation: the pending release's exact figures (count, offsets, ledger summary), published to
+        the operator's key (:attr:`PublicKeys.release_figures`) with the release, never to the released hash."""
+        return self._key("noise", "rel", "figures")
+
+    @property
     def item_noise_state(self) -> str:
         """The item sums' mechanism state (the item term's release)."""
         return self._key("noise", "rel", "items")
@@ -141,6 +147,9 @@ return 1
 # KEYS[1] - pending release hash (noise kind)
 # KEYS[2] - released hash
 # KEYS[3] - released log stream
+# KEYS[4] - the pending release's exact figures (add/remove relation; absent or older otherwise)
+# KEYS[5] - the operator's figures of the latest release (ledger kind)
+# KEYS[6] - the operator's log of figures (ledger kind)
 # return the version now published (0 if none)
 PUBLISH_SCRIPT = """
 local pv = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
@@ -152,6 +161,13 @@ if pv > rv then
              'offsets', redis.call('HGET', KEYS[1], 'offsets') or '[]',
              'count', redis.call('HGET', KEYS[1], 'count') or '0',
              'ledger', redis.call('HGET', KEYS[1], 'ledger') or '')
+  if tonumber(redis.call('HGET', KEYS[4], 'version') or '0') == pv then
+    redis.call('COPY', KEYS[4], KEYS[5], 'REPLACE')
+    redis.call('XADD', KEYS[6], 'MAXLEN', '~', '100000', '*', 'version', tostring(pv),
+               'offsets', redis.call('HGET', KEYS[4], 'offsets') or '[]',
+               'count', redis.call('HGET', KEYS[4], 'count') or '0',
+               'ledger', redis.call('HGET', KEYS[4], 'ledger') or '')
+  end
   return pv
 end
 return rv
@@ -338,23 +354,31 @@ class TrustedStore:
 
     def persist_release(self, state: TreeState | None, release: ReleasedStats | ReleasedHierarchy, event: str,
                         offsets: list[int], items: tuple[TreeState | None, dict[str, bytes]] | None = None,
-                        ledger: str | None = None, count: int | None = None) -> None:
+                        ledger: str | None = None, count: int | None = None,
+                        public_count: int | None = None) -> None:
         """Persist the new mechanism state and the pending release together, *before* publishing.
 
-        ``offsets`` (per partition, the first offset *not* covered) is public:
-        it says which events the release contains. ``items``: the item sums' mechanism state and
-        their release's fields (``items/*``), persisted in the same transaction. ``count``: the interactions the
-        release covers (public arrivals), when the release does not carry them itself (the hierarchy's).
+        ``offsets`` (per partition, the first offset *not* covered) says which events the release contains.
+        ``items``: the item sums' mechanism state and their release's fields (``items/*``), persisted in the same
+        transaction. ``count``: the interactions the release covers, when the release does not carry them itself
+        (the hierarchy's). Under the replace relation they are public (arrivals) and published in the released
+        hash. ``public_count`` set (the add/remove relation: the noisy count the release itself carries): the
+        released hash gets it as its ``count`` and no offsets or ledger; the exact figures go to
+        :attr:`TrustedKeys.pending_figures`, published with the release to the operator's key only.
         """
         mapping: dict[str, Any] = dict(release.to_mapping())
         if items is not None:
             mapping.update(items[1])
-        if ledger is not None:  # user level: the release's ledger summary (public)
-            mapping["ledger"] = ledger
-        mapping["offsets"] = json.dumps(offsets)
+        exact = {"version": str(release.version), "offsets": json.dumps(offsets),
+                 "count": str(int(release.count.sum()) if count is None else int(count))}
+        if ledger is not None:  # user level: the release's ledger summary
+            exact["ledger"] = ledger
         mapping["version"] = str(release.version)
         mapping["event"] = event
-        mapping["count"] = str(int(release.count.sum()) if count is None else int(count))
+        if public_count is None:
+            mapping.update(exact)
+        else:
+            mapping["count"] = str(int(public_count))
         with self.r.pipeline(transaction=True) as pipe:
             if state is not None:
                 pipe.delete(self.keys.noise_state)
@@ -364,6 +388,9 @@ class TrustedStore:
                 pipe.hset(self.keys.item_noise_state, mapping=items[0].to_mapping())  # type: ignore[arg-type]
             pipe.delete(self.keys.pending)
             pipe.hset(self.keys.pending, mapping=mapping)
+            pipe.delete(self.keys.pending_figures)
+            if public_count is not None:
+                pipe.hset(self.keys.pending_figures, mapping=exact)
             pipe.execute()
         # on disk before it is published: were Redis to lose it, the next release of this tick would reuse its
         # (keyed) noise on other statistics, and the two would reveal their exact difference
@@ -374,7 +401,9 @@ class TrustedStore:
 
     def publish(self) -> int:
         """Copy the pending release to the released key if it is newer; return the published version."""
-        return int(self._publish(keys=[self.keys.pending, self.public.released, self.public.released_log]))
+        return int(self._publish(keys=[self.keys.pending, self.public.released, self.public.released_log,
+                                       self.keys.pending_figures, self.public.release_figures,
+                                       self.public.release_figures_log]))
 
 
 def make_durable(client: redis.Redis, key: str) -> bool:

@@ -48,7 +48,8 @@ class Poller:
         self.client = redis.Redis.from_url(self.redis_url)
         tk, pk = TrustedKeys(self.namespace), PublicKeys(self.namespace)
         self.offset_keys = [tk.offset(p) for p in range(self.partitions)]
-        self.released_key, self.meta_key = pk.released, pk.model_meta
+        self.released_key, self.meta_key, self.figures_key = pk.released, pk.model_meta, pk.release_figures
+        self._solved = 0
         self.thread = threading.Thread(target=self._run, name="bench-poller", daemon=True)
 
     def sample(self) -> tuple[float, int, int, int, float]:
@@ -56,7 +57,14 @@ class Poller:
             pipe.mget(self.offset_keys)
             pipe.hget(self.released_key, "count")
             pipe.hget(self.meta_key, "events")
-            offsets, released, solved = pipe.execute()
+            pipe.hmget(self.figures_key, "version", "count")
+            pipe.hget(self.meta_key, "version")
+            offsets, released, solved, (fig_version, fig_count), served = pipe.execute()
+        if fig_count is not None:  # add/remove: the exact figures are the operator's (the released count is noisy)
+            released = fig_count
+            if int(served or 0) >= int(fig_version or 0):
+                self._solved = int(fig_count)
+            solved = self._solved
         cpu = (cpu_seconds(self.pid) or 0.0) if self.pid is not None else 0.0
         return (time.perf_counter(), sum(int(o) for o in offsets if o is not None), int(released or 0),
                 int(solved or 0), cpu)

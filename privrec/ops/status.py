@@ -91,9 +91,11 @@ def _probe_redis(stack: Mapping[str, Any]) -> dict[str, Any]:
             pipe.hget(keys.model_meta, "version")
             pipe.hget(keys.released, "version")
             pipe.hget(keys.released, "count")
+            pipe.hget(keys.release_figures, "count")  # the exact figure under the add/remove relation
             pipe.hgetall(worker_status_key(ns))
             pipe.xlen(OutboxKeys(ns).stream)
-            model_version, released_version, released_events, reports, outbox = pipe.execute()
+            model_version, released_version, released_events, exact_events, reports, outbox = pipe.execute()
+            released_events = exact_events if exact_events is not None else released_events
     except redis.RedisError as exc:
         client.close()
         return {"redis_error": f"{type(exc).__name__}: {exc}"}

@@ -96,8 +96,8 @@ class Stack:
         return self.client.hgetall(f"{self.namespace}:released:{{{self.namespace}:rel}}:stats")
 
     def released_count(self) -> int:
-        raw = self.client.hget(f"{self.namespace}:released:{{{self.namespace}:rel}}:stats", "count")
-        return int(raw or 0)
+        """Events the latest release covers: the exact figure (the operator's key under the add/remove relation)."""
+        return exact_released_count(self.client, self.namespace)
 
     def model_version(self) -> int:
         raw = self.client.hget(f"{self.namespace}:model:{{{self.namespace}:model}}:meta", "version")
@@ -297,11 +297,21 @@ def admin_url(state_dir: Path) -> str:
     return admin_redis_url(stack)
 
 
+def exact_released_count(client: redis.Redis, namespace: str) -> int:
+    """Events covered by the namespace's latest release, exactly: the operator's figures under the add/remove
+    relation (the released hash then carries the noisy count), else the released hash's count."""
+    from pipeline.config.keys import PublicKeys
+
+    keys = PublicKeys(namespace)
+    raw = client.hget(keys.release_figures, "count")
+    return int(raw if raw is not None else client.hget(keys.released, "count") or 0)
+
+
 def released_events(redis_url: str, namespace: str) -> int:
-    """Events covered by the namespace's latest release."""
+    """Events covered by the namespace's latest release (exactly)."""
     client = redis.Redis.from_url(redis_url)
     try:
-        return int(client.hget(f"{namespace}:released:{{{namespace}:rel}}:stats", "count") or 0)
+        return exact_released_count(client, namespace)
     finally:
         client.close()
 

@@ -97,9 +97,11 @@ HIERARCHY_ARRAYS = (b"a:pool", b"a:items", b"a:units")
 
 def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
                ticks: Sequence[Mapping[int, Sequence[bytes]]], *, seed: int,
-               stage_type: type[ReleaseStage] = ReleaseStage, allow_dead: bool = False) -> Trace:
+               stage_type: type[ReleaseStage] = ReleaseStage, allow_dead: bool = False, force: bool = True) -> Trace:
     """Ingest ``ticks`` (per release tick, the events that land on each partition) and release once per tick, as
     the worker does. Every event must be counted, unless ``allow_dead`` (then ingest may dead-letter some).
+    ``force`` false: the stage decides whether a tick releases, as the worker's timer lets it — every tick must
+    still release (the add/remove relation's public schedule).
 
     The namespace (``settings.namespace``) must be fresh; its secret noise seed is set to ``seed`` first.
     """
@@ -121,16 +123,19 @@ def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
             batch = proc.process(partition, list(enumerate(raws, start=start)))
             assert allow_dead or not batch.dead, batch.dead  # every event of the audit is valid
             offsets[partition] = start + len(raws)
-        version = stage.tick(force=True)
+        version = stage.tick(force=force)
         assert version == t, (version, t)
         raw = client.hgetall(keys.released)
         if s.hierarchy:  # one vector of weighted blocks (the tick's snapshot: what the mechanism was handed)
+            rel = ReleasedHierarchy.from_mapping(raw)
             public.append({k: v for k, v in raw.items() if k not in HIERARCHY_ARRAYS})
+            if s.add_remove:  # its count is the pool block's noisy one (post-processing), never the exact one
+                assert int(raw[b"count"]) == max(0, round(rel.count)), (raw[b"count"], rel.count)
+                del public[-1][b"count"]
             snap, h, _ = stage.store.snapshot_hierarchy(s.partitions, catalog.n_units, catalog.d, stage.layout.dim)
             stats.append(snap)
             hierarchy.append(h)
             items.append(np.zeros(0))
-            rel = ReleasedHierarchy.from_mapping(raw)
             published.append({"pool": rel.pool, "items": rel.items, "units": rel.units,
                               "std": np.array([rel.std_pool, rel.std_items, rel.std_units])})
             continue

@@ -432,14 +432,31 @@ HIERARCHY_NEIGHBOURS: dict[str, dict[str, list[tuple[str, float, bool]]]] = {
 NO_CONTROL = {"hier-reward", "hier-reward-pool", "hier-reward-items"}
 
 
-def _hierarchy_ticks(size: Size, mine: list[tuple[str, float, bool]], partitions: int = 1
+#: Add/remove neighbours (the default relation, issue 32): user ``0`` present (``a``) or absent (``b``: no event at
+#: all), or two histories of user ``0`` with different arrivals. Run over :func:`_hierarchy_ticks` with ``sparse``:
+#: the other users act in even ticks only, so in odd ticks user ``0`` alone decides whether anything arrived, and the
+#: stage decides when to release (the schedule must not tell).
+ADD_REMOVE_NEIGHBOURS: dict[str, dict[str, list[tuple[str, float, bool]]]] = {
+    # a listen to item 0 (+e1) against no event: every block moves by its contribution (norm 1, of the sqrt 2 the
+    # noise is calibrated to: exact mu = the claim / sqrt 2)
+    "absent-listen": {"a": [("0", 1.0, True)], "b": []},
+    # a feedback with reward 1 on the shown list's item 0 against no event
+    "absent-choice": {"a": [("0", 1.0, False)], "b": []},
+    # the old LastFM replay's leak: a miss on item 0 then a listen to item 1 (two arrivals) against a hit on item 0
+    # (one arrival): the counts of arrivals differ, and the contributions by the whole replace difference (sqrt 2)
+    "listen-after-miss": {"a": [("0", 0.0, False), ("1", 1.0, True)], "b": [("0", 1.0, False)]},
+}
+
+
+def _hierarchy_ticks(size: Size, mine: list[tuple[str, float, bool]], partitions: int = 1, sparse: bool = False
                      ) -> list[dict[int, list[bytes]]]:
     """User ``0`` makes the events ``mine`` in every tick of the epoch (the cap keeps the first ``cap`` ticks; with
     ``partitions > 1`` on every partition: a producer keying by something else than the user), every other user one
-    listen per tick on its own partition, the same in both streams. Events carry their item's pinned context."""
+    listen per tick (``sparse``: per even tick) on its own partition, the same in both streams. Events carry their
+    item's pinned context."""
     F = PinnedCatalog(n_users=size.n_users, d=size.d, n_arms=size.n_arms).feature_matrix
     out, i = [], 0
-    for _ in range(size.ticks):
+    for t in range(1, size.ticks + 1):
         tick: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
         for p in range(partitions):
             for arm, reward, listen in mine:
@@ -447,7 +464,7 @@ def _hierarchy_ticks(size: Size, mine: list[tuple[str, float, bool]], partitions
                 tick[p].append(event(i, "0", arm, reward, ctx, kind="listen") if listen else
                                event(i, "0", arm, reward, ctx, shown=SHOWN))
                 i += 1
-        for u in range(1, size.n_users):
+        for u in range(1, size.n_users if not sparse or t % 2 == 0 else 1):
             arm = str(2 + u % (size.n_arms - 2))
             tick[_home(str(u), partitions)].append(event(i, str(u), arm, 1.0, F[int(arm)].tolist(), kind="listen"))
             i += 1
@@ -459,21 +476,27 @@ def _hierarchy_ticks(size: Size, mine: list[tuple[str, float, bool]], partitions
 HIERARCHY_SETTINGS: dict[str, dict[str, object]] = {
     "default": {},  # cap 1, shares from the public rule (pool 0.1, items 0.9, units off)
     "units-cap3": {"hierarchy_shares": "pool=0.1,items=0.7,units=0.2", "user_cap": 3},  # every block, 3 ticks
+    "replace": {"privacy_relation": "replace"},  # the relation of the code before issue 32: arrivals public
 }
 
 
 def _hierarchy_pair(client: redis.Redis, size: Size, setting: str, pair: str, partitions: int = 1
                     ) -> tuple[HierarchyReleases, HierarchyReleases, dict[str, object]]:
+    """The pair ``pair`` of :data:`HIERARCHY_NEIGHBOURS`, or of :data:`ADD_REMOVE_NEIGHBOURS` (sparse arrivals, the
+    stage's own schedule), through the real ingest, fold and release."""
     def make() -> tuple[HierarchyReleases, HierarchyReleases, dict[str, object]]:
         cat = PinnedCatalog(n_users=size.n_users, d=size.d, n_arms=size.n_arms)
         kw = dict(HIERARCHY_SETTINGS[setting], partitions=partitions)
+        add_remove = pair in ADD_REMOVE_NEIGHBOURS
+        table = ADD_REMOVE_NEIGHBOURS if add_remove else HIERARCHY_NEIGHBOURS
         traces = []
         for which, seed in (("a", 21), ("b", 22)):
             s = _settings(size, f"audit-h-{setting}-{pair}-{partitions}-{size.tree_levels}-{which}", **kw)
             assert s.hierarchy and s.user_level
-            traces.append(run_stream(client, s, cat, _hierarchy_ticks(size, HIERARCHY_NEIGHBOURS[pair][which],
-                                                                      partitions),
-                                     seed=seed, allow_dead=partitions > 1))
+            ticks = _hierarchy_ticks(size, table[pair][which], partitions, sparse=add_remove)
+            # the stage's own schedule where the relation is add/remove (every tick must release)
+            traces.append(run_stream(client, s, cat, ticks, seed=seed, allow_dead=partitions > 1,
+                                     force=not (add_remove and s.add_remove)))
         a, b = traces
         assert a.stage.statement == b.stage.statement
         return HierarchyReleases(a), HierarchyReleases(b), a.stage.statement
@@ -513,6 +536,11 @@ def _hierarchy_configs() -> dict[str, Callable[[redis.Redis, Size], Audit]]:
         out["hier-units-cap3" + (f"-{block}" if block else "")] = \
             lambda c, s, block=block: hierarchy(c, s, "units-cap3", "listen", block)
     out["hier-partitions"] = lambda c, s: hierarchy(c, s, "default", "listen", None, partitions=2)
+    for pair in ADD_REMOVE_NEIGHBOURS:  # issue 32: participation (add/remove), every released statistic together
+        for block in (None, "pool", "items"):
+            out[f"hier-ar-{pair}" + (f"-{block}" if block else "")] = \
+                lambda c, s, pair=pair, block=block: hierarchy(c, s, "default", pair, block)
+    out["hier-ar-units-cap3"] = lambda c, s: hierarchy(c, s, "units-cap3", "absent-listen", None)
     return out
 
 
@@ -558,6 +586,19 @@ def test_control_with_half_the_noise_is_caught(audit_redis: redis.Redis, size: S
     audit = CONFIGS[config](audit_redis, size)
     assert audit.control.mu > audit.claim + audit.margin, audit.summary()
     assert math.isfinite(audit.control.mu)
+
+
+@pytest.mark.parametrize("pair", list(ADD_REMOVE_NEIGHBOURS))
+def test_the_replace_relation_publishes_participation(audit_redis: redis.Redis, pair: str) -> None:
+    """The relation of the code before issue 32 (``--privacy-relation replace``) states arrivals public, and it
+    publishes them: add/remove neighbours differ in values released without noise (the exact count, the offsets, the
+    ledger's summary). The add/remove configurations above fail there; the default relation passes them."""
+    a, b, statement = _hierarchy_pair(audit_redis, DEFAULT, "replace", pair)
+    assert statement["relation"] == "replace" and "which user arrived" in str(statement["public"])
+    leaks = HierarchyNeighbours(a, b).leaks
+    assert "count" in leaks and "offsets" in leaks, leaks
+    a, b, statement = _hierarchy_pair(audit_redis, DEFAULT, "default", pair)
+    assert statement["relation"] == "add-remove" and HierarchyNeighbours(a, b).leaks == []
 
 
 def test_the_claim_is_read_from_the_per_statistic_list_when_the_statement_has_one() -> None:
