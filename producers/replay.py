@@ -6,6 +6,11 @@ method of Li et al.; the papers' LastFM protocol), and posts ``/feedback``.
 Rewards are compared with uniformly random play, whose expected reward per
 event is ``1 / len(pool)`` exactly; the papers report the ratio.
 
+Each logged event is also the user's own listen of the logged item: with ``listens`` it is posted to
+``/listen`` after the feedback, **for every event**, whatever the reward (:func:`event_requests`). Which
+requests arrive, and when, is public (the ledger counts arrivals); a listen sent only when the
+recommendation missed would publish every reward.
+
 Requests go through the API's client (:class:`producers.client.AsyncClient`: typed answers, a 503
 retried after its ``Retry-After``). Events are sent in order at a capped rate, with a few requests in flight so
 that network latency does not bound the rate; a user's events are never
@@ -27,7 +32,7 @@ from models.local import ReportRefused
 from .client import APIError, AsyncClient, RecommendedItem
 from .devices import Devices
 
-__all__ = ["ReplayEvent", "ReplayResult", "ReplayError", "replay"]
+__all__ = ["ReplayEvent", "ReplayResult", "ReplayError", "replay", "event_requests", "replay_schedule"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,26 @@ class ReplayError(RuntimeError):
     """The API refused a request the replay cannot recover from."""
 
 
+def event_requests(ev: ReplayEvent, reward: float, *, listens: bool = True) -> tuple[str, ...]:
+    """The endpoints the replay calls for one logged event, in order (global mode).
+
+    ``reward`` is the feedback's reward, and it changes nothing: arrivals are public, so no request may exist
+    because of a reward or a choice. The logged event is the user's listen of ``ev.arm``, an organic positive
+    that happened whatever the recommendation was, so it is posted after every feedback.
+
+    >>> ev = ReplayEvent(user="2", arm="a", pool=("a", "b"))
+    >>> event_requests(ev, 0.0), event_requests(ev, 1.0, listens=False)
+    (('/recommend', '/feedback', '/listen'), ('/recommend', '/feedback'))
+    """
+    return ("/recommend", "/feedback", "/listen") if listens else ("/recommend", "/feedback")
+
+
+def replay_schedule(events: Iterable[ReplayEvent], rewards: Iterable[float], *,
+                    listens: bool = True) -> list[tuple[str, str]]:
+    """``(user, endpoint)`` of every request the replay makes for ``events`` and their ``rewards``, in order."""
+    return [(ev.user, path) for ev, r in zip(events, rewards) for path in event_requests(ev, r, listens=listens)]
+
+
 async def _one(api: AsyncClient, ev: ReplayEvent, listens: bool = True,
                devices: Devices | None = None) -> tuple[float, int]:
     try:
@@ -81,8 +106,8 @@ async def _one(api: AsyncClient, ev: ReplayEvent, listens: bool = True,
         await api.feedback(rec.rec_id, top.item, reward)
     except APIError as exc:
         raise ReplayError(f"/feedback for {rec.rec_id}: {exc}") from None
-    if listens and reward == 0.0:
-        # the logged event is a listen the user chose: an organic positive (POST /listen)
+    if "/listen" in event_requests(ev, reward, listens=listens):
+        # the logged event is a listen the user chose: an organic positive (POST /listen), sent whatever the reward
         try:
             await api.listen(ev.user, ev.arm)
         except APIError as exc:

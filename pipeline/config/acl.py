@@ -6,7 +6,8 @@ namespace make the boundary expressible as ACL key patterns (Redis 7):
 
 * ``site<i>``: every key of its own namespace ``{ns}-site{i}:*`` — its exact statistics, offsets,
   noise state and secret, releases, model, consensus state — and nothing of any other site or of
-  the coordinator;
+  the coordinator but, read-only, the web's shown lists ``{ns}:recs:*`` (public: its ingest matches
+  each feedback against the list the server showed, :mod:`pipeline.ingestion.shown_lists`);
 * ``coordinator``: the public kinds of the coordinator's namespace (``released``, ``model``, ``fed``,
   ``ops``, ``config``, ``ledger``) — it receives the sites' releases through Kafka and can read no
   site's key at all;
@@ -33,7 +34,7 @@ Examples
 --------
 >>> rules = acl_rules("privrec", sites=2, star=True)
 >>> rules["site1"]
-['~privrec-site1:*']
+['~privrec-site1:*', '%R~privrec:recs:*']
 >>> rules["coordinator"][:2]
 ['~privrec:released:*', '~privrec:model:*']
 """
@@ -75,7 +76,7 @@ def _site_ns(namespace: str, site: int) -> str:
 def acl_rules(namespace: str, *, sites: int, star: bool) -> dict[str, list[str]]:
     """Key patterns of each role (``%R~`` = read-only); commands are ``+@all -@admin -@dangerous`` for all."""
     ns = namespace
-    rules: dict[str, list[str]] = {f"site{i}": [f"~{_site_ns(ns, i)}:*"] for i in range(sites)}
+    rules: dict[str, list[str]] = {f"site{i}": [f"~{_site_ns(ns, i)}:*", f"%R~{ns}:recs:*"] for i in range(sites)}
     rules["coordinator"] = [f"~{ns}:{kind}:*" for kind in ("released", "model", "fed", "ops", "config", "ledger")]
     web = [f"%R~{ns}:{kind}:*" for kind in _PUBLIC_READ] + [f"~{ns}:recs:*"]
     for i in range(sites):

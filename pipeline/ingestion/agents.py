@@ -30,6 +30,7 @@ from ..config.redisconn import connect
 from .. import services
 from ..data.catalog import Catalog
 from .ingest import IngestProcessor, OffsetGap, UserIngestProcessor, _reason_class
+from .shown_lists import ShownListCheck
 from ..config.metrics import WorkerMetrics
 from ..data.records import TOPICS, dead_letter_value
 from ..config.settings import Settings
@@ -126,13 +127,14 @@ def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str
 
 
 def make_processor(client: redis.Redis, settings: Settings, catalog: Catalog) -> IngestProcessor:
-    """The ``interactions`` processor a worker runs: user or event level, with the clips and the partition check of
-    the settings (the privacy audit, ``tests/privacy``, builds it here too)."""
+    """The ``interactions`` processor a worker runs: user or event level, with the clips, the partition check and the
+    shown-list check (:mod:`pipeline.ingestion.shown_lists`) of the settings (the privacy audit, ``tests/privacy``,
+    builds it here too)."""
     make = UserIngestProcessor if settings.user_level else IngestProcessor
     b_clip, item_clip = settings.clips
     return make(client, settings.namespace, catalog, item_sums=settings.item_term or settings.hierarchy,
                 listen_weight=settings.listen_weight_in_force, b_clip=b_clip, item_clip=item_clip,
-                partitions=settings.partitions)
+                partitions=settings.partitions, shown=ShownListCheck.for_settings(client, settings))
 
 
 async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: WorkerMetrics | None = None,

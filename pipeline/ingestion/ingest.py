@@ -26,7 +26,8 @@ from models.mechanisms.participation import B_CLIP, ITEM_CLIP
 from models.streaming import UnitStats
 
 from ..data.catalog import Catalog, item_capacity
-from ..data.records import MalformedEvent, ParsedBatch, parse_batch, parse_interaction
+from ..data.records import MalformedEvent, ParsedBatch, _loads, parse_batch, parse_interaction
+from .shown_lists import REASON_PREFIXES, ShownListCheck
 from ..state.trusted import TrustedStore
 from ..state.userlevel import PENDING_SCRIPT, Contribution, UserLevelKeys, decode_contribution, encode_contribution
 
@@ -82,7 +83,7 @@ class PreparedBatch:
 
 def _reason_class(reason: str) -> str:
     """A short, bounded label for counting (the full reason goes to the dead letter)."""
-    for key in ("not JSON", "not a JSON object", "missing field", "must be a non-empty string", "reward must be",
+    for key in (*REASON_PREFIXES, "not JSON", "not a JSON object", "missing field", "must be a non-empty string", "reward must be",
                 "not finite", "outside [0, 1]", "unknown user", "unknown arm", "context has", "context must",
                 "ts must", "partition mismatch", "shown"):
         if key in reason:
@@ -106,22 +107,40 @@ class IngestProcessor:
 
     ``partitions``: the partition count of the topic; an event whose user belongs to another partition
     than the one it arrived on is dead-lettered (:func:`pipeline.data.records.partition_of`).
+
+    ``shown``: the check of each feedback's list against the one the server recorded for its ``rec_id``
+    (:mod:`pipeline.ingestion.shown_lists`); the worker's processor always has one
+    (:func:`pipeline.ingestion.agents.make_processor`). ``None`` counts events as they come, for tests of the
+    statistics alone.
     """
 
     def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, item_sums: bool = False,
                  listen_weight: float = 1.0, b_clip: float = B_CLIP, item_clip: float = ITEM_CLIP,
-                 partitions: int | None = None) -> None:
+                 partitions: int | None = None, shown: ShownListCheck | None = None) -> None:
         self.store = TrustedStore(client, namespace)
         self.catalog = catalog
         self.n_items = item_capacity(catalog) if item_sums else 0
         self.listen_weight = float(listen_weight)
         self.b_clip, self.item_clip, self.partitions = float(b_clip), float(item_clip), partitions
+        self.shown = shown
         self._shards: dict[int, tuple[UnitStats, np.ndarray, int | None]] = {}
 
     def parse(self, partition: int, raws: list[bytes]) -> ParsedBatch:
-        """:func:`parse_batch` with this processor's partition check."""
-        return parse_batch(raws, self.catalog, partition=partition if self.partitions else None,
-                           partitions=self.partitions)
+        """:func:`parse_batch` with this processor's partition check, then the shown-list check of the valid events
+        (one ``MGET`` per batch). A refused event is parsed out again, so the batch's arrays hold only the
+        accepted ones; ``dead`` holds every refusal, in event order."""
+        kw = {"partition": partition if self.partitions else None, "partitions": self.partitions}
+        parsed = parse_batch(raws, self.catalog, **kw)
+        if self.shown is None:
+            return parsed
+        dead = {i for i, _ in parsed.dead}
+        refused = self.shown.refusals([(i, _loads(raw)) for i, raw in enumerate(raws) if i not in dead])
+        if not refused:
+            return parsed
+        out = {i for i, _ in refused}
+        keep = [i for i in range(len(raws)) if i not in dead and i not in out]
+        again = parse_batch([raws[i] for i in keep], self.catalog, **kw)
+        return again._replace(dead=sorted(parsed.dead + refused + [(keep[j], r) for j, r in again.dead]))
 
     def reward_weights(self, parsed: ParsedBatch) -> np.ndarray:
         """Each event's weight in ``b``: ``r``, and ``listen_weight * r`` for a listen."""
@@ -209,9 +228,9 @@ class UserIngestProcessor(IngestProcessor):
 
     def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, item_sums: bool = False,
                  listen_weight: float = 1.0, b_clip: float = B_CLIP, item_clip: float = ITEM_CLIP,
-                 partitions: int | None = None) -> None:
+                 partitions: int | None = None, shown: ShownListCheck | None = None) -> None:
         super().__init__(client, namespace, catalog, item_sums=item_sums, listen_weight=listen_weight,
-                         b_clip=b_clip, item_clip=item_clip, partitions=partitions)
+                         b_clip=b_clip, item_clip=item_clip, partitions=partitions, shown=shown)
         self.client = client
         self.namespace = namespace
         self._pending_script = client.register_script(PENDING_SCRIPT)

@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
     lf.add_argument("--data-dir", default=None, help="LastFM data directory (default: $PRIVREC_DATA_DIR or "
                                                      "../shared/data/lastfm-2k)")
     lf.add_argument("--no-listens", action="store_true",
-                    help="do not send a missed logged artist as an organic listen (POST /listen)")
+                    help="do not send each logged artist as an organic listen (POST /listen, after every feedback)")
     lf.add_argument("--no-baselines", action="store_true",
                     help="skip the offline baselines on the same events (random, popularity, private popularity)")
     lf.add_argument("--mode", choices=("auto", "global", "local"), default="auto",
@@ -65,7 +65,7 @@ def register(sub: Any) -> None:
                                                  "stack of --state-dir)")
     ev.add_argument("--state-dir", type=Path, default=None, help="state directory of `privrec up`")
     ev.add_argument("--no-listens", action="store_true",
-                    help="do not send a missed logged item as an organic listen (POST /listen)")
+                    help="do not send each logged item as an organic listen (POST /listen, after every feedback)")
     ev.add_argument("--no-baselines", action="store_true", help="skip the offline baselines on the same events")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_events)

@@ -5,9 +5,10 @@ code as the pipeline: for each of the first ``N`` logged events (a user and the 
 to), the policy ranks the event's 25-artist pool (the logged artist and 24 random tagged ones) and
 recommends its top item; the reward is 1 iff that is the logged artist. The bandit learns from that
 feedback alone. The logged listen is also an *organic positive*: models with an item term and the
-popularity counter count it (:meth:`models.policies.PopularityUCB.observe`) when it was not the
-recommended item — the counter of the issue ("recommend the pool artist with the most positives
-seen so far") is exactly this full-information count. Model units are the 100 friend-graph clusters,
+popularity counter count it (:meth:`models.policies.PopularityUCB.observe`) after every event, whatever the
+reward, as the live replay posts ``/listen`` after every feedback (:func:`producers.replay.event_requests`: a
+listen sent only on a miss would make the public arrivals encode every reward). A hit therefore counts the
+artist twice, as its feedback and as its listen. Model units are the 100 friend-graph clusters,
 releases happen every ``tick`` events (the live replay's ~100 events per one-second tick), and the
 private models use the pipeline's defaults (``user-blt-exact``, λ = 1, κ = 100, α = 0.3, trees of
 2**14 − 1 ticks). Runs differ in their noise keys and tie-breaking seeds; the events and pools are the
@@ -139,7 +140,7 @@ def replay_offline(policy: Any, ev: LastFMEvents, n: int | None = None,
         r = 1.0 if k == j else 0.0
         if with_items:
             policy.update(u, X[k], r, int(items[k]))
-            if r == 0.0 and observe is not None:
+            if observe is not None:  # the organic listen of every event, independent of the reward
                 observe(u, int(items[j]))
         else:
             policy.update(u, X[k], r)

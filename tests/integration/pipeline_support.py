@@ -21,7 +21,9 @@ from kafka import KafkaConsumer, KafkaProducer
 from models.streaming import UnitStats
 from pipeline import services
 from pipeline.data.catalog import SyntheticCatalog
-from pipeline.data.records import parse_interaction
+from pipeline.config.keys import PublicKeys
+from pipeline.data.records import parse_batch
+from pipeline.ingestion.shown_lists import rec_id_required
 from pipeline.services import ServiceHandle
 from pipeline.config.settings import Settings
 
@@ -149,8 +151,33 @@ def synthetic_events(catalog: SyntheticCatalog, n: int, seed: int = 0) -> Iterat
         yield ev
 
 
+def shown_as_served(stack: Stack, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events as the stack's ingest accepts feedback: where its model requires a server-issued ``rec_id``
+    (:func:`pipeline.ingestion.shown_lists.rec_id_required`), each feedback event without one answers a one-item
+    list that the harness records as ``GET /recommend`` records it (``{ns}:recs:*``, the server's store), so the
+    event carries that ``rec_id`` and list. Other events, and every event elsewhere, are returned as they are."""
+    if not rec_id_required(stack.settings()):
+        return events
+    keys = PublicKeys(stack.namespace)
+    out = []
+    with stack.client.pipeline(transaction=False) as pipe:
+        for ev in events:
+            if (ev.get("rec_id") is None and ev.get("kind", "feedback") != "listen" and "shown" not in ev
+                    and isinstance(ev.get("arm"), str) and isinstance(ev.get("user"), str)):
+                rec_id = f"harness-{ev['event_id']}"
+                pipe.set(keys.recommendation(rec_id), json.dumps(
+                    {"rec_id": rec_id, "user": ev["user"], "items": [ev["arm"]], "model_version": 0,
+                     "ts": 1.7e12}), ex=86400)
+                ev = {**ev, "rec_id": rec_id, "shown": [ev["arm"]]}
+            out.append(ev)
+        pipe.execute()
+    return out
+
+
 def produce(stack: Stack, events: list[dict[str, Any]], *, rate: float | None = None) -> list[tuple[int, int, bytes]]:
-    """Produce keyed by user; return ``(partition, offset, value)`` of each, in send order."""
+    """Produce keyed by user (each feedback answering a list the server recorded where the model requires it:
+    :func:`shown_as_served`); return ``(partition, offset, value)`` of each, in send order."""
+    events = shown_as_served(stack, events)
     prod = stack.producer()
     futures = []
     t0 = time.monotonic()
@@ -179,11 +206,9 @@ def offline_stats(catalog: SyntheticCatalog, produced: list[tuple[int, int, byte
         for part, off, value in sorted(x for x in produced if x[0] == p):
             if upto is not None and off >= upto[p]:
                 continue
-            try:
-                u, x, r, _ = parse_interaction(value, catalog)
-            except ValueError:
-                continue
-            s.add(np.array([u]), x[None, :], np.array([r]))
+            one = parse_batch([value], catalog)  # the Gram takes the shown list's items, b the event's context
+            if not one.dead:
+                s.add_parts(one.units, one.contexts, one.rewards, one.units[one.gram_events], one.gram_contexts)
         shards.append(s)
     return UnitStats.merged(shards)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import redis
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
 
 from pipeline.config.keys import PublicKeys
 from pipeline.config.settings import DEFAULT_MECHANISM
@@ -409,3 +409,54 @@ def test_no_model_yet_is_503(stack: LocalStack, tmp_path: Path) -> None:
         assert page.status == 200 and b"<title>privrec" in page.body
     finally:
         services.stop(web)
+
+
+def _dead_letters(stack: LocalStack, event_ids: set[str], timeout: float = 20.0) -> dict[str, str]:
+    """The dead-letter reason of each of ``event_ids`` (the original event's ``event_id``)."""
+    consumer = KafkaConsumer("dead-letters", bootstrap_servers=stack.broker.address, auto_offset_reset="earliest",
+                             consumer_timeout_ms=500)
+    found: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while found.keys() != event_ids and time.monotonic() < deadline:
+            for msg in consumer:
+                letter = json.loads(msg.value)
+                event_id = json.loads(letter["original"]).get("event_id")
+                if event_id in event_ids:
+                    found[event_id] = letter["reason"]
+    finally:
+        consumer.close()
+    return found
+
+
+def test_a_producer_cannot_forge_the_shown_list(stack: LocalStack) -> None:
+    """Issue 32: the flat model publishes the exact Gram of shown lists, so ingest takes a feedback's list only
+    from the server's record of its rec_id. A producer writing straight to ``interactions`` with a forged
+    one-item list (A), no list (B) or no rec_id (C) is dead-lettered; the genuine ``/feedback`` is counted."""
+    user = "3"
+    settled(stack)
+    before = budget(stack, user)
+    got = recommend(stack, user, k="4", candidates="7,8,9,10,11,12")
+    shown = [it["item"] for it in got["items"]]
+    chosen, rec_id = shown[1], got["rec_id"]
+    forged = {"event_id": "forged-A", "user": user, "arm": chosen, "reward": 1, "rec_id": rec_id, "shown": [chosen]}
+    missing = {"event_id": "forged-B", "user": user, "arm": chosen, "reward": 1, "rec_id": rec_id}
+    unnamed = {"event_id": "forged-C", "user": user, "arm": chosen, "reward": 1, "shown": [chosen]}
+    prod = KafkaProducer(bootstrap_servers=stack.broker.address)
+    for ev in (forged, missing, unnamed):
+        prod.send("interactions", key=user.encode(), value=json.dumps(ev).encode())
+    prod.flush()
+    prod.close()
+    r = call(stack, "POST", "/feedback", {"rec_id": rec_id, "item": chosen, "reward": 1})
+    assert r.status == 202, r.body
+
+    reasons = _dead_letters(stack, {"forged-A", "forged-B", "forged-C"})
+    assert reasons["forged-A"].startswith("shown list differs") and str(shown) in reasons["forged-A"], reasons
+    assert reasons["forged-B"].startswith("shown list missing"), reasons
+    assert reasons["forged-C"].startswith("no server-issued rec_id"), reasons
+    # only the genuine feedback reaches the statistics: one event more, in the user's budget too
+    after = wait_for(lambda: (b := budget(stack, user))["events_released"] > before["events_released"] and b,
+                     20, "a release that covers the genuine feedback")
+    assert after["events_released"] == before["events_released"] + 1
+    assert after["user"]["interactions"] == before["user"]["interactions"] + 1
+    assert settled(stack)["events_released"] == after["events_released"]  # no forged event counted later

@@ -18,7 +18,7 @@ from pipeline.config.keys import PublicKeys, partition_of
 from pipeline.serve.serving import BadRequest, Recommender
 from pipeline.state.trusted import TrustedStore
 
-from pipeline_support import Stack, open_stack, synthetic_events, wait_for
+from pipeline_support import Stack, open_stack, shown_as_served, synthetic_events, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,7 @@ MALFORMED: dict[str, bytes] = {
 
 def test_malformed_events_land_in_dead_letters_and_good_ones_are_counted(running: Stack) -> None:
     catalog = running.catalog()
-    good = [json.dumps(e).encode() for e in synthetic_events(catalog, 300, seed=5)]
+    good = [json.dumps(e).encode() for e in shown_as_served(running, list(synthetic_events(catalog, 300, seed=5)))]
     values: list[bytes] = []
     bad = list(MALFORMED.items())
     for i, g in enumerate(good):  # interleave: every 25th message is malformed

@@ -49,6 +49,7 @@ from models.streaming import ReleasedStats, UnitStats
 from models.streaming.hierarchy import ReleasedHierarchy
 from pipeline.data.catalog import Catalog
 from pipeline.ingestion.agents import make_processor
+from pipeline.ingestion.shown_lists import ShownListCheck
 from pipeline.config.keys import PublicKeys
 from pipeline.config.settings import Settings
 from pipeline.release.stages import ReleaseStage
@@ -95,6 +96,26 @@ class Trace:
 HIERARCHY_ARRAYS = (b"a:pool", b"a:items", b"a:units")
 
 
+def _as_served(client: redis.Redis, settings: Settings, raws: Sequence[bytes]) -> list[bytes]:
+    """Where the model requires a server-issued ``rec_id`` (:func:`pipeline.ingestion.shown_lists.rec_id_required`),
+    each feedback without one answers the list it names (or its ``arm`` alone), recorded as ``GET /recommend``
+    records it; else ``raws``."""
+    check = ShownListCheck.for_settings(client, settings)
+    if not check.require_rec_id:
+        return list(raws)
+    keys = check.keys  # the web's namespace (a federated site's worker reads the coordinator's)
+    out = []
+    for raw in raws:
+        ev = json.loads(raw)
+        if ev.get("rec_id") is None and ev.get("kind", "feedback") != "listen":
+            rec_id, shown = f"audit-{ev['event_id']}", ev.get("shown", [ev["arm"]])
+            client.set(keys.recommendation(rec_id), json.dumps({"rec_id": rec_id, "user": ev["user"],
+                                                                "items": shown}), ex=86400)
+            raw = json.dumps({**ev, "rec_id": rec_id, "shown": shown}).encode()
+        out.append(raw)
+    return out
+
+
 def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
                ticks: Sequence[Mapping[int, Sequence[bytes]]], *, seed: int,
                stage_type: type[ReleaseStage] = ReleaseStage, allow_dead: bool = False, force: bool = True) -> Trace:
@@ -119,6 +140,7 @@ def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
     keys = PublicKeys(s.namespace)
     for t, per_partition in enumerate(ticks, start=1):
         for partition, raws in per_partition.items():
+            raws = _as_served(client, s, raws)
             start = offsets.get(partition, 0)
             batch = proc.process(partition, list(enumerate(raws, start=start)))
             assert allow_dead or not batch.dead, batch.dead  # every event of the audit is valid

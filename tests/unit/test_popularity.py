@@ -97,7 +97,7 @@ def test_private_item_release_is_the_exact_sums_plus_keyed_noise_and_the_weight_
     assert pol.item_weight == pytest.approx(1.0 / (1.0 + (pol.released_std / 2.0) ** 2))
 
 
-def test_replay_offline_protocol_rewards_the_logged_item_and_counts_listens_once() -> None:
+def test_replay_offline_protocol_rewards_the_logged_item_and_observes_a_listen_per_event() -> None:
     pools = np.array([[0, 1, 2], [2, 0, 1], [1, 2, 0]])
     ev = LastFMEvents(units=np.zeros(3, dtype=np.int64), pools=pools, correct=np.array([1, 0, 2]),
                       features=np.eye(3), W=np.eye(1), n_units=1)
@@ -121,4 +121,5 @@ def test_replay_offline_protocol_rewards_the_logged_item_and_counts_listens_once
     o = Oracle()
     curve: list[tuple[int, float]] = []
     assert replay_offline(o, ev, curve=curve, every=1) == 2.0
-    assert o.listens == 1 and curve == [(1, 1.0), (2, 1.0), (3, 2.0)]
+    # the logged listen of every event, hit or miss (issue 32: arrivals must not encode the rewards)
+    assert o.listens == 3 and curve == [(1, 1.0), (2, 1.0), (3, 2.0)]
