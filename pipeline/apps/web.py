@@ -292,6 +292,9 @@ async def feedback(request: web.Request) -> web.Response:
     shown = json.loads(raw)
     if item not in shown["items"]:
         return _error(400, "item", f"item {item!r} was not in the list {rec_id!r} showed")
+    if not await request.app[SHOWN].stored(rec_id):  # ingest matches the feedback against the stored list
+        return _error(503, "rec_id", f"the list {rec_id!r} showed could not be stored (Redis unavailable); ask "
+                                     f"/recommend again")
     learned = await _learning(request, shown["user"])
     refused = _refuse_at_cap(request, shown["user"], learned)
     if refused is not None:

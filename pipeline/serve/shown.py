@@ -100,6 +100,7 @@ class ShownLists:
         self._log_queue: list[tuple[str, bytes, bytes]] = []  # stored, not yet handed to the producer
         self._log_timer: asyncio.TimerHandle | None = None
         self._writes: set[asyncio.Task[None]] = set()
+        self._waiters: dict[str, asyncio.Future[bool]] = {}  # rec_id -> whether its pending write stored it
         self._partitions: dict[bytes, int] = {}
         self._partitioner = DefaultPartitioner()
         # SET key value EX ttl for every key of the batch, in one command (not on a cluster: cross-slot keys)
@@ -124,6 +125,17 @@ class ShownLists:
             await asyncio.sleep(self.reread_seconds)
             raw = await self.client.get(self.keys.recommendation(rec_id))
         return raw if raw is None or isinstance(raw, bytes) else raw.encode()
+
+    async def stored(self, rec_id: str) -> bool:
+        """Wait until the list shown under ``rec_id`` is in Redis if its write is pending here (at most the
+        write-behind window); ``False`` if that write failed. Ingest matches a feedback against the stored list, so
+        a feedback is produced only once its list is there to match."""
+        if rec_id not in self._pending:
+            return True
+        waiter = self._waiters.get(rec_id)
+        if waiter is None:
+            waiter = self._waiters[rec_id] = asyncio.get_running_loop().create_future()
+        return await asyncio.shield(waiter)
 
     @property
     def pending(self) -> int:
@@ -158,17 +170,21 @@ class ShownLists:
             self.flush_log()
 
     async def _write(self, batch: list[tuple[str, bytes, bytes]]) -> None:
+        ok = False
         try:
-            await self._store(batch)
+            ok = await self._store(batch)
         finally:
             for rec_id, _, _ in batch:
                 self._pending.pop(rec_id, None)
+                waiter = self._waiters.pop(rec_id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(ok)
         if self.producer is not None:  # the log follows the store (stored or lost: logged as before)
             self._log_queue += batch
             if self._log_timer is None:
                 self._log_timer = asyncio.get_running_loop().call_later(self.log_seconds, self.flush_log)
 
-    async def _store(self, batch: list[tuple[str, bytes, bytes]]) -> None:
+    async def _store(self, batch: list[tuple[str, bytes, bytes]]) -> bool:
         try:
             if len(batch) == 1:  # a plain SET costs ~60% of a one-command pipeline
                 await self.client.set(self.keys.recommendation(batch[0][0]), batch[0][1], ex=self.ttl_seconds)
@@ -180,9 +196,11 @@ class ShownLists:
                     for rec_id, value, _ in batch:
                         pipe.set(self.keys.recommendation(rec_id), value, ex=self.ttl_seconds)
                     await pipe.execute()
+            return True
         except Exception as exc:  # Redis away: these lists are lost (feedback on them: 404)
             self.lost += len(batch)
             log.warning("could not store %d shown lists (feedback on them will answer 404): %s", len(batch), exc)
+            return False
 
     async def _log(self, batch: list[tuple[str, bytes, bytes]]) -> None:
         producer = self.producer
