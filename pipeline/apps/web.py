@@ -579,7 +579,17 @@ async def users(request: web.Request) -> web.Response:
         return _error(400, "limit", f"must be a positive integer, got {limit_raw!r}")
     ids = list(getattr(catalog, "users", []))
     return web.json_response({"users": ids[:limit], "total": len(ids), "catalog": catalog.name,
-                              "default_pool": list(catalog.default_pool)})
+                              "default_pool": list(catalog.default_pool), "new_users": _new_user(catalog) is not None})
+
+
+def _new_user(catalog: Catalog) -> str | None:
+    """A user id nobody had (96 random bits), or ``None`` when the catalog's users are a fixed list."""
+    user = f"web-{secrets.token_hex(12)}"
+    try:
+        catalog.unit_of(user)
+    except UnknownUserError:
+        return None
+    return user
 
 
 async def session(request: web.Request) -> web.Response:
@@ -590,10 +600,8 @@ async def session(request: web.Request) -> web.Response:
     a listed user's token comes from the operator (``privrec token --user U``).
     """
     catalog: Catalog = request.app[CATALOG]
-    user = f"web-{secrets.token_hex(12)}"
-    try:
-        catalog.unit_of(user)
-    except UnknownUserError:
+    user = _new_user(catalog)
+    if user is None:
         return _error(409, None, f"the catalog {catalog.name!r} has a fixed list of users, so there is no new user "
                                  f"to give; a listed user's token comes from the operator (`privrec token --user U`)")
     return web.json_response({"user": user, "token": request.app[TOKENS].for_user(user)}, status=201)

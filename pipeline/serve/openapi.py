@@ -186,9 +186,11 @@ COMPONENTS: dict[str, Any] = {"securitySchemes": _SECURITY_SCHEMES, "schemas": {
                        "model_version": {"type": "integer", "nullable": True}, "pid": _INT},
     },
     "Users": {
-        "type": "object", "required": ["users", "total", "catalog", "default_pool"],
+        "type": "object", "required": ["users", "total", "catalog", "default_pool", "new_users"],
         "properties": {"users": {"type": "array", "items": _STR}, "total": _INT, "catalog": _STR,
-                       "default_pool": {"type": "array", "items": _STR}},
+                       "default_pool": {"type": "array", "items": _STR},
+                       "new_users": {"type": "boolean", "description": "whether POST /session makes new users (a "
+                                                                       "catalog that takes users it does not list)"}},
     },
     "LocalConfig": {
         "type": "object", "required": ["mode"],

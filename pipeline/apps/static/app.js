@@ -12,7 +12,7 @@
 //
 // A user's own figures (/budget?user=U: their interactions and privacy loss) are sent only with U's token or
 // the operator's (docs/serving.md, "Who can read per-user views"). The page gets tokens two ways: POST /session
-// (first call; a catalog that takes new users) makes a new user of its own with its token, and a link
+// (when /users says the catalog takes new users) makes a new user of its own with its token, and a link
 // `/?user=U#token=T` from the operator (`privrec token --user U`) carries U's token in the fragment, which the
 // browser never sends to a server. Without a token the panel shows the public guarantee only.
 "use strict";
@@ -48,67 +48,8 @@
     modeKnown: false,     // GET /local/config answered (or 404: a server without local mode)
     modeError: null,      // GET /local/config failed: the mode is unknown, so no answer is sent at all
     session: null,        // {user, token}: the user POST /session made for this browser (localStorage)
-    sessionsOffered: false, // the server makes new users (POST /session answered 201)
     refused: null,        // the user whose token the server refused (403): said in the panel
   };
-
-  // ---------- tokens -------------------------------------------------------------------
-
-  const SESSION_KEY = "privrec.session";  // localStorage: a returning visitor is the same user
-  const TOKENS_KEY = "privrec.tokens";    // sessionStorage: tokens from links, by user ("*": for every user)
-
-  function storedTokens() {
-    try { return JSON.parse(sessionStorage.getItem(TOKENS_KEY)) || {}; } catch { return {}; }
-  }
-  function keepToken(user, token) {
-    const t = storedTokens();
-    if (token) t[user] = token; else delete t[user];
-    sessionStorage.setItem(TOKENS_KEY, JSON.stringify(t));
-  }
-  function tokenFor(user) {
-    if (state.session && state.session.user === user) return state.session.token;
-    const t = storedTokens();
-    return t[user] ?? t["*"] ?? null;
-  }
-  function forgetToken(user) {
-    if (state.session && state.session.user === user) {
-      state.session = null;
-      localStorage.removeItem(SESSION_KEY);
-    }
-    const t = storedTokens();
-    if (user in t) keepToken(user, null); else keepToken("*", null);
-  }
-
-  // `#token=T` (with `?user=U`: U's token; without: a token for every user, the operator's), kept for this tab and
-  // taken out of the address bar.
-  function takeFragmentToken() {
-    const token = new URLSearchParams(window.location.hash.slice(1)).get("token");
-    if (!token) return;
-    keepToken(new URLSearchParams(window.location.search).get("user") ?? "*", token);
-    const url = new URL(window.location.href);
-    url.hash = "";
-    history.replaceState(null, "", url);
-  }
-
-  // A user of this browser's own: POST /session makes a new user (an id nobody had) and gives its token, on a
-  // catalog that takes new users; 409 on a fixed list of users (then only a link's token opens a user's view).
-  async function startSession() {
-    try { state.session = JSON.parse(localStorage.getItem(SESSION_KEY)); } catch { state.session = null; }
-    if (state.session && state.session.user && state.session.token) {
-      state.sessionsOffered = true;
-      return;
-    }
-    state.session = null;
-    try {
-      const s = await api("/session", { method: "POST" });
-      state.session = { user: s.user, token: s.token };
-      state.sessionsOffered = true;
-      localStorage.setItem(SESSION_KEY, JSON.stringify(state.session));
-    } catch (e) {
-      state.sessionsOffered = false;
-      if (!(e instanceof ApiError && e.status === 409)) showError(e);
-    }
-  }
 
   // ---------- API ----------------------------------------------------------------------
 
@@ -160,6 +101,59 @@
                          body);
     }
     return body;
+  }
+
+  // ---------- tokens -------------------------------------------------------------------
+
+  const SESSION_KEY = "privrec.session";  // localStorage: a returning visitor is the same user
+  const TOKENS_KEY = "privrec.tokens";    // sessionStorage: tokens from links, by user ("*": for every user)
+
+  function storedTokens() {
+    try { return JSON.parse(sessionStorage.getItem(TOKENS_KEY)) || {}; } catch { return {}; }
+  }
+  function keepToken(user, token) {
+    const t = storedTokens();
+    if (token) t[user] = token; else delete t[user];
+    sessionStorage.setItem(TOKENS_KEY, JSON.stringify(t));
+  }
+  function tokenFor(user) {
+    if (state.session && state.session.user === user) return state.session.token;
+    const t = storedTokens();
+    return t[user] ?? t["*"] ?? null;
+  }
+  function forgetToken(user) {
+    if (state.session && state.session.user === user) {
+      state.session = null;
+      localStorage.removeItem(SESSION_KEY);
+    }
+    const t = storedTokens();
+    if (user in t) keepToken(user, null); else keepToken("*", null);
+  }
+
+  // `#token=T` (with `?user=U`: U's token; without: a token for every user, the operator's), kept for this tab and
+  // taken out of the address bar.
+  function takeFragmentToken() {
+    const token = new URLSearchParams(window.location.hash.slice(1)).get("token");
+    if (!token) return;
+    keepToken(new URLSearchParams(window.location.search).get("user") ?? "*", token);
+    const url = new URL(window.location.href);
+    url.hash = "";
+    history.replaceState(null, "", url);
+  }
+
+  // A user of this browser's own: POST /session makes a new user (an id nobody had) and gives its token, on a
+  // catalog that takes new users (/users says `new_users`; on a fixed list only a link's token opens a view).
+  async function startSession() {
+    try { state.session = JSON.parse(localStorage.getItem(SESSION_KEY)); } catch { state.session = null; }
+    if (state.session && state.session.user && state.session.token) return;
+    state.session = null;
+    try {
+      const s = await api("/session", { method: "POST" });
+      state.session = { user: s.user, token: s.token };
+      localStorage.setItem(SESSION_KEY, JSON.stringify(state.session));
+    } catch (e) {
+      showError(e);
+    }
   }
 
   // ---------- errors -------------------------------------------------------------------
@@ -842,7 +836,8 @@
     $("k").addEventListener("change", (ev) => { state.k = Number(ev.target.value); if (state.user) selectUser(state.user); });
     state.k = Number($("k").value);
     takeFragmentToken();
-    await startSession();
+    // a link with a token opened on this very page is a fragment change, not a new page: take its token too
+    window.addEventListener("hashchange", () => { takeFragmentToken(); if (state.user) selectUser(state.user); });
 
     let users;
     try {
@@ -852,6 +847,7 @@
       showError(e);
       return;
     }
+    if (users.new_users) await startSession();
     const select = $("user");
     for (const u of users.users) select.append(el("option", { value: u, text: `user ${u}` }));
     const wanted = new URLSearchParams(window.location.search).get("user");
