@@ -596,7 +596,7 @@ async def session(request: web.Request) -> web.Response:
     """``POST /session``: a new user id of the server's making and its token (201), on a catalog that takes new users.
 
     The id is 96 random bits, so it names nobody before this answer: a page gets a token only for a user it
-    made. A catalog with a fixed list of users (the synthetic world, LastFM) has no new user to give: 409, and
+    made. A catalog with a fixed list of users (the synthetic world, LastFM with ``--graph users``) has no new user to give: 409, and
     a listed user's token comes from the operator (``privrec token --user U``).
     """
     catalog: Catalog = request.app[CATALOG]
