@@ -6,7 +6,9 @@ flight) and :class:`Client` (blocking; ``http.client`` over one keep-alive conne
 * ``recommend(user, k=10, candidates=None)`` → :class:`Recommendation`
 * ``feedback(rec_id, item, reward)`` → :class:`Accepted`
 * ``listen(user, item, reward=1.0)`` → :class:`Accepted`
-* ``budget(user=None)`` → :class:`Budget`
+* ``budget(user=None, token=None)`` → :class:`Budget` (with ``user``, a per-user view: sent with ``token``, else the
+  client's, as ``Authorization: Bearer <token>``: the user's own token or the operator token)
+* ``session()`` → :class:`Session`: a new user and their token (a catalog that takes new users)
 * ``report(report)`` (local mode: a device's report, bytes or anything with ``to_json()``) → :class:`ReportAccepted`
 * ``health()`` → :class:`Health` (a 503 "starting" is an answer here, not an error)
 
@@ -39,7 +41,7 @@ from typing import Any, Protocol
 import aiohttp
 
 __all__ = ["APIError", "Accepted", "AsyncClient", "Budget", "Client", "Health", "Recommendation",
-           "RecommendedItem", "ReportAccepted", "RetryPolicy"]
+           "RecommendedItem", "ReportAccepted", "RetryPolicy", "Session"]
 
 
 class APIError(RuntimeError):
@@ -154,6 +156,18 @@ def _recommend_query(user: str, k: int, candidates: list[str] | tuple[str, ...] 
     return "/recommend?" + urllib.parse.urlencode(params)
 
 
+@dataclass(frozen=True, slots=True)
+class Session:
+    """``POST /session``: a new user of the server's making and the token that opens their per-user views."""
+
+    user: str
+    token: str = field(repr=False)
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {} if token is None else {"Authorization": f"Bearer {token}"}
+
+
 def _budget_query(user: str | None) -> str:
     return "/budget" if user is None else "/budget?" + urllib.parse.urlencode({"user": user})
 
@@ -205,13 +219,15 @@ def _check(method: str, path: str, status: int, body: bytes, ok: tuple[int, ...]
 class AsyncClient:
     """The API over aiohttp: ``async with AsyncClient("http://127.0.0.1:8080") as api: await api.recommend("2")``.
 
-    ``session``: an aiohttp session to share (not closed by this client); by default one of its own.
+    ``session``: an aiohttp session to share (not closed by this client); by default one of its own. ``token``: sent on
+    per-user calls (``budget(user)``) unless the call names its own: a user's token or the operator token.
     """
 
     def __init__(self, base_url: str, *, retry: RetryPolicy = RetryPolicy(), timeout: float = 30.0,
-                 session: aiohttp.ClientSession | None = None) -> None:
+                 session: aiohttp.ClientSession | None = None, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry = retry
+        self.token = token
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session = session
         self._own = session is None
@@ -232,8 +248,9 @@ class AsyncClient:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         return self._session
 
-    async def _call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-        headers = {"Content-Type": "application/json"} if body is not None else None
+    async def _call(self, method: str, path: str, body: bytes | None = None, *, token: str | None = None
+                    ) -> tuple[int, bytes]:
+        headers = {**({"Content-Type": "application/json"} if body is not None else {}), **_auth(token)}
         for attempt in range(self.retry.retries + 1):
             url = path if path.startswith(("http://", "https://")) else self.base_url + path  # the shuffler: its own
             async with self._sess().request(method, url, data=body, headers=headers) as resp:
@@ -268,9 +285,14 @@ class AsyncClient:
         d = _check("POST", url, *await self._call("POST", url, envelope), ok=(202,))
         return ReportAccepted(user=d["user"], version=int(d["version"]))
 
-    async def budget(self, user: str | None = None) -> Budget:
+    async def budget(self, user: str | None = None, *, token: str | None = None) -> Budget:
         path = _budget_query(user)
-        return _budget(_check("GET", path, *await self._call("GET", path), ok=(200,)))
+        sent = None if user is None else token or self.token
+        return _budget(_check("GET", path, *await self._call("GET", path, token=sent), ok=(200,)))
+
+    async def session(self) -> Session:
+        d = _check("POST", "/session", *await self._call("POST", "/session", b"{}"), ok=(201,))
+        return Session(user=d["user"], token=d["token"])
 
     async def health(self) -> Health:
         """One try (no retry: a 503 "starting" is the answer)."""
@@ -285,15 +307,17 @@ class Client:
     """The API, blocking, over one keep-alive connection (``http.client``; reopened when the server closes it).
 
     ``with Client("http://127.0.0.1:8080") as api: rec = api.recommend("2", k=5)``. Not thread-safe: one per
-    thread.
+    thread. ``token``: sent on per-user calls (``budget(user)``) unless the call names its own.
     """
 
-    def __init__(self, base_url: str, *, retry: RetryPolicy = RetryPolicy(), timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, *, retry: RetryPolicy = RetryPolicy(), timeout: float = 30.0,
+                 token: str | None = None) -> None:
         url = urllib.parse.urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"`base_url` must be http(s)://host[:port], got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.retry = retry
+        self.token = token
         self._prefix = url.path.rstrip("/")
         self._timeout = timeout
         self._url = url
@@ -316,8 +340,9 @@ class Client:
             self._conn = cls(self._url.hostname or "", self._url.port, timeout=self._timeout)
         return self._conn
 
-    def _once(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes, str | None]:
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+    def _once(self, method: str, path: str, body: bytes | None, token: str | None = None
+              ) -> tuple[int, bytes, str | None]:
+        headers = {**({"Content-Type": "application/json"} if body is not None else {}), **_auth(token)}
         for fresh in (False, True):
             conn = self._connection()
             try:
@@ -334,9 +359,10 @@ class Client:
             return resp.status, raw, resp.getheader("Retry-After")
         raise AssertionError("unreachable")
 
-    def _call(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    def _call(self, method: str, path: str, body: bytes | None = None, *, token: str | None = None
+              ) -> tuple[int, bytes]:
         for attempt in range(self.retry.retries + 1):
-            status, raw, retry_after = self._once(method, path, body)
+            status, raw, retry_after = self._once(method, path, body, token)
             if status != 503 or attempt == self.retry.retries:
                 return status, raw
             time.sleep(self.retry.delay(attempt, retry_after))
@@ -359,9 +385,14 @@ class Client:
         d = _check("POST", "/report", *self._call("POST", "/report", _report_body(report)), ok=(202,))
         return ReportAccepted(user=d["user"], version=int(d["version"]))
 
-    def budget(self, user: str | None = None) -> Budget:
+    def budget(self, user: str | None = None, *, token: str | None = None) -> Budget:
         path = _budget_query(user)
-        return _budget(_check("GET", path, *self._call("GET", path), ok=(200,)))
+        sent = None if user is None else token or self.token
+        return _budget(_check("GET", path, *self._call("GET", path, token=sent), ok=(200,)))
+
+    def session(self) -> Session:
+        d = _check("POST", "/session", *self._call("POST", "/session", b"{}"), ok=(201,))
+        return Session(user=d["user"], token=d["token"])
 
     def health(self) -> Health:
         """One try (no retry: a 503 "starting" is the answer)."""

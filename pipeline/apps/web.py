@@ -15,7 +15,11 @@ Routes (DESIGN §7):
   One feedback per shown list. Redis not answering: ``503`` with ``Retry-After``. ``cap_policy = reject``: ``403``
   for a user at the cap, with the same ``learning`` beside the error.
 * ``GET /budget[?user=U]`` — the privacy guarantee of the released statistics,
-  releases so far, and for a user the guarantee covering all their interactions.
+  releases so far, and for a user the guarantee covering all their interactions. ``?user=U`` answers only a
+  caller presenting ``Authorization: Bearer <U's token or the operator token>`` (:mod:`pipeline.serve.auth`):
+  ``401`` without a token, ``403`` with another one.
+* ``POST /session`` — a new user and their token (``201 {"user", "token"}``) on a catalog that takes new users;
+  ``409`` on a catalog with a fixed list of users (a listed user's token comes from the operator).
 * ``GET /metrics`` (Prometheus), ``GET /healthz``, ``GET /users``, and the page at ``/``.
 * ``GET /openapi.json`` — the OpenAPI 3 document of every route (:mod:`pipeline.serve.openapi`).
 
@@ -34,6 +38,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import signal
 import time
 import uuid
@@ -51,7 +56,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from models.accounting import event_from_dict, group_guarantee
 
-from ..serve.appkeys import CATALOG, KEYS, LOG_PRODUCER, MODEL_KEYS, PRODUCER, RECOMMENDER, REDIS, SETTINGS
+from ..serve.appkeys import CATALOG, KEYS, LOG_PRODUCER, MODEL_KEYS, PRODUCER, RECOMMENDER, REDIS, SETTINGS, TOKENS
+from ..serve.auth import Tokens, bearer
 from ..data.catalog import Catalog, UnknownArmError, UnknownUserError, load_catalog
 from ..serve.httpstats import RequestStats
 from ..modes.federated.federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
@@ -127,8 +133,13 @@ class _Metrics:
         self.outbox = outbox_metrics(self.registry)
 
 
-def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis | None = None) -> web.Application:
-    """The aiohttp application (the Kafka producer starts with the app)."""
+def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis | None = None,
+                   tokens: Tokens | None = None) -> web.Application:
+    """The aiohttp application (the Kafka producer starts with the app).
+
+    ``tokens``: who may read per-user views (:mod:`pipeline.serve.auth`); ``None`` reads ``PRIVREC_TOKEN_SECRET``
+    and ``PRIVREC_OPERATOR_TOKEN`` from the environment, and without a secret makes one for this app alone.
+    """
     if settings.redis_url is None:
         raise ValueError("setting `redis_url` (REDIS_URL) is required to serve")
     sync = client or connect(settings.redis_url)
@@ -140,6 +151,7 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app[RECOMMENDER] = (SiteRouter(sync, settings, catalog, meta_ttl=0.2) if settings.mode == "federated"
                         else Recommender(sync, settings.namespace, catalog, meta_ttl=0.2))
     app[_METRICS] = _Metrics()
+    app[TOKENS] = tokens or _tokens_from_env()
     app.router.add_get("/recommend", recommend)
     app.router.add_post("/feedback", feedback)
     app.router.add_post("/listen", listen)
@@ -149,6 +161,7 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/users", users)
+    app.router.add_post("/session", session)
     app.router.add_get("/", index)
     add_local_routes(app)  # GET /local/config, POST /report (local mode; a clear 400 elsewhere)
     add_items_routes(app)  # POST /items (operator), and the follower of the items topic (pipeline.serve.items_live)
@@ -160,6 +173,32 @@ def create_web_app(settings: Settings, catalog: Catalog, *, client: redis.Redis 
 
 
 _METRICS = web.AppKey("metrics", _Metrics)
+
+
+def _tokens_from_env() -> Tokens:
+    """The environment's tokens, else a secret of this process's own (user tokens then last as long as it)."""
+    tokens = Tokens.from_env(os.environ)
+    if tokens is None:
+        log.warning("no PRIVREC_TOKEN_SECRET: user tokens are made with a secret of this process (a restart "
+                    "invalidates them) and no operator token opens per-user views")
+        return Tokens.ephemeral()
+    return tokens
+
+
+def _authorize(request: web.Request, user: str) -> web.Response | None:
+    """``None`` when the request presents ``user``'s token or the operator token; else the 401 (no token) or 403
+    (another token) to answer, a JSON error naming ``Authorization``."""
+    token = bearer(request.headers.get("Authorization"))
+    if token is None:
+        resp = _error(401, "Authorization", f"a token is needed to read user {user!r}'s view: send "
+                                            f"'Authorization: Bearer <their token or the operator token>' (a new "
+                                            f"user gets theirs from POST /session, a listed one from the operator)")
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="privrec"'
+        return resp
+    if request.app[TOKENS].grant(token, user) is None:
+        return _error(403, "Authorization", f"this token does not open user {user!r}'s view (a user's token opens "
+                                            f"only their own; the operator token opens every user's)")
+    return None
 
 
 async def _clients(app: web.Application) -> Any:
@@ -373,6 +412,11 @@ async def listen(request: web.Request) -> web.Response:
 
 
 async def budget(request: web.Request) -> web.Response:
+    user = request.query.get("user")
+    if user is not None:  # a per-user view: only for the user themself or the operator
+        refused = _authorize(request, user)
+        if refused is not None:
+            return refused
     s: Settings = request.app[SETTINGS]
     keys: PublicKeys = request.app[MODEL_KEYS][0]
     r = request.app[REDIS]
@@ -410,7 +454,6 @@ async def budget(request: web.Request) -> web.Response:
         out["tree"] = statement["trees"]
     if s.mode == "federated":
         out["federated"] = await federated_budget(r, s)
-    user = request.query.get("user")
     if user is not None:
         catalog: Catalog = request.app[CATALOG]
         try:
@@ -539,7 +582,32 @@ async def users(request: web.Request) -> web.Response:
         return _error(400, "limit", f"must be a positive integer, got {limit_raw!r}")
     ids = list(getattr(catalog, "users", []))
     return web.json_response({"users": ids[:limit], "total": len(ids), "catalog": catalog.name,
-                              "default_pool": list(catalog.default_pool)})
+                              "default_pool": list(catalog.default_pool), "new_users": _new_user(catalog) is not None})
+
+
+def _new_user(catalog: Catalog) -> str | None:
+    """A user id nobody had (96 random bits), or ``None`` when the catalog's users are a fixed list."""
+    user = f"web-{secrets.token_hex(12)}"
+    try:
+        catalog.unit_of(user)
+    except UnknownUserError:
+        return None
+    return user
+
+
+async def session(request: web.Request) -> web.Response:
+    """``POST /session``: a new user id of the server's making and its token (201), on a catalog that takes new users.
+
+    The id is 96 random bits, so it names nobody before this answer: a page gets a token only for a user it
+    made. A catalog with a fixed list of users (the synthetic world, LastFM with ``--graph users``) has no new user to give: 409, and
+    a listed user's token comes from the operator (``privrec token --user U``).
+    """
+    catalog: Catalog = request.app[CATALOG]
+    user = _new_user(catalog)
+    if user is None:
+        return _error(409, None, f"the catalog {catalog.name!r} has a fixed list of users, so there is no new user "
+                                 f"to give; a listed user's token comes from the operator (`privrec token --user U`)")
+    return web.json_response({"user": user, "token": request.app[TOKENS].for_user(user)}, status=201)
 
 
 async def index(request: web.Request) -> web.StreamResponse:
@@ -557,17 +625,18 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=os.environ.get("PRIVREC_LOGLEVEL", "INFO"))
     settings = Settings.from_mapping({})
     catalog = load_catalog(settings)  # loaded once, shared copy-on-write by the forked processes
+    tokens = _tokens_from_env()  # before the fork: every process must take the same tokens
     n = settings.web_processes
     children: list[int] = []
     for _ in range(n - 1):  # pre-fork: every process binds the same port with SO_REUSEPORT
         pid = os.fork()
         if pid == 0:
             _die_with_parent()
-            _serve(settings, catalog, args.host, args.port, reuse_port=True)
+            _serve(settings, catalog, tokens, args.host, args.port, reuse_port=True)
             os._exit(0)
         children.append(pid)
     try:
-        _serve(settings, catalog, args.host, args.port, reuse_port=n > 1)
+        _serve(settings, catalog, tokens, args.host, args.port, reuse_port=n > 1)
     finally:
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
@@ -577,8 +646,8 @@ def main(argv: list[str] | None = None) -> None:
                 os.waitpid(pid, 0)
 
 
-def _serve(settings: Settings, catalog: Catalog, host: str, port: int, *, reuse_port: bool) -> None:
-    app = create_web_app(settings, catalog)  # its own Redis and Kafka clients, after the fork
+def _serve(settings: Settings, catalog: Catalog, tokens: Tokens, host: str, port: int, *, reuse_port: bool) -> None:
+    app = create_web_app(settings, catalog, tokens=tokens)  # its own Redis and Kafka clients, after the fork
     # the imports, the catalog and the app are long-lived: out of the cyclic collector's sight, so that its
     # collections (triggered by every request's allocations) do not walk them
     gc.freeze()

@@ -12,4 +12,5 @@ openapi       the HTTP API's contract (``GET /openapi.json``)
 shown         the shown lists of ``GET /recommend``, kept for feedback and logged behind the answer
 outbox        the web server's durable outbox: feedback survives a broker outage, counted once
 items_live    new items while the stack runs: ``POST /items``, the compacted ``items`` topic
+auth          who may read a per-user view: user tokens (HMAC of the user id) and the operator token
 """

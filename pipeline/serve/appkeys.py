@@ -20,12 +20,13 @@ from ..data.catalog import Catalog
 from ..config.keys import PublicKeys
 from .serving import Recommender
 from ..config.settings import Settings
+from .auth import Tokens
 
 if TYPE_CHECKING:  # an annotation only: serving does not import a mode
     from ..modes.federated.federated_serving import SiteRouter
 
 __all__ = ["CATALOG", "KEYS", "LOCAL_CONFIG", "LOG_PRODUCER", "MODEL_KEYS", "PRODUCER", "RECOMMENDER", "REDIS",
-           "SETTINGS"]
+           "SETTINGS", "TOKENS"]
 
 SETTINGS = web.AppKey("settings", Settings)
 CATALOG = web.AppKey("catalog", Catalog)
@@ -38,3 +39,5 @@ REDIS = web.AppKey("redis", AsyncRedis)
 PRODUCER: web.AppKey[AIOKafkaProducer | None] = web.AppKey("producer")
 LOG_PRODUCER: web.AppKey[AIOKafkaProducer | None] = web.AppKey("log_producer")
 LOCAL_CONFIG = web.AppKey("local_config", LocalConfig)
+# the secret of the user tokens and the operator token (pipeline.serve.auth): who may read a per-user view
+TOKENS = web.AppKey("tokens", Tokens)

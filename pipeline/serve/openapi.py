@@ -53,7 +53,14 @@ _NUM = {"type": "number"}
 _INT = {"type": "integer"}
 _OBJ = {"type": "object"}
 
-COMPONENTS: dict[str, Any] = {"schemas": {
+#: The bearer token of the per-user views (:mod:`pipeline.serve.auth`): the user's own token or the operator token.
+_SECURITY_SCHEMES = {"userToken": {
+    "type": "http", "scheme": "bearer",
+    "description": "A user's token, HMAC-SHA256(the server's secret, user id) in hex, opens that user's views; the "
+                   "operator token opens every user's. A new user gets theirs from POST /session; a listed user's "
+                   "comes from the operator (`privrec token --user U`)."}}
+
+COMPONENTS: dict[str, Any] = {"securitySchemes": _SECURITY_SCHEMES, "schemas": {
     "Error": {
         "type": "object", "required": ["error"],
         "properties": {"error": {
@@ -168,15 +175,22 @@ COMPONENTS: dict[str, Any] = {"schemas": {
         "type": "object", "required": ["version", "count", "at_ms"],
         "properties": {"version": _INT, "count": _INT, "at_ms": _INT, "ledger": _OBJ},
     },
+    "Session": {
+        "type": "object", "required": ["user", "token"],
+        "properties": {"user": {"type": "string", "minLength": 1, "description": "a new user id of the server's making"},
+                       "token": {"type": "string", "minLength": 1, "description": "the token of that user's views"}},
+    },
     "Health": {
         "type": "object", "required": ["status", "model_version", "pid"],
         "properties": {"status": {"type": "string", "enum": ["ok", "starting"]},
                        "model_version": {"type": "integer", "nullable": True}, "pid": _INT},
     },
     "Users": {
-        "type": "object", "required": ["users", "total", "catalog", "default_pool"],
+        "type": "object", "required": ["users", "total", "catalog", "default_pool", "new_users"],
         "properties": {"users": {"type": "array", "items": _STR}, "total": _INT, "catalog": _STR,
-                       "default_pool": {"type": "array", "items": _STR}},
+                       "default_pool": {"type": "array", "items": _STR},
+                       "new_users": {"type": "boolean", "description": "whether POST /session makes new users (a "
+                                                                       "catalog that takes users it does not list)"}},
     },
     "LocalConfig": {
         "type": "object", "required": ["mode"],
@@ -250,9 +264,16 @@ PATHS: dict[str, dict[str, Any]] = {
     }},
     "/budget": {"get": {
         "operationId": "budget", "summary": "The privacy guarantee of the releases so far, and of one user's data",
-        "parameters": [{"name": "user", "in": "query", "required": False, "schema": _STR}],
-        "responses": {"200": _json(_ref("Budget"), "the guarantee"), "404": _err("unknown user"),
-                      "503": _UNAVAILABLE},
+        "description": "Without `user`: public. With `user=U`: only for `Authorization: Bearer <U's token or the "
+                       "operator token>`.",
+        # anonymous ({}) without `user`; the user's own or the operator token with it
+        "security": [{}, {"userToken": []}],
+        "parameters": [{"name": "user", "in": "query", "required": False, "schema": _STR,
+                        "description": "a user id: that user's guarantee too (needs a token)"}],
+        "responses": {"200": _json(_ref("Budget"), "the guarantee"),
+                      "401": _err("`user` without a token (parameter `Authorization`)"),
+                      "403": _err("`user` with a token that is neither U's nor the operator's"),
+                      "404": _err("unknown user"), "503": _UNAVAILABLE},
     }},
     "/budget/history": {"get": {
         "operationId": "budgetHistory", "summary": "Per release: time, version, events, the ledger's figures",
@@ -260,6 +281,14 @@ PATHS: dict[str, dict[str, Any]] = {
                                     "properties": {"history": {"type": "array", "items": _ref("Release")}}},
                                    "the releases, oldest first"),
                       "503": _UNAVAILABLE},
+    }},
+    "/session": {"post": {
+        "operationId": "session", "summary": "A new user of the server's making and their token",
+        "description": "Only on a catalog that takes new users (a catalog directory); the id names nobody before "
+                       "this answer, so a caller gets a token only for a user it made.",
+        "responses": {"201": _json(_ref("Session"), "the new user and their token"),
+                      "409": _err("the catalog has a fixed list of users: a listed user's token comes from the "
+                                  "operator")},
     }},
     "/users": {"get": {
         "operationId": "users", "summary": "The catalog's users and default pool",

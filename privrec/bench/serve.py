@@ -63,6 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.serve.auth import OPERATOR_ENV, SECRET_ENV, Tokens
+
 __all__ = ["LocalStack", "local_stack", "seed_events", "parse_wrk", "bench_serve", "register"]
 
 #: Candidates per request (the papers' pool size) and the list length asked for.
@@ -99,6 +101,9 @@ class LocalStack:
         The HTTP server; :attr:`base_url` is where it answers.
     handles
         Every process started by this stack, in start order.
+    tokens
+        The web server's token secret and operator token (``<state_dir>/tokens.json``, made as ``privrec up``
+        makes them: :func:`privrec.ops.stackfile.stack_tokens`); :meth:`user_token` is a user's.
     """
 
     state_dir: Path
@@ -108,15 +113,29 @@ class LocalStack:
     redis_url: str
     web: Any = None
     handles: list[Any] = field(default_factory=list)
+    tokens: Tokens | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://{self.web.address}"
 
-    def get_json(self, path: str, timeout: float = 10.0) -> tuple[int, Any]:
-        """``GET`` a path of the web server: ``(status, decoded JSON body)``."""
+    @property
+    def operator_token(self) -> str:
+        assert self.tokens is not None and self.tokens.operator is not None, "the stack was started without tokens"
+        return self.tokens.operator
+
+    def user_token(self, user: str) -> str:
+        """``user``'s token: it opens their per-user views (``/budget?user=``)."""
+        assert self.tokens is not None, "the stack was started without tokens"
+        return self.tokens.for_user(user)
+
+    def get_json(self, path: str, timeout: float = 10.0, *, token: str | None = None) -> tuple[int, Any]:
+        """``GET`` a path of the web server: ``(status, decoded JSON body)``; ``token`` goes as ``Authorization:
+        Bearer``."""
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         try:
-            with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+            with urllib.request.urlopen(urllib.request.Request(self.base_url + path, headers=headers),
+                                        timeout=timeout) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
@@ -170,6 +189,7 @@ def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str
         published). Everything is stopped by PID on exit, also after an error.
     """
     from pipeline import services
+    from privrec.ops.stackfile import stack_tokens
 
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
@@ -190,7 +210,10 @@ def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str
         env = {**os.environ, **(settings or {}), "KAFKA_BOOTSTRAP": broker.address, "REDIS_URL": redis_url,
                "PRIVREC_NAMESPACE": ns, "PRIVREC_STATE_DIR": str(state), "PRIVREC_WORKER_ID": "worker-0"}
         env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        stack = LocalStack(state, ns, env, broker, redis_url, handles=started)
+        for name in (SECRET_ENV, OPERATOR_ENV):  # the web server's alone (below), as privrec up does
+            env.pop(name, None)
+        tokens = stack_tokens(state, {})
+        stack = LocalStack(state, ns, env, broker, redis_url, handles=started, tokens=tokens)
 
         import redis
 
@@ -207,7 +230,8 @@ def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str
             port = services.free_port()
             try:
                 web = services.start_process(
-                    "web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], state, env=env,
+                    "web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], state,
+                    env={**env, **tokens.env()},
                     address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}",
                     ready=functools.partial(_http_ok, f"http://127.0.0.1:{port}/healthz"), timeout=60)
                 break

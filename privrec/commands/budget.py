@@ -1,9 +1,14 @@
-"""``privrec budget``: the privacy guarantee of a running stack, and what one user has spent."""
+"""``privrec budget``: the privacy guarantee of a running stack, and what one user has spent.
+
+``--user U`` is a per-user view: the command sends the operator token (``$PRIVREC_OPERATOR_TOKEN``, else the
+stack's ``tokens.json`` in the state directory, :func:`privrec.ops.stackfile.stack_tokens`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -15,7 +20,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("budget", help="show the privacy guarantee of the released statistics (and of one user)",
                        description="Ask the running stack's /budget: the event-level guarantee of every release, "
                                    "releases so far, and with --user the group-privacy guarantee covering all of "
-                                   "that user's interactions.")
+                                   "that user's interactions (a per-user view: sent with the operator token, "
+                                   "$PRIVREC_OPERATOR_TOKEN or the stack's tokens.json).")
     p.add_argument("--user", default=None, help="a user id")
     p.add_argument("--http", default=None, help="API base URL (default: $PRIVREC_HTTP_URL or the running stack)")
     p.add_argument("--state-dir", type=Path, default=None, help="state directory of `privrec up`")
@@ -23,13 +29,30 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_budget)
 
 
+def operator_token(state_dir: Path | None) -> str:
+    """``$PRIVREC_OPERATOR_TOKEN``, else the operator token of the stack's ``tokens.json`` (``--state-dir``,
+    ``$PRIVREC_STATE_DIR`` or ``.privrec``)."""
+    from pipeline.serve.auth import OPERATOR_ENV
+    from privrec.ops.stackfile import TOKENS_FILE, default_state_dir, read_tokens
+
+    if os.environ.get(OPERATOR_ENV):
+        return os.environ[OPERATOR_ENV]
+    sd = state_dir or default_state_dir()
+    tokens = read_tokens(sd)
+    if tokens is None or tokens.operator is None:
+        raise ValueError(f"a per-user view needs the operator token: set {OPERATOR_ENV}, or pass the --state-dir "
+                         f"of the `privrec up` that started the stack (no {sd / TOKENS_FILE})")
+    return tokens.operator
+
+
 def _budget(args: argparse.Namespace) -> int:
     from privrec.commands.replay import resolve_http
 
     base = resolve_http(args.http, args.state_dir)
     url = f"{base}/budget" + (f"?{urllib.parse.urlencode({'user': args.user})}" if args.user else "")
+    headers = {} if args.user is None else {"Authorization": f"Bearer {operator_token(args.state_dir)}"}
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
             doc = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         body = json.loads(exc.read() or b"{}")

@@ -24,7 +24,7 @@ from pipeline import services
 from pipeline.services import ServiceHandle
 from pipeline.config.settings import Settings
 
-from .stackfile import WEB, child_env, http_probe
+from .stackfile import WEB, child_env, http_probe, read_tokens
 
 __all__ = ["SUPERVISOR", "SUPERVISOR_FILE", "SUPERVISION_DEFAULTS", "fallback_handle", "process_env", "read_report",
            "relaunch", "stack_settings", "start_supervisor", "stop_supervisor", "supervised", "supervisor_handle",
@@ -63,6 +63,9 @@ def process_env(stack: Mapping[str, Any], state: Path, name: str) -> dict[str, s
     settings = stack_settings(stack).replace(redis_url=role_redis_url(stack, role_of(name)))
     env = child_env(settings, state, loglevel=stack.get("loglevel"))
     env.update(role_env(state, name))  # local mode's separate shuffler: the worker's key, the web's public file
+    tokens = read_tokens(state) if name == WEB else None
+    if tokens is not None:  # the tokens privrec up gave the web server (privrec.ops.stackfile.stack_tokens)
+        env.update(tokens.env())
     if name.startswith("worker-"):
         env["PRIVREC_WORKER_ID"] = name
     return env

@@ -1,4 +1,4 @@
-"""The stack's files and shared helpers: ``stack.json``, the lock, child environments, probes."""
+"""The stack's files and shared helpers: ``stack.json``, the lock, ``tokens.json``, child environments, probes."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pipeline.config import acl
 from pipeline import services
 from pipeline.services import ServiceHandle
 from pipeline.config.settings import Settings, env_name
+from pipeline.serve.auth import OPERATOR_ENV, SECRET_ENV, Tokens, new_token
 
 __all__ = [
     "AlreadyRunningError",
@@ -24,6 +25,7 @@ __all__ = [
     "OpsError",
     "REDIS",
     "STACK_FILE",
+    "TOKENS_FILE",
     "TOPIC_PARTITIONS",
     "WEB",
     "admin_redis_url",
@@ -35,12 +37,16 @@ __all__ = [
     "recorded_handles",
     "running_processes",
     "settings_dict",
+    "stack_tokens",
+    "read_tokens",
     "worker_status_key",
     "write_stack",
 ]
 
 #: The stack description written by :func:`up` (and removed by :func:`down`).
 STACK_FILE = "stack.json"
+#: The stack's token secret and operator token (:mod:`pipeline.serve.auth`), mode 0600, beside ``stack.json``.
+TOKENS_FILE = "tokens.json"
 #: Partitions of the topics other than ``interactions`` (whose count is a setting).
 TOPIC_PARTITIONS = {"dead-letters": 1, "recommendations": 1}
 #: Names of the processes, in start order (workers are ``worker-<i>``).
@@ -107,6 +113,8 @@ def child_env(settings: Settings, state_dir: Path, *, base: Mapping[str, str] | 
         ``PRIVREC_LOGLEVEL`` of the child, if given.
     """
     env = dict(os.environ if base is None else base)
+    for name in (SECRET_ENV, OPERATOR_ENV):  # the web server's alone: privrec.ops.up adds them to its environment
+        env.pop(name, None)
     for f in dataclasses.fields(Settings):
         value = getattr(settings, f.name)
         if value is None:
@@ -130,6 +138,36 @@ def read_stack(state_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     except json.JSONDecodeError as exc:
         raise OpsError(f"{path} is not valid JSON ({exc}); remove it if no stack runs") from None
     return data
+
+
+def stack_tokens(state_dir: Path, environ: Mapping[str, str] | None = None) -> Tokens:
+    """The stack's tokens: ``PRIVREC_TOKEN_SECRET`` / ``PRIVREC_OPERATOR_TOKEN`` of ``environ`` (ours when ``None``)
+    where set, else those of ``<state_dir>/tokens.json``, else new ones (32 random bytes each); written back to
+    ``tokens.json`` (mode 0600), so the stack keeps them across restarts and ``privrec budget`` finds the operator's.
+
+    The file is the only place they are kept: not ``stack.json``, not Redis (whose ``web`` user could read it).
+    """
+    env = os.environ if environ is None else environ
+    kept = read_tokens(state_dir)
+    tokens = Tokens(secret=env.get(SECRET_ENV) or (kept.secret if kept else new_token()),
+                    operator=env.get(OPERATOR_ENV) or (kept.operator if kept and kept.operator else new_token()))
+    if tokens != kept:
+        fd = os.open(state_dir / TOKENS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"secret": tokens.secret, "operator": tokens.operator}, fh)
+    return tokens
+
+
+def read_tokens(state_dir: str | os.PathLike[str]) -> Tokens | None:
+    """The tokens of ``<state_dir>/tokens.json`` (:func:`stack_tokens`), or ``None`` when there is none."""
+    path = Path(state_dir) / TOKENS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as exc:
+        raise OpsError(f"{path} is not valid JSON ({exc}); remove it and `privrec up` again (new tokens)") from None
+    return Tokens(secret=data["secret"], operator=data.get("operator"))
 
 
 def write_stack(state_dir: Path, stack: Mapping[str, Any]) -> None:

@@ -21,7 +21,7 @@ from . import redis_users
 from .relaunch import SUPERVISION_DEFAULTS, SUPERVISOR_FILE, start_supervisor, supervisor_handle
 from .repair import check_same_settings, repair
 from .stackfile import (KAFKA, REDIS, STACK_FILE, STACK_SCHEMA, WEB, AlreadyRunningError, OpsError, child_env, http_probe, locked, read_stack, recorded_handles,
-                        running_processes, settings_dict, worker_status_key, write_stack)
+                        running_processes, settings_dict, stack_tokens, TOKENS_FILE, worker_status_key, write_stack)
 from .esa import forget_shuffler, role_env, start_shuffler, uses_shuffler
 from .status import status
 from .workers import check_namespace, create_stack_topics, reset_after_new_broker, wait_workers
@@ -115,7 +115,9 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
         ``settings.kafka`` / ``settings.redis_url`` name external services, which are then
         used and not started.
     state_dir
-        Directory for ``stack.json``, PID files, logs and redis data; created if missing.
+        Directory for ``stack.json``, ``tokens.json`` (the web server's token secret and operator token, 0600;
+        kept across restarts, ``PRIVREC_TOKEN_SECRET`` / ``PRIVREC_OPERATOR_TOKEN`` override them), PID files,
+        logs and redis data; created if missing.
     workers
         Number of faust workers, between 1 and ``settings.partitions`` (a worker without a
         partition would never be ready).
@@ -308,10 +310,15 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
                                      timeout=timeout, urls=urls)
 
             record(WEB)
+            # the user tokens' secret and the operator token, made once per stack (<state>/tokens.json, 0600):
+            # the web server's environment alone gets them (pipeline.serve.auth)
+            env = {**env, **stack_tokens(state).env()}
             web = _start_web(state, env, http_host, http_port, timeout)
             started.append(web)
             stack["http"] = web.url
             note(f"web      {web.url}/  pid {web.pid} {took()}")
+            note(f"tokens   {state / TOKENS_FILE} (0600): per-user views need the user's token (`privrec token "
+                 f"--user U`) or the operator's")
             if supervise and settings.mode != "federated":
                 policy = {**SUPERVISION_DEFAULTS, **(supervise if isinstance(supervise, dict) else {})}
                 stack["supervisor"] = policy

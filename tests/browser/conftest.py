@@ -11,6 +11,9 @@ browser build, which fails offline). Run with::
 
 Every page records its console errors and uncaught exceptions in
 ``page.problems``; tests assert it stays empty where no error is expected.
+
+A user's own figures on the page need their token: :func:`user_link` is the link the operator gives a user
+(``privrec token --user U``), with the token in the URL fragment.
 """
 
 from __future__ import annotations
@@ -46,6 +49,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.browser)
+
+
+def user_link(stack: LocalStack, user: str) -> str:
+    """The page for ``user`` with their token in the fragment (the link ``privrec token --user U`` prints)."""
+    return f"{stack.base_url}/?user={user}#token={stack.user_token(user)}"
 
 
 @pytest.fixture(scope="package")

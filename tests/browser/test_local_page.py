@@ -37,7 +37,7 @@ from scipy import stats
 from models.mechanisms.factorization import BLTMechanism
 from privrec.bench.serve import LocalStack, local_stack
 
-from .conftest import SETTINGS
+from .conftest import SETTINGS, user_link
 
 D = int(SETTINGS["PRIVREC_D"])
 #: No "item": the choice is protected; "epoch": user level (local mode's default), the device's epoch of the report.
@@ -109,8 +109,8 @@ def _assert_no_raw_reward(requests: list[dict[str, Any]]) -> None:
             assert not any("reward" in k.lower() for k in _keys(json.loads(r["body"]))), r
 
 
-def _open(page: Any, base_url: str, user: str) -> None:
-    page.goto(f"{base_url}/?user={user}")
+def _open(page: Any, stack: LocalStack, user: str) -> None:
+    page.goto(user_link(stack, user))  # with the user's token: their own figures too
     page.locator("li.item").first.wait_for()
     page.locator("#trust-mode", has_text="local").wait_for()
 
@@ -144,7 +144,7 @@ def test_the_page_sends_only_noisy_reports_and_keeps_its_state(local: LocalStack
     user = "2"
     requests = _record(page)
     contexts = _contexts(page)
-    _open(page, local.base_url, user)
+    _open(page, local, user)
     exact = np.zeros(D)
     reports = []
     lo, hi = stats.chi2.ppf([TAIL / 2, 1 - TAIL / 2], D)
@@ -204,7 +204,7 @@ def test_a_failed_report_is_stored_first_and_resent_as_it_was(local: LocalStack,
             route.abort()
 
     page.route("**/report", hold_then_fail)
-    _open(page, local.base_url, user)
+    _open(page, local, user)
     item = page.locator("li.item").first.get_attribute("data-item")
     name = page.locator("li.item .name > span:first-child").first.inner_text()
     page.get_by_role("button", name=f"Listen to {name}", exact=True).click()
@@ -233,7 +233,7 @@ def test_a_failed_report_is_stored_first_and_resent_as_it_was(local: LocalStack,
     again = context.new_page()
     requests = _record(again)
     with again.expect_response(lambda r: urlparse(r.url).path == "/report") as info:
-        _open(again, local.base_url, user)
+        _open(again, local, user)
     assert info.value.status == 202 and info.value.request.post_data == first
     assert _stored(again, user)["pending"] == []
     report = _click(again, "Skip", 1)
@@ -265,7 +265,7 @@ def test_the_local_guarantee_without_a_local_budget_section(local: LocalStack, c
         route.fulfill(response=resp, json=body)
 
     page.route("**/budget*", strip_local)
-    _open(page, local.base_url, "7")
+    _open(page, local, "7")
     plain = page.locator("#guarantee-plain")
     plain.filter(has_text="this page is your device").wait_for()
     assert f"(ε, δ) = ({config['epsilon']:.2f}" in plain.inner_text()
@@ -299,7 +299,7 @@ def test_the_page_keeps_its_cap_per_epoch_and_its_lifetime_budget(local: LocalSt
     page.clock.set_fixed_time(start)
     epoch = math.floor(start / config["epoch_seconds"])
     requests = _record(page)
-    _open(page, local.base_url, user)
+    _open(page, local, user)
 
     def posts() -> list[dict[str, Any]]:
         return [json.loads(r["body"]) for r in requests if r["method"] == "POST"]

@@ -4,7 +4,8 @@ What is checked is what a person sees and what reaches the pipeline: the clicks
 become ``POST /feedback`` (202) with the shown list's ``rec_id``; the interaction
 events land in Kafka with the right reward; the served model version advances;
 the user's interaction count and privacy loss in the budget view go up; the list
-is re-ranked; and API errors are shown, not swallowed.
+is re-ranked; and API errors are shown, not swallowed. The user's own figures are asked with their token
+(the link of :func:`user_link`), never without one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from kafka import KafkaConsumer
 
 from privrec.bench.serve import LocalStack
+
+from .conftest import user_link
 
 USER = "3"
 
@@ -82,14 +85,16 @@ def _give_feedback(page: Any, kind: str, row: int) -> tuple[dict[str, Any], floa
 
 
 def test_listen_and_skip_reach_the_model(stack: LocalStack, page: Any, tmp_path: Path) -> None:
-    page.goto(stack.base_url + "/")
-    page.get_by_label("User").select_option(USER)
+    sent: list[str | None] = []  # the Authorization of every per-user /budget the page asks
+    page.on("request", lambda r: sent.append(r.headers.get("authorization")) if "/budget?user=" in r.url else None)
+    page.goto(user_link(stack, USER))
     page.locator("li.item").first.wait_for()
     page.wait_for_function("document.getElementById('user-interactions').textContent !== '–'")
     before = _shown(page)
     assert len(before["rows"]) == 8
-    assert page.url.endswith(f"?user={USER}")
-    status, api_budget = stack.get_json(f"/budget?user={USER}")
+    assert page.url.endswith(f"?user={USER}")  # the token left the address bar
+    assert sent and set(sent) == {f"Bearer {stack.user_token(USER)}"}
+    status, api_budget = stack.get_json(f"/budget?user={USER}", token=stack.user_token(USER))
     assert status == 200 and before["interactions"] == api_budget["user"]["interactions"]
     # stacked bar: each row has an estimate and a bonus segment, labelled for screen readers
     label = page.locator("li.item .bar").first.get_attribute("aria-label")
@@ -105,7 +110,7 @@ def test_listen_and_skip_reach_the_model(stack: LocalStack, page: Any, tmp_path:
     assert after["epsilon"] > before["epsilon"]
     assert after["rows"] != before["rows"], "the list and its scores did not change after the model advanced"
     assert "model v" in page.locator("#feedback-status").inner_text()
-    status, api_budget = stack.get_json(f"/budget?user={USER}")
+    status, api_budget = stack.get_json(f"/budget?user={USER}", token=stack.user_token(USER))
     assert api_budget["user"]["interactions"] == after["interactions"]  # the page shows the API's truth
     page.screenshot(path=str(tmp_path / "page-after-listen.png"))
 
@@ -131,6 +136,31 @@ def test_listen_and_skip_reach_the_model(stack: LocalStack, page: Any, tmp_path:
     page.screenshot(path=str(shot))
     print(f"\nscreenshot: {shot}; click → re-ranked list: listen {seconds:.2f} s, skip {seconds_skip:.2f} s")
     assert seconds < 5.0 and seconds_skip < 5.0  # "within about a second"; 5 s allows for a busy machine
+
+
+def test_a_users_figures_are_shown_only_with_their_token(stack: LocalStack, page: Any) -> None:
+    """Without a token the page asks the public /budget and says whose token it needs; another user's token is
+    refused (and said so); the operator's link opens every user's figures."""
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/budget" in r.url else None)
+    page.goto(stack.base_url + "/?user=2")
+    note = page.locator("#user-budget-note", has_text="only with their token")
+    note.wait_for()
+    assert "privrec token --user 2" in note.inner_text()
+    assert page.locator("#user-interactions").inner_text() == "–" and page.locator("#user-epsilon").inner_text() == "–"
+    assert asked and not [u for u in asked if "user=" in u]  # never asked for user 2's view without a token
+    assert "ε" in page.locator("#event-guarantee").inner_text()  # the public guarantee is there
+
+    page.goto(f"{stack.base_url}/?user=2#token={stack.user_token('3')}")  # user 3's token for user 2
+    page.locator("#user-budget-note", has_text="was refused").wait_for()
+    assert page.locator("#user-interactions").inner_text() == "–"
+
+    page.goto(f"{stack.base_url}/#token={stack.operator_token}")  # the operator's link: every user's figures
+    page.get_by_label("User").select_option("2")
+    page.wait_for_function("document.getElementById('user-interactions').textContent !== '–'")
+    status, b = stack.get_json("/budget?user=2", token=stack.operator_token)
+    assert page.locator("#user-interactions").inner_text() == str(b["user"]["interactions"])
+    assert not [p for p in page.problems if "403" not in p]  # the browser logs the refused request itself
 
 
 def test_api_errors_are_shown(stack: LocalStack, page: Any) -> None:

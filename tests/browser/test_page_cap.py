@@ -24,7 +24,7 @@ import pytest
 from pipeline.serve.openapi import COMPONENTS
 from privrec.bench.serve import LocalStack, local_stack
 
-from .conftest import SETTINGS
+from .conftest import SETTINGS, user_link
 
 CAP = 2
 CAPPED_USER = "5"
@@ -68,13 +68,13 @@ def _listen(page: Any) -> tuple[int, dict[str, Any], float]:
 
 
 def _ticks(stack: LocalStack, user: str) -> int:
-    status, b = stack.get_json(f"/budget?user={user}")
+    status, b = stack.get_json(f"/budget?user={user}", token=stack.user_token(user))
     assert status == 200, b
     return int(b["user"]["ticks_this_epoch"])
 
 
 def _open(stack: LocalStack, page: Any, user: str) -> None:
-    page.goto(stack.base_url + f"/?user={user}")
+    page.goto(user_link(stack, user))  # with the user's token: their own figures
     page.locator("li.item").first.wait_for()
     page.wait_for_function("document.getElementById('user-interactions').textContent !== '–'")
 

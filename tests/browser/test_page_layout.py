@@ -22,6 +22,8 @@ import pytest
 
 from privrec.bench.serve import LocalStack
 
+from .conftest import user_link
+
 USER = "4"
 WIDTHS = (400, 1024, 1280, 1920)
 
@@ -84,7 +86,7 @@ def test_the_score_breakdown_never_overlaps_the_buttons(stack: LocalStack, sized
     page = sized
     if numbers == "widest":
         page.route("**/recommend?*", _widest)
-    page.goto(stack.base_url + f"/?user={USER}")
+    page.goto(user_link(stack, USER))  # with the user's token: their own figures too
     page.locator("li.item").first.wait_for()
     page.wait_for_function("document.getElementById('user-interactions').textContent !== '–'")
     m = page.evaluate(_MEASURE)

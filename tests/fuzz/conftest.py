@@ -75,6 +75,7 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebApps]:
     from pipeline.data.catalog import SyntheticCatalog
     from pipeline.config.settings import Settings
     from pipeline.apps.web import create_web_app
+    from pipeline.serve.auth import Tokens, new_token
 
     handle = services.start_redis(tmp_path_factory.mktemp("fuzz-redis"), appendonly=False)
     loop = asyncio.new_event_loop()
@@ -88,12 +89,13 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebApps]:
             "local": Settings(namespace="fuzzlocal", mode="local", **base),
         }
         assert all_settings["userlevel"].user_level
+        tokens = Tokens(secret=new_token(), operator=new_token())  # as privrec up makes them
         for name, s in all_settings.items():
             _seed(handle.url, s, catalog)
-            client = TestClient(TestServer(create_web_app(s, catalog), loop=loop), loop=loop)
+            client = TestClient(TestServer(create_web_app(s, catalog, tokens=tokens), loop=loop), loop=loop)
             loop.run_until_complete(client.start_server())
             clients[name] = client
-        yield WebApps(loop, clients, handle.url, all_settings)
+        yield WebApps(loop, clients, handle.url, all_settings, tokens)
     finally:
         for client in clients.values():
             loop.run_until_complete(client.close())

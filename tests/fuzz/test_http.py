@@ -143,12 +143,43 @@ JUNK_QUERY = query(["user", "x"], {"user": USERS})
 
 # ---------------------------------------------------------------------------------------------- GET /budget, /users, /local/config
 
-def check_budget(web: WebApps, app: str, q: str) -> None:
-    r = web.request(app, "GET", "/budget" + q)
-    check_reply(r, f"GET /budget{q} ({app})")
+#: Who asks ``/budget``: nobody, the queried user (their own token), another user, the operator, junk.
+AUTH = st.one_of(st.sampled_from(["none", "own", "other", "operator"]), TEXT.map(lambda t: "junk:" + t))
+
+
+def _authorization(web: WebApps, who: str, user: str | None) -> str | None:
+    if who == "none":
+        return None
+    if who == "operator":
+        return f"Bearer {web.tokens.operator}"
+    if who == "own":
+        return f"Bearer {web.tokens.for_user(user or '')}"
+    if who == "other":
+        return f"Bearer {web.tokens.for_user((user or '') + 'x')}"
+    # junk: what a header can carry (printable ASCII; aiohttp's client refuses control characters)
+    return "Bearer " + "".join(c for c in who[5:] if " " <= c <= "~")
+
+
+def check_budget(web: WebApps, app: str, q: str, who: str) -> None:
+    from yarl import URL
+
+    user = URL("/budget" + q, encoded=True).query.get("user")  # as the server reads it (yarl, like aiohttp)
+    r = web.request(app, "GET", "/budget" + q, authorization=_authorization(web, who, user))
+    doc = check_reply(r, f"GET /budget{q} ({app}, {who})")
+    if r.refused_by_the_http_parser:
+        return
+    if user is None:  # the aggregate statement: public, whatever the header says
+        assert r.status == 200, doc
+    elif who == "none" or (who.startswith("junk:") and not "".join(c for c in who[5:] if " " < c <= "~")):
+        assert r.status == 401 and doc["error"]["parameter"] == "Authorization", (r.status, doc)
+    elif who not in ("own", "operator"):
+        assert r.status == 403 and doc["error"]["parameter"] == "Authorization", (r.status, doc)
+    else:
+        assert r.status in (200, 404), (r.status, doc)  # 404: an unknown user, told only to a token's holder
     if r.status == 200:
         doc = _ok_json(r, "budget")
         assert doc["releases"] >= 1 and isinstance(doc["privacy"], dict)
+        assert ("user" in doc) == (user is not None)
 
 
 def check_users(web: WebApps, app: str, q: str) -> None:
@@ -215,7 +246,8 @@ test_listen, test_listen_10k = _pair(check_listen, app=APPS, body=LISTEN_BODIES,
                                      content_type=CONTENT_TYPES, q=st.one_of(st.just(""), JUNK_QUERY))
 test_report, test_report_10k = _pair(check_report, app=APPS, body=REPORT_BODIES,
                                      content_type=CONTENT_TYPES, q=st.one_of(st.just(""), JUNK_QUERY))
-test_budget, test_budget_10k = _pair(check_budget, app=APPS, q=query(["user", "users", "x"], {"user": USERS}))
+test_budget, test_budget_10k = _pair(check_budget, app=APPS, q=query(["user", "users", "x"], {"user": USERS}),
+                                     who=AUTH)
 test_users, test_users_10k = _pair(check_users, app=APPS,
                                    q=query(["limit", "offset", "x"], {"limit": SMALL_INTS}))
 test_local_config, test_local_config_10k = _pair(check_local_config, app=APPS, q=query(["d", "mode"], {}))

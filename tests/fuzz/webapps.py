@@ -38,23 +38,28 @@ class WebApps:
     """Three live apps on one event loop; :meth:`request` is synchronous (for hypothesis' sync tests)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, clients: dict[str, Any], redis_url: str,
-                 settings: dict[str, Any]) -> None:
+                 settings: dict[str, Any], tokens: Any) -> None:
         self.loop = loop
         self.clients = clients
         self.redis_url = redis_url
         self.settings = settings
+        #: the apps' :class:`pipeline.serve.auth.Tokens` (one secret and operator token for the three)
+        self.tokens = tokens
         self._rec_ids: dict[tuple[str, str], tuple[str, list[str]]] = {}
 
     def request(self, app: str, method: str, path_and_query: str, body: bytes | None = None,
-                content_type: str | None = "application/json") -> Reply:
-        return self.loop.run_until_complete(self._request(app, method, path_and_query, body, content_type))
+                content_type: str | None = "application/json", authorization: str | None = None) -> Reply:
+        return self.loop.run_until_complete(self._request(app, method, path_and_query, body, content_type,
+                                                          authorization))
 
     async def _request(self, app: str, method: str, path_and_query: str, body: bytes | None,
-                       content_type: str | None) -> Reply:
+                       content_type: str | None, authorization: str | None) -> Reply:
         from yarl import URL
 
         client = self.clients[app]
         headers = {"Content-Type": content_type} if content_type is not None and body is not None else {}
+        if authorization is not None:
+            headers["Authorization"] = authorization
         # encoded=True: the path and query go out byte for byte as the strategy built them (escapes and all)
         url = URL(str(client.make_url("/")).rstrip("/") + path_and_query, encoded=True)
         async with client.session.request(method, url, data=body, headers=headers) as resp:

@@ -71,7 +71,8 @@ def stacks(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Serv
 
 
 def test_sync_client_recommend_feedback_listen_budget(stacks: dict[str, LocalStack]) -> None:
-    with Client(stacks["global"].base_url) as api:
+    st = stacks["global"]
+    with Client(st.base_url, token=st.user_token("2")) as api:
         rec = api.recommend("2", k=3, candidates=[str(a) for a in range(10)])
         assert rec.user == "2" and len(rec.items) == 3 and rec.model_version >= 1
         assert {it.item for it in rec.items} <= {str(a) for a in range(10)}
@@ -89,9 +90,21 @@ def test_sync_client_recommend_feedback_listen_budget(stacks: dict[str, LocalSta
         with pytest.raises(APIError) as unknown:
             api.recommend("no-such-user")
         assert unknown.value.status == 404 and unknown.value.parameter == "user"
-        b = api.budget("2")
+        b = api.budget("2")  # the client's token: user 2's own
         assert b.releases >= 1 and b.model_version >= 1 and b.user is not None and b.user["user"] == "2"
+        assert api.budget("3", token=st.operator_token).user["user"] == "3"  # a call's own token wins
+        with pytest.raises(APIError) as other:
+            api.budget("3")  # user 2's token does not open user 3's view
+        assert other.value.status == 403 and other.value.parameter == "Authorization"
+        with pytest.raises(APIError) as fixed:
+            api.session()  # the synthetic world's users are a fixed list
+        assert fixed.value.status == 409
         assert api.health().ok
+    with Client(st.base_url) as anonymous:
+        assert anonymous.budget().user is None  # the aggregate statement is public
+        with pytest.raises(APIError) as none:
+            anonymous.budget("2")
+        assert none.value.status == 401 and none.value.parameter == "Authorization"
 
 
 def test_async_client_many_in_flight(stacks: dict[str, LocalStack]) -> None:

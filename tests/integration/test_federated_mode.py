@@ -39,7 +39,7 @@ from pipeline.data.records import parse_interaction
 from pipeline.config.settings import Settings
 from pipeline.state.trusted import TrustedKeys
 from privrec import ops
-from privrec.ops.stackfile import child_env
+from privrec.ops.stackfile import child_env, read_tokens
 
 from pipeline_support import wait_for
 
@@ -170,11 +170,13 @@ def test_star_messages_differ_from_exact_by_each_sites_released_noise(star: FedS
 def test_budget_and_recommend_name_the_mode_the_sites_and_their_guarantees(star: FedStack) -> None:
     import urllib.request
 
-    def get(path: str) -> Any:
-        with urllib.request.urlopen(f"{star.stack['http']}{path}", timeout=5) as resp:
+    def get(path: str, token: str | None = None) -> Any:
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        req = urllib.request.Request(f"{star.stack['http']}{path}", headers=headers)
+        with urllib.request.urlopen(req, timeout=5) as resp:
             return json.loads(resp.read())
 
-    b = get("/budget?user=3")
+    b = get("/budget?user=3", read_tokens(star.state).for_user("3"))  # user 3's own token
     assert b["privacy"]["mode"] == "federated" and b["privacy"]["topology"] == "star"
     assert b["privacy"]["private"] and b["privacy"]["epsilon"] == pytest.approx(2.0, rel=1e-6)
     assert "one interaction of one of its users" in b["privacy"]["per_site"]

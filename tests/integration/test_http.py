@@ -65,10 +65,13 @@ class Reply:
         return dict(err)
 
 
-def call(stack: LocalStack, method: str, path: str, body: Any = None, *, raw: bytes | None = None) -> Reply:
+def call(stack: LocalStack, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+         authorization: str | None = None) -> Reply:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(stack.base_url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data is not None else {})
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    req = urllib.request.Request(stack.base_url + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return Reply(resp.status, resp.headers, resp.read())
@@ -84,7 +87,9 @@ def recommend(stack: LocalStack, user: str = "1", **params: str) -> dict[str, An
 
 
 def budget(stack: LocalStack, user: str | None = None) -> dict[str, Any]:
-    r = call(stack, "GET", "/budget" + (f"?user={user}" if user is not None else ""))
+    """``/budget``, and with ``user`` that user's view, asked with their own token."""
+    r = call(stack, "GET", "/budget" + (f"?user={user}" if user is not None else ""),
+             authorization=None if user is None else f"Bearer {stack.user_token(user)}")
     assert r.status == 200, r.body
     return dict(r.json)
 
@@ -363,9 +368,66 @@ def test_budget_follows_the_users_interactions(stack: LocalStack) -> None:
 
 
 def test_budget_errors(stack: LocalStack) -> None:
-    r = call(stack, "GET", "/budget?user=nobody")
+    r = call(stack, "GET", "/budget?user=nobody", authorization=f"Bearer {stack.operator_token}")
     assert r.status == 404 and r.error["parameter"] == "user"
     assert "user" not in budget(stack)
+
+
+def test_a_users_view_needs_their_token_or_the_operators(stack: LocalStack) -> None:
+    """``/budget?user=U``: 401 without a token, 403 with another's, 200 with U's or the operator's (the same body)."""
+    user = "0"  # no other test gives feedback for user 0
+    got = recommend(stack, user, k="2")  # one interaction, so the view has something of U's to show
+    assert call(stack, "POST", "/feedback", {"rec_id": got["rec_id"], "item": got["items"][0]["item"],
+                                              "reward": 1}).status == 202
+    wait_for(lambda: budget(stack, user)["user"]["ticks_this_epoch"] == 1, 20, "the feedback folded into a release")
+
+    for authorization in (None, "Basic abc", "Bearer "):
+        r = call(stack, "GET", f"/budget?user={user}", authorization=authorization)
+        assert r.status == 401 and r.error["parameter"] == "Authorization" and "token" in r.error["message"], r.body
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
+        assert "privacy" not in r.json  # nothing of the view beside the error
+    own_token = stack.user_token(user)
+    one_off = own_token[:-1] + ("1" if own_token[-1] == "0" else "0")
+    for token in (stack.user_token("5"), one_off, "x" * 64, stack.operator_token[::-1], own_token.upper()):
+        r = call(stack, "GET", f"/budget?user={user}", authorization=f"Bearer {token}")
+        assert r.status == 403 and r.error["parameter"] == "Authorization", (token, r.body)
+        assert "user" not in r.json and "privacy" not in r.json
+
+    def both() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        own = call(stack, "GET", f"/budget?user={user}", authorization=f"Bearer {stack.user_token(user)}")
+        operator = call(stack, "GET", f"/budget?user={user}", authorization=f"Bearer {stack.operator_token}")
+        assert own.status == operator.status == 200, (own.body, operator.body)
+        # a release between the two answers changes the public part: ask again
+        return (own.json, operator.json) if own.json["releases"] == operator.json["releases"] else None
+
+    own, operator = wait_for(both, 20, "two answers of the same release")
+    assert own == operator  # the same view, whoever of the two asks
+    assert own["user"]["user"] == user and own["user"]["interactions"] == 1 and own["user"]["epsilon"] > 0
+    public = budget(stack)  # the aggregate statement stays public, and never carries a user
+    assert "user" not in public and set(public) == set(own) - {"user"}
+
+    r = call(stack, "POST", "/session", {})  # the synthetic world's users are a fixed list: no new user to give
+    assert r.status == 409 and "fixed list of users" in r.error["message"], r.body
+
+
+def test_privrec_budget_and_token_commands_use_the_stacks_tokens(
+        stack: LocalStack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``privrec budget --user U`` sends the operator token of the state directory's ``tokens.json``;
+    ``privrec token --user U`` prints U's token."""
+    from pipeline.serve.auth import OPERATOR_ENV, SECRET_ENV
+    from privrec.cli import main
+
+    for name in (OPERATOR_ENV, SECRET_ENV):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["budget", "--user", "2", "--http", stack.base_url, "--state-dir", str(stack.state_dir)]) == 0
+    assert "user 2: 0 interactions" in capsys.readouterr().out
+    assert main(["token", "--user", "2", "--http", stack.base_url, "--state-dir", str(stack.state_dir)]) == 0
+    token, link = capsys.readouterr().out.split()
+    assert token == stack.user_token("2") and link == f"{stack.base_url}/?user=2#token={token}"
+    empty = stack.state_dir / "no-stack"
+    empty.mkdir(exist_ok=True)
+    assert main(["budget", "--user", "2", "--http", stack.base_url, "--state-dir", str(empty)]) == 2
+    assert "needs the operator token" in capsys.readouterr().err
 
 
 def test_metrics_expose_the_counters(stack: LocalStack) -> None:

@@ -46,7 +46,7 @@ from pipeline.config.settings import Settings
 from pipeline.state.trusted import TrustedKeys, make_durable
 from privrec import ops
 from privrec.ops.redis_users import role_redis_url
-from privrec.ops.stackfile import OpsError
+from privrec.ops.stackfile import OpsError, read_tokens
 
 from pipeline_support import REPO, exact_released_count, wait_for
 
@@ -57,9 +57,10 @@ WORLD = dict(d=4, n_users=6, n_arms=30, tick_seconds=0.3, partitions=1)
 READABLE = {*PUBLIC_KINDS, "ledger", "ops", "recs"}
 
 
-def _get(url: str) -> tuple[int, Any]:
+def _get(url: str, token: str | None = None) -> tuple[int, Any]:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
@@ -248,10 +249,11 @@ def test_a_user_past_the_lifetime_budget_is_no_longer_learned_from(tmp_path: Pat
         assert mu_cap * math.sqrt(ratios[allowed]) > mu_budget  # one more tick would exceed the budget
         assert int(summary[b"over_budget"]) == sent - allowed  # every event sent is learned from or counted
         assert exact_released_count(admin, "lb") == allowed
-        wait_for(lambda: _get(f"{stack['http']}/budget?user=2")[0] == 200
-                 and _get(f"{stack['http']}/budget?user=2")[1]["ledger"]["budget_events"] == sent - allowed, 30,
-                 "/budget to see the last release")
-        _, body = _get(f"{stack['http']}/budget?user=2")
+        operator = read_tokens(state).operator  # privrec up's operator token (<state>/tokens.json)
+        wait_for(lambda: _get(f"{stack['http']}/budget?user=2", operator)[0] == 200
+                 and _get(f"{stack['http']}/budget?user=2", operator)[1]["ledger"]["budget_events"] == sent - allowed,
+                 30, "/budget to see the last release")
+        _, body = _get(f"{stack['http']}/budget?user=2", operator)
         u = body["user"]
         assert u["at_budget"] is True and u["user_budget"] == budget_eps
         assert u["epsilon"] == pytest.approx(gdp_epsilon(mu_cap * math.sqrt(ratios[allowed - 1]), delta), rel=1e-9)
@@ -325,7 +327,7 @@ def test_local_mode_refuses_a_users_reports_past_the_lifetime_budget(tmp_path: P
                  "the two accepted reports released")
         time.sleep(1.0)  # a refused report would have been released by now: it was never sent
         assert int(admin.hget("lr:released:{lr:rel}:stats", "count") or 0) == 2
-        local = _get(f"{base}/budget?user=3")[1]["local"]
+        local = _get(f"{base}/budget?user=3", read_tokens(state).for_user("3"))[1]["local"]  # user 3's own token
         assert local["user_budget"]["reports_allowed"] == 2
         assert local["user"]["at_budget"] is True and local["user"]["not_learned_budget"] == 3
         admin.close()

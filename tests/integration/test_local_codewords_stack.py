@@ -27,6 +27,7 @@ from producers.devices import config_from_public
 from pipeline.config.settings import Settings
 from privrec import ops
 from privrec.ops.redis_users import role_redis_url
+from privrec.ops.stackfile import read_tokens
 
 from pipeline_support import wait_for, lastfm_data_or_skip
 from test_least_privilege import _get
@@ -104,8 +105,9 @@ def test_a_replay_with_codewords_moves_the_released_b_and_the_served_scores(stac
     # /budget?user= counts the envelopes the shuffler accepted from each user (the batches name none)
     accepted = {k.decode(): int(v) for k, v in admin.hgetall(f"{NS}-shuffler:accepted:{{{NS}-shuffler}}").items()}
     assert accepted
+    operator = read_tokens(state).operator  # privrec up's (<state>/tokens.json)
     for u in sorted(accepted)[:5]:
-        status, body = _get(f"{base}/budget?user={u}")
+        status, body = _get(f"{base}/budget?user={u}", operator)
         assert status == 200 and body["user"]["interactions"] == body["user"]["reports"] == accepted[u]
         assert body["privacy"]["parties"]["everyone_else"]["analysis"] == "blanket"
         assert body["privacy"]["against_operator"]["epsilon_per_report"] is None

@@ -248,7 +248,7 @@ def test_boundary_no_raw_reward_or_exact_user_statistic_anywhere(tree_stack: tup
         blobs += [(f"{name}.log", line) for line in log.splitlines()]
     _assert_no_leak(blobs, rewards + [0.123456789], exact, cfg.d)
     # and the budget states each user's local guarantee
-    status, b = st.get_json("/budget?user=3")
+    status, b = st.get_json("/budget?user=3", token=st.user_token("3"))
     assert status == 200 and b["privacy"]["mode"] == "local"
     assert b["user"]["reports"] == devices["3"].version
     assert "device" in b["local"]["guarantee"]["trusted"]
@@ -392,6 +392,6 @@ def test_shuffler_sends_batches_of_distinct_users_stripped_and_shuffled(tmp_path
         assert reordered >= 1  # P(no batch reordered) = (1/4!)**batches
         rel = _wait_released(st, n * len(batches))
         assert int(rel.count.sum()) == n * len(batches)
-        status, budget = st.get_json("/budget?user=" + reports[0]["user"])
+        status, budget = st.get_json("/budget?user=" + reports[0]["user"], token=st.operator_token)
         g = budget["local"]["guarantee"]
         assert g["central_epsilon"] == 2.0 and g["epsilon"] >= 2.0 - 1e-9 and g["shuffle_batch"] == n

@@ -52,6 +52,7 @@ from pipeline.modes.local.esa import KEY_ENV, PUBLIC_ENV
 from pipeline.config.settings import Settings
 from privrec import ops
 from privrec.ops.redis_users import role_redis_url
+from privrec.ops.stackfile import read_tokens
 
 from pipeline_support import wait_for, lastfm_data_or_skip
 from test_least_privilege import _get
@@ -289,7 +290,8 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
         "worker-0", "worker-1"}
     # the shuffler checked the cap and mirrored each user's ledger record to the public keys: /budget has them
     counts = {u: sum(r.user == u for r in reports) for u in users}
-    status, b = _get(f"{st.base}/budget?user={users[0]}")
+    own = read_tokens(st.state).for_user(users[0])  # the user's own token (privrec up's secret)
+    status, b = _get(f"{st.base}/budget?user={users[0]}", own)
     assert b["user"]["ticks_this_epoch"] == counts[users[0]] and b["user"]["epsilon"] > 0
     assert b["ledger"]["users"] >= sum(c > 0 for c in counts.values())
     time.sleep(1.0)  # let the logs flush
@@ -303,7 +305,7 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
                if k.startswith(f"{NS}-shuffler:open")) or count == len(reports)
 
     # /budget states the guarantee against each party
-    status, b = _get(f"{st.base}/budget?user={users[0]}")
+    status, b = _get(f"{st.base}/budget?user={users[0]}", own)
     p = b["local"]["guarantee"]["parties"]
     assert p["analyzer_operator"]["epsilon"] == 2.0 and p["colluding"]["epsilon"] == pytest.approx(
         st.config.epsilon0)

@@ -113,7 +113,7 @@ def test_reports_beyond_the_cap_or_the_budget_are_dead_lettered_with_the_reason(
     time.sleep(1.0)  # a refused report, were it counted, would show in a later release
     assert _count(st) == start + CAP + 1
     # /budget: user 1's guarantee in the global mode's user-level fields, from the public ledger
-    status, b = st.get_json("/budget?user=1")
+    status, b = st.get_json("/budget?user=1", token=st.user_token("1"))
     assert status == 200
     u = b["user"]
     assert u["unit"] == "user" and u["cap"] == CAP and u["ticks_this_epoch"] == CAP and u["at_cap"]
@@ -124,7 +124,7 @@ def test_reports_beyond_the_cap_or_the_budget_are_dead_lettered_with_the_reason(
     assert led["users"] == 2 and led["users_at_cap"] == 1 and led["capped_events"] == 2
     assert led["budget_events"] == 1 and led["users_at_budget"] == 1 and led["user_budget"] == 4.0
     assert b["privacy"]["unit"] == "user" and b["privacy"]["cap"] == CAP
-    status, b4 = st.get_json("/budget?user=4")
+    status, b4 = st.get_json("/budget?user=4", token=st.user_token("4"))
     assert b4["user"]["at_budget"] and b4["user"]["reports_allowed"] == limit
     assert b4["user"]["budget_left"] == pytest.approx(4.0 - cfg.spent(limit)[0]) and cfg.spent(limit)[0] <= 4.0
 
@@ -148,7 +148,7 @@ def test_the_shuffler_checks_the_cap_too(tmp_path: Path) -> None:
         assert len(reasons) == 1 and "beyond the cap" in reasons[0] and "'1'" in reasons[0], reasons
 
         def at_cap() -> dict[str, Any] | None:
-            status, b = st.get_json("/budget?user=1")
+            status, b = st.get_json("/budget?user=1", token=st.user_token("1"))
             return b if status == 200 and b["user"].get("ticks_this_epoch") == CAP else None
 
         b = wait_for(at_cap, 30, "the shuffler's ledger in /budget")

@@ -25,6 +25,7 @@ import redis
 from pipeline import services
 from pipeline.config.keys import PublicKeys
 from privrec.cli import main
+from privrec.ops.stackfile import read_tokens, stack_tokens
 from producers.catalog import hash_unit
 from producers.catalog.generate import write_catalog
 
@@ -35,9 +36,10 @@ pytestmark = pytest.mark.integration
 UNITS = 4
 
 
-def _get(url: str) -> tuple[int, Any]:
+def _get(url: str, token: str | None = None) -> tuple[int, Any]:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -78,8 +80,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Servi
             "worker-0", [sys.executable, "-m", "pipeline.apps.worker"], tmp, env=env, timeout=90,
             ready=lambda: bool(client.hgetall("ow:ops:{ow:ops}:workers"))))
         port = services.free_port()
+        tokens = stack_tokens(tmp, {})  # as privrec up makes them: <state>/tokens.json, the web server's env alone
         web = services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], tmp,
-                                     env=env, address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}")
+                                     env={**env, **tokens.env()}, address=f"127.0.0.1:{port}",
+                                     url=f"http://127.0.0.1:{port}")
         started.append(web)
         wait_for(lambda: _get(f"{web.url}/healthz")[0] == 200, 60, "a first model")
         yield web.url, env
@@ -114,8 +118,32 @@ def test_a_new_user_is_served_over_every_item_and_learned_from(stack: tuple[str,
     # exactly the 20 feedbacks in the unit's Gram (epsilon = inf, nobody else in it yet): width alpha / sqrt(1 + 20)
     assert now["items"][0]["bonus"] == pytest.approx(before["items"][0]["bonus"] / 21 ** 0.5, rel=1e-9)
     assert before["items"][0]["mean"] == 0.0 and now["items"][0]["mean"] > 0.0
-    code, budget = _get(f"{url}/budget?user={urllib.parse.quote(user)}")
+    operator = read_tokens(env["PRIVREC_STATE_DIR"]).operator  # the test picked this user: the operator asks
+    code, budget = _get(f"{url}/budget?user={urllib.parse.quote(user)}", operator)
     assert code == 200 and budget["user"]["interactions"] == 20
+
+
+def test_a_session_is_a_new_user_with_the_token_of_their_views(stack: tuple[str, dict[str, str]]) -> None:
+    """``POST /session`` on a catalog that takes new users: a fresh id and its token, which opens that user's
+    ``/budget?user=`` and no one else's."""
+    url, env = stack
+    tokens = read_tokens(env["PRIVREC_STATE_DIR"])
+    made = [_post(f"{url}/session", {}) for _ in range(2)]
+    assert [code for code, _ in made] == [201, 201], made
+    (_, a), (_, b) = made
+    assert a["user"] != b["user"] and a["user"].startswith("web-")
+    assert a["token"] == tokens.for_user(a["user"])  # HMAC-SHA256(the stack's secret, the id)
+
+    def view(user: str, token: str | None) -> tuple[int, Any]:
+        return _get(f"{url}/budget?{urllib.parse.urlencode({'user': user})}", token)
+
+    code, own = view(a["user"], a["token"])
+    assert code == 200 and own["user"]["user"] == a["user"] and own["user"]["interactions"] == 0
+    assert view(a["user"], None)[0] == 401
+    assert view(a["user"], b["token"])[0] == 403  # one session's token opens its own user's view only
+    assert view("Zoë, new today", a["token"])[0] == 403  # nor a user someone else made
+    code, rec = _get(f"{url}/recommend?{urllib.parse.urlencode({'user': a['user'], 'k': '2'})}")
+    assert code == 200 and rec["user"] == a["user"]  # served like any user the catalog does not list
 
 
 def test_every_item_is_ranked_without_candidates(stack: tuple[str, dict[str, str]], catalog_dir: Path) -> None:

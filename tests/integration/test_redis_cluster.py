@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import services
+from privrec.ops.stackfile import stack_tokens
 
 from pipeline_support import Stream, assert_exact, assert_releases_deterministic, open_stack, synthetic_events, wait_for
 
@@ -48,20 +49,22 @@ def test_the_stack_runs_on_a_three_node_redis_cluster(tmp_path: Path, cluster: l
         assert_releases_deterministic(stack, catalog, stream.produced, stream.watcher, "colin")
         # and the web serves from the cluster
         port = services.free_port()
+        tokens = stack_tokens(stack.state_dir, {})  # as privrec up gives them to the web server
         web = services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)],
-                                     stack.state_dir, env={**os.environ, **stack.env}, timeout=60,
+                                     stack.state_dir, env={**os.environ, **stack.env, **tokens.env()}, timeout=60,
                                      address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}",
                                      ready=lambda: _ok(f"http://127.0.0.1:{port}/healthz"))
         try:
             assert _ok(f"http://127.0.0.1:{port}/recommend?user=1&k=3")
-            assert _ok(f"http://127.0.0.1:{port}/budget?user=1")
+            assert _ok(f"http://127.0.0.1:{port}/budget?user=1", tokens.for_user("1"))
         finally:
             services.stop(web)
 
 
-def _ok(url: str) -> bool:
+def _ok(url: str, token: str | None = None) -> bool:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as resp:
             return bool(resp.status == 200)
     except OSError:
         return False

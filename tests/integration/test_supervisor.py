@@ -26,6 +26,7 @@ from pipeline import services
 from pipeline.config.settings import Settings
 from privrec import ops
 from privrec.ops.relaunch import SUPERVISOR
+from privrec.ops.stackfile import read_tokens
 
 from pipeline_support import admin_url, alive, produce_synthetic as produce, released_events, wait_for
 
@@ -137,6 +138,20 @@ def test_kill9_of_the_web_is_restarted_on_its_port(stack: Path) -> None:
     st = ops.status(stack)
     assert st["http"] == http and st["supervisor"]["last"]["web"]["new_pid"] == new
     assert st["running"] is True
+    # the restarted server checks the same tokens (<state>/tokens.json): a user's token still opens their view
+    tokens = read_tokens(stack)
+    assert _view_status(http, "1", tokens.for_user("1")) in (200, 503)  # 503: no release yet, not a refusal
+    assert _view_status(http, "1", tokens.operator) in (200, 503)
+    assert _view_status(http, "1", tokens.for_user("2")) == 403
+
+
+def _view_status(http: str, user: str, token: str | None) -> int:
+    req = urllib.request.Request(f"{http}/budget?user={user}", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def test_up_repairs_a_degraded_stack_keeping_broker_and_redis(stack: Path) -> None:

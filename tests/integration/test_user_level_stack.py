@@ -25,6 +25,7 @@ from models.streaming import ReleasedStats
 from pipeline import services
 from pipeline.config.keys import PublicKeys
 from pipeline.config.ledger import LedgerRecord
+from privrec.ops.stackfile import read_tokens, stack_tokens
 
 from pipeline_support import REPO, Stack, open_stack, wait_for
 
@@ -106,7 +107,8 @@ def test_a_user_past_the_cap_stops_changing_the_releases_and_everyone_says_so(st
     web = _start_web(stack)
     try:
         base = f"http://{web.address}"
-        b = wait_for(lambda: _get_json(f"{base}/budget?user=1"), 30, "the web's budget")
+        token = read_tokens(stack.state_dir).for_user("1")  # user 1's own token (the web's secret, _start_web)
+        b = wait_for(lambda: _get_json(f"{base}/budget?user=1", token), 30, "the web's budget")
         assert b["user"]["at_cap"] is True and b["user"]["ticks_this_epoch"] == 3 and b["user"]["cap"] == 3
         assert b["ledger"]["users_at_cap"] == 1 and b["ledger"]["capped_events"] == int(summary[b"dropped"])
         web_metrics = _get_text(f"{base}/metrics")
@@ -158,15 +160,17 @@ def _partition_of(stack: Stack, user: str) -> int:
 
 def _start_web(stack: Stack) -> services.ServiceHandle:
     port = services.free_port()
-    env = {**__import__("os").environ, **stack.env, "PYTHONPATH": str(REPO)}
+    tokens = stack_tokens(stack.state_dir, {})  # as privrec up gives them to the web server
+    env = {**__import__("os").environ, **stack.env, "PYTHONPATH": str(REPO), **tokens.env()}
     return services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--host", "127.0.0.1", "--port",
                                           str(port)], stack.state_dir, env=env, address=f"127.0.0.1:{port}",
                                   ready=lambda: _get_json(f"http://127.0.0.1:{port}/healthz") is not None)
 
 
-def _get_json(url: str) -> Any:
+def _get_json(url: str, token: str | None = None) -> Any:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as resp:
             return json.loads(resp.read())
     except OSError:
         return None

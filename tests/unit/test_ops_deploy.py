@@ -56,6 +56,10 @@ PROCESS_VARS: dict[str, Callable[[str], bool]] = {
     "PRIVREC_WEB_PORT": _port(1),
     "PRIVREC_METRICS_ADDR": _host,
     "PRIVREC_METRICS_PORT": _port(0),
+    # the web server's tokens (pipeline.serve.auth): any value here; the server refuses one under 32 characters at
+    # start, so a placeholder left in a Secret stops it with that message
+    "PRIVREC_TOKEN_SECRET": lambda v: not any(c.isspace() for c in v),
+    "PRIVREC_OPERATOR_TOKEN": lambda v: not any(c.isspace() for c in v),
 }
 
 

@@ -9,6 +9,12 @@
 // When the answer says the model will not learn from it (`learning.learned` false: the user is
 // at the contribution cap of this epoch, or at their lifetime budget; or a 403 of cap_policy =
 // reject), nothing is waited for: the page says so and the user can go on at once.
+//
+// A user's own figures (/budget?user=U: their interactions and privacy loss) are sent only with U's token or
+// the operator's (docs/serving.md, "Who can read per-user views"). The page gets tokens two ways: POST /session
+// (when /users says the catalog takes new users) makes a new user of its own with its token, and a link
+// `/?user=U#token=T` from the operator (`privrec token --user U`) carries U's token in the fragment, which the
+// browser never sends to a server. Without a token the panel shows the public guarantee only.
 "use strict";
 
 (() => {
@@ -41,6 +47,8 @@
     local: null,          // local mode: GET /local/config (this page is then the user's device)
     modeKnown: false,     // GET /local/config answered (or 404: a server without local mode)
     modeError: null,      // GET /local/config failed: the mode is unknown, so no answer is sent at all
+    session: null,        // {user, token}: the user POST /session made for this browser (localStorage)
+    refused: null,        // the user whose token the server refused (403): said in the panel
   };
 
   // ---------- API ----------------------------------------------------------------------
@@ -93,6 +101,59 @@
                          body);
     }
     return body;
+  }
+
+  // ---------- tokens -------------------------------------------------------------------
+
+  const SESSION_KEY = "privrec.session";  // localStorage: a returning visitor is the same user
+  const TOKENS_KEY = "privrec.tokens";    // sessionStorage: tokens from links, by user ("*": for every user)
+
+  function storedTokens() {
+    try { return JSON.parse(sessionStorage.getItem(TOKENS_KEY)) || {}; } catch { return {}; }
+  }
+  function keepToken(user, token) {
+    const t = storedTokens();
+    if (token) t[user] = token; else delete t[user];
+    sessionStorage.setItem(TOKENS_KEY, JSON.stringify(t));
+  }
+  function tokenFor(user) {
+    if (state.session && state.session.user === user) return state.session.token;
+    const t = storedTokens();
+    return t[user] ?? t["*"] ?? null;
+  }
+  function forgetToken(user) {
+    if (state.session && state.session.user === user) {
+      state.session = null;
+      localStorage.removeItem(SESSION_KEY);
+    }
+    const t = storedTokens();
+    if (user in t) keepToken(user, null); else keepToken("*", null);
+  }
+
+  // `#token=T` (with `?user=U`: U's token; without: a token for every user, the operator's), kept for this tab and
+  // taken out of the address bar.
+  function takeFragmentToken() {
+    const token = new URLSearchParams(window.location.hash.slice(1)).get("token");
+    if (!token) return;
+    keepToken(new URLSearchParams(window.location.search).get("user") ?? "*", token);
+    const url = new URL(window.location.href);
+    url.hash = "";
+    history.replaceState(null, "", url);
+  }
+
+  // A user of this browser's own: POST /session makes a new user (an id nobody had) and gives its token, on a
+  // catalog that takes new users (/users says `new_users`; on a fixed list only a link's token opens a view).
+  async function startSession() {
+    try { state.session = JSON.parse(localStorage.getItem(SESSION_KEY)); } catch { state.session = null; }
+    if (state.session && state.session.user && state.session.token) return;
+    state.session = null;
+    try {
+      const s = await api("/session", { method: "POST" });
+      state.session = { user: s.user, token: s.token };
+      localStorage.setItem(SESSION_KEY, JSON.stringify(state.session));
+    } catch (e) {
+      showError(e);
+    }
   }
 
   // ---------- errors -------------------------------------------------------------------
@@ -428,9 +489,23 @@
 
   // ---------- budget -------------------------------------------------------------------
 
+  // The user's own view with their token; the public statement without one (or when it is refused).
   async function loadBudget() {
     const user = state.user;
-    const b = await api(`/budget?user=${encodeURIComponent(user)}`);
+    const token = tokenFor(user);
+    let b = null;
+    if (token) {
+      try {
+        b = await api(`/budget?user=${encodeURIComponent(user)}`,
+                      { headers: { "Accept": "application/json", "Authorization": `Bearer ${token}` } });
+        if (state.refused === user) state.refused = null;
+      } catch (e) {
+        if (!(e instanceof ApiError && (e.status === 401 || e.status === 403))) throw e;
+        forgetToken(user);  // e.g. a stack started again with a new secret
+        state.refused = user;
+      }
+    }
+    if (b === null) b = await api("/budget");
     if (user !== state.user) return b;  // another user was chosen meanwhile: not shown
     state.budget = b;
     renderBudget(b);
@@ -500,10 +575,29 @@
         `λ = ${Number(b.model.lambda).toPrecision(3)} · ${b.model.units} units · catalog ${b.model.catalog}`;
     }
     renderSpark(b.history || [], !!p.private);
+    if (!b.user) renderTokenless(b, p);
     if (state.version == null || b.releases > state.version) {
       // the page's list may be older than the latest release: the badge says so
       $("model-version").title = `latest release v${b.releases}`;
     }
+  }
+
+  // No token for this user: their own figures are theirs (and the operator's) alone; the rest is public.
+  function renderTokenless(b, p) {
+    const local = b.local || state.local;
+    const g = local ? ((b.local && b.local.guarantee) || guaranteeFromConfig(state.local)) : null;
+    $("user-interactions").textContent = "–";
+    if (local ? g.unit === "user" : p.private) {  // a figure of this user's own history
+      $("user-epsilon").textContent = "–";
+      $("user-delta").textContent = "–";
+    }
+    const user = state.user;
+    const refused = state.refused === user ? "The token this page held for this user was refused. " : "";
+    $("user-budget-note").textContent = refused + (state.session
+      ? `User ${user}'s own figures are shown only to them (with their token) and to the operator. This page ` +
+        `made a user of your own, ${state.session.user}: choose it to see yours.`
+      : `User ${user}'s own figures (interactions, privacy loss) are shown only with their token: open the link ` +
+        "the operator gives each user, which carries it (privrec token --user " + user + ").");
   }
 
   // Local mode's guarantee as /local/config states it (when /budget has no "local" section).
@@ -741,6 +835,9 @@
     $("user").addEventListener("change", (ev) => selectUser(ev.target.value));
     $("k").addEventListener("change", (ev) => { state.k = Number(ev.target.value); if (state.user) selectUser(state.user); });
     state.k = Number($("k").value);
+    takeFragmentToken();
+    // a link with a token opened on this very page is a fragment change, not a new page: take its token too
+    window.addEventListener("hashchange", () => { takeFragmentToken(); if (state.user) selectUser(state.user); });
 
     let users;
     try {
@@ -750,12 +847,17 @@
       showError(e);
       return;
     }
+    if (users.new_users) await startSession();
     const select = $("user");
     for (const u of users.users) select.append(el("option", { value: u, text: `user ${u}` }));
     const wanted = new URLSearchParams(window.location.search).get("user");
     let first = users.users[0];
-    if (wanted != null) {
-      if (!users.users.includes(wanted)) {
+    if (state.session) {  // this browser's own user first
+      select.prepend(el("option", { value: state.session.user, text: `you (${state.session.user})` }));
+      first = state.session.user;
+    }
+    if (wanted != null && wanted !== first) {
+      if (!users.users.includes(wanted) && !(state.session && state.session.user === wanted)) {
         // not in the first page of /users: ask the API anyway; its error says what is wrong
         select.prepend(el("option", { value: wanted, text: `user ${wanted}` }));
       }
