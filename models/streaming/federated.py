@@ -228,6 +228,11 @@ class FederatedUCB:
         Consensus step of ``P = I - (kappa / d_max) L`` (decentralized only).
     seed
         Deployment secret; site ``s`` keys its noise with :func:`site_seed` ``(seed, s)``.
+    sensitivity_scale
+        Multiplies every site's per-unit sensitivity: ``1`` for one reward changed by at most ``Lx``; the
+        pipeline's sites calibrate to replace-one neighbours (``2 b_clip``,
+        :func:`models.mechanisms.participation.replace_sensitivity`) and, at user level, to a capped user's
+        ticks (times the mechanism's :func:`~models.mechanisms.participation.participation_factor`).
 
     Attributes
     ----------
@@ -243,7 +248,7 @@ class FederatedUCB:
                  lambda_: float = 0.1, alpha: float = 0.3, noise_ridge: float = 0.0,
                  mechanism: str = "user-blt-exact", epsilon: float = math.inf, delta: float = 1e-5,
                  horizon: int = 10_000, tick: int = 1, schedule: str = "tick", kappa: float = 0.5,
-                 seed: int = 0, context_bound: float = 1.0) -> None:
+                 seed: int = 0, context_bound: float = 1.0, sensitivity_scale: float = 1.0) -> None:
         V = np.asarray(V, dtype=np.float64)
         n = V.shape[0]
         site_of = np.asarray(site_of, dtype=np.int64)
@@ -251,6 +256,8 @@ class FederatedUCB:
             raise ValueError(f"`site_of` must give a site >= 0 for each of the {n} units, got shape {site_of.shape}.")
         if int(tick) < 1:
             raise ValueError(f"`tick` must be a positive number of interactions, got {tick}.")
+        if not (sensitivity_scale > 0 and math.isfinite(sensitivity_scale)):
+            raise ValueError(f"`sensitivity_scale` must be a positive number, got {sensitivity_scale}.")
         if schedule not in SCHEDULES:
             raise ValueError(f"`schedule` must be one of {list(SCHEDULES)}, got {schedule!r}.")
         self.d, self.V, self.n_units = int(d), V, n
@@ -268,7 +275,7 @@ class FederatedUCB:
             self.adjacency = A
             self.P = mixing_matrix(A, kappa)
         ticks = -(-int(horizon) // self.tick)
-        sens = sensitivities(V, context_bound)
+        sens = sensitivity_scale * sensitivities(V, context_bound)
         self.units = [np.flatnonzero(site_of == s) for s in range(self.sites)]
         self.releasers: list[Releaser] = []
         self.mechanisms: list[Mechanism | None] = []
@@ -307,19 +314,29 @@ class FederatedUCB:
         theta, M = self._models[0 if self.star else int(self.site_of[user])]
         return theta[user], M[user]
 
-    def select(self, user: int, contexts: FloatArray) -> int:
+    def scores(self, user: int, contexts: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """``(mean, bonus)`` of each context for ``user`` (as :meth:`KroneckerUCB.scores`, for the wrappers)."""
         theta, M = self.serving_model(user)
-        mean, bonus = ucb_scores_blas(theta, M, contexts, self.alpha)
+        return ucb_scores_blas(theta, M, contexts, self.alpha)
+
+    def select(self, user: int, contexts: FloatArray) -> int:
+        mean, bonus = self.scores(user, contexts)
         return int(np.argmax(mean + bonus))
 
     # ------------------------------------------------------------------ learning
 
-    def update(self, user: int, context: FloatArray, reward: float) -> None:
+    def update(self, user: int, context: FloatArray, reward: float, *, gram: bool = True) -> None:
+        """Record that ``user`` was shown ``context`` and gave ``reward`` at its site; ``gram=False``: an organic
+        listen (``b`` and the count only: the user's own choice never enters the public Gram matrix)."""
         if not (isinstance(user, (int, np.integer)) and 0 <= user < self.n_units):
             raise ValueError(f"`user` must be an integer in [0, {self.n_units}), got {user!r}.")
         x, r = check_interaction(context, reward, self.d)
         s = int(self.site_of[user])
-        self.stats[s].add(np.array([user]), x[None, :], np.array([r]))
+        if gram:
+            self.stats[s].add(np.array([user]), x[None, :], np.array([r]))
+        else:
+            self.stats[s].add_parts(np.array([user]), x[None, :], np.array([r]), np.zeros(0, dtype=np.int64),
+                                    np.zeros((0, self.d)))
         self.t += 1
         if self.t % self.tick == 0:
             self.release()

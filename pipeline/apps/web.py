@@ -60,7 +60,8 @@ from ..serve.appkeys import CATALOG, KEYS, LOG_PRODUCER, MODEL_KEYS, PRODUCER, R
 from ..serve.auth import Tokens, bearer
 from ..data.catalog import Catalog, UnknownArmError, UnknownUserError, load_catalog
 from ..serve.httpstats import RequestStats
-from ..modes.federated.federated_serving import SiteRouter, federated_budget, interactions_topic, model_namespaces
+from ..modes.federated.federated_serving import (SiteRouter, federated_budget, interactions_topic, model_namespaces,
+                                                 site_epoch)
 from ..modes.federated.federation import site_namespace
 from ..serve.budget_view import (LEARNED, history, learning, ledger_overview, serving_isolation, user_budget,
                                 user_interactions)
@@ -453,15 +454,18 @@ async def budget(request: web.Request) -> web.Response:
     if "trees" in statement:  # per-unit trees (the baselines): their own sizes, not the global tick count
         out["tree"] = statement["trees"]
     if s.mode == "federated":
-        out["federated"] = await federated_budget(r, s)
+        out["federated"] = await federated_budget(r, s, statement)  # (at user level: each site's ledger)
     if user is not None:
         catalog: Catalog = request.app[CATALOG]
         try:
             catalog.unit_of(user)
         except UnknownUserError as exc:
             return _error(404, "user", str(exc))
-        if s.mode == "federated":  # the user's interactions are counted at their own site
-            keys = PublicKeys(site_namespace(s.namespace, request.app[RECOMMENDER].site_of(user)))
+        epoch = out["tree"]["epoch"]
+        if s.mode == "federated":  # the user's interactions are counted at their own site, on its release clock
+            site = request.app[RECOMMENDER].site_of(user)
+            keys = PublicKeys(site_namespace(s.namespace, site))
+            epoch = await site_epoch(r, s, site)
         k = await user_interactions(r, keys, s.partitions, user)
         if s.mode == "local":  # the devices' guarantee: what this user's reports cover
             sent = await r.get(budget_counter(keys, user))
@@ -471,7 +475,7 @@ async def budget(request: web.Request) -> web.Response:
                                         epoch=cfg.epoch_at(time.time()))
             out["user"] = {"user": user, "interactions": k, **out["local"]["user"]}
         elif statement.get("unit") == "user":
-            out["user"] = {**await user_budget(r, keys, s.partitions, user, statement, out["tree"]["epoch"]),
+            out["user"] = {**await user_budget(r, keys, s.partitions, user, statement, epoch),
                            "interactions": k}
         else:
             g = group_guarantee(event, k, s.delta)
@@ -486,7 +490,7 @@ async def budget(request: web.Request) -> web.Response:
     if s.mode == "local" and s.user_level:  # the devices' ledger, in the global mode's fields
         cfg = s.local_config(request.app[CATALOG].d)
         out["ledger"] = await local_ledger_overview(r, keys, s.partitions, cfg, cfg.epoch_at(time.time()))
-    elif statement.get("unit") == "user":
+    elif statement.get("unit") == "user" and s.mode != "federated":  # (federated: per site, above)
         out["ledger"] = await ledger_overview(r, keys, s.partitions, statement, out["tree"]["epoch"])
     out["redis_acl"] = await serving_isolation(r, s.namespace)
     return web.json_response(out)

@@ -235,9 +235,12 @@ class Settings:
         calibrated so that a capped user's whole history in an epoch is ``(epsilon, delta)``-DP (exact
         multi-participation sensitivity of the mechanism, ``models.mechanisms.participation``); or
         ``"event"`` (each interaction alone; a user with k interactions gets the group bound). The
-        per-unit baselines (ss-*, dgs-*) are event level only. Local mode (default ``"user"`` too): each device
-        makes at most ``user_cap`` reports per epoch (``tree_ticks * tick_seconds`` seconds), calibrates its
-        noise to them and stops at ``user_budget`` (:class:`models.local.LocalConfig`, docs/local-userlevel.md).
+        per-unit baselines (ss-*, dgs-*) are event level only. Federated mode (default ``"user"`` too, the flat
+        model): each site folds its own users' ticks, caps them and keeps their ledger and lifetime budget (a user
+        belongs to one site, a public rule, so their site's ledger is their whole history). Local mode (default
+        ``"user"`` too): each device makes at most ``user_cap`` reports per epoch (``tree_ticks * tick_seconds``
+        seconds), calibrates its noise to them and stops at ``user_budget`` (:class:`models.local.LocalConfig`,
+        docs/local-userlevel.md).
     privacy_relation
         The neighbouring relation (:data:`RELATIONS`). ``"add-remove"`` (unset: the default with the hierarchy in
         global mode): two streams differ by everything one user did in an epoch, taking part at all included —
@@ -265,9 +268,10 @@ class Settings:
         Lifetime budget of one user: epsilon at the stack's ``delta`` over the user's whole history, every
         epoch (``inf``: none). User level, the fold stops learning from a user whose spent budget would exceed
         it (their events are counted as "not learned (budget)"); local mode, the device stops reporting before
-        it would exceed it and the server refuses its reports past it. Unset: 10 at user level (local mode's
-        default too), none at event level (federated sites, ``privacy_unit = event``, where k interactions cost
-        k times one); :attr:`lifetime_budget` (docs/privacy.md, "A lifetime budget per user").
+        it would exceed it and the server refuses its reports past it; federated mode, each site's fold stops
+        learning from its own users as the global mode's does. Unset: 10 at user level (the federated and local
+        modes' default too), none at event level (``privacy_unit = event``, where k interactions cost k times
+        one); :attr:`lifetime_budget` (docs/privacy.md, "A lifetime budget per user").
     default_pool
         Comma-separated arm ids that ``/recommend`` ranks when the request
         names no candidates (``None``: the catalog's default, the 25 most
@@ -430,9 +434,6 @@ class Settings:
         if self.privacy_unit == "user" and self.baseline is not None:
             raise SettingsError("privacy_unit", f"the per-unit baselines ({self.algorithm}) are event level only; "
                                                 f"use --privacy-unit event")
-        if self.privacy_unit == "user" and self.mode == "federated":
-            raise SettingsError("privacy_unit", "federated sites are event level only (their ingest does not bound "
-                                                "a user's contributions yet); use --privacy-unit event")
         if self.user_cap < 1 or (self.user_level and self.user_cap > self.tree_ticks):
             raise SettingsError("user_cap", f"must be in [1, {self.tree_ticks}] (the ticks of an epoch), got "
                                             f"{self.user_cap}.")
@@ -651,9 +652,9 @@ class Settings:
 
     @property
     def unit_in_force(self) -> str:
-        """``privacy_unit``, or when unset: ``user``; ``event`` for the per-unit baselines, for mechanisms
-        without a multi-participation bound (e.g. the papers' ``paper``; in local mode, the device's
-        ``local_mechanism``) and in federated mode (a site's ingest does not bound contributions yet)."""
+        """``privacy_unit``, or when unset: ``user`` (in federated mode too: each site folds, caps and budgets its
+        own users as the global mode does); ``event`` for the per-unit baselines and for mechanisms without a
+        multi-participation bound (e.g. the papers' ``paper``; in local mode, the device's ``local_mechanism``)."""
         if self.privacy_unit is not None:
             return self.privacy_unit
         if self.model == "hierarchy":  # its own mechanism, with a multi-participation bound
@@ -661,7 +662,7 @@ class Settings:
         if self.mode == "local":  # the device's mechanism decides (a per-round report always composes)
             return "user" if self.local_algorithm == "round" or self.local_mechanism in USER_LEVEL_MECHANISMS \
                 else "event"
-        if self.baseline is not None or self.mode == "federated" or not self._user_level_mechanism:
+        if self.baseline is not None or not self._user_level_mechanism:
             return "event"
         return "user"
 

@@ -133,7 +133,9 @@ def register(sub: Any) -> None:
     o.add_argument("--local-unit", choices=("user", "event"), default="user",
                    help="local rows: each device's privacy unit (default user: at most --user-cap reports per epoch, "
                         "noise calibrated to them, a lifetime budget of 10; event: each interaction alone)")
-    o.add_argument("--user-cap", type=int, default=8, help="local rows at user level: reports per epoch (default 8)")
+    o.add_argument("--user-cap", type=int, default=8, help="local rows at user level: reports per epoch; "
+                                                           "federated-sites-user: release ticks per user and epoch "
+                                                           "(default 8)")
     o.add_argument("--scaling-users", default="10,40,160",
                    help="comma-separated user counts for local vs global as N grows ('' to skip; default 10,40,160)")
     o.add_argument("--population", default=None,

@@ -8,7 +8,11 @@ the same bandit (LinUCB over the model units), the same mechanism and the same s
 * ``federated-star`` — ``M`` sites (units ``u mod M``), each releasing its own units' statistics
   with its own mechanism and seed; a coordinator sums them (:class:`models.streaming.federated.FederatedUCB`);
 * ``federated-ring`` — the same sites on a ring, mixing by running consensus with ``P = I - (κ/d_max) L``;
-  each site serves its own users from its own view.
+  each site serves its own users from its own view;
+* ``federated-sites-event`` / ``federated-sites-user`` — a star of the same sites calibrated as ``privrec up
+  --mode federated`` calibrates them (replace-one neighbours), at ``privacy_unit = event`` and at user level, the
+  live default (:func:`federated_sites_twin`: each user's ticks clipped, ``user_cap`` ticks per epoch, the noise
+  scaled by the participation factor).
 
 Two measurements per row and ε ∈ {0.5, 1, 2, 5, 10}: cumulative pseudo-regret on the collaborative
 paper's synthetic environment (mean over seeded runs; the added regret is against the non-private
@@ -42,14 +46,15 @@ import numpy as np
 from models.ground.environment import SyntheticEnvironment
 from models.local import LocalConfig, LocalUCB
 from models.local.policy import LocalItemUCB
-from models.policies import make_policy
+from models.mechanisms.participation import B_CLIP, participation_factor, replace_sensitivity
+from models.policies import PopularityUCB, UserLevelUCB, make_policy
 from models.streaming.federated import FederatedUCB, assign_sites
 
 from .plots import epsilon_axis, pyplot, save
 from .population import uncalibrated
 from .runner import derive_seed, machine_info, simulate, summarize
 
-__all__ = ["ModesConfig", "Row", "ROWS", "run_modes", "register_row", "lastfm_reward"]
+__all__ = ["ModesConfig", "Row", "ROWS", "run_modes", "register_row", "lastfm_reward", "federated_sites_twin"]
 
 EPSILONS = (0.5, 1.0, 2.0, 5.0, 10.0)
 MECHANISM = "user-blt-exact"
@@ -125,6 +130,76 @@ def _federated(topology: str) -> Callable[..., Any]:
     return make
 
 
+class _SiteUsers:
+    """This runner's protocol (``select(unit, X)``, ``update(unit, x, r)``, no organic listens) around a
+    :func:`federated_sites_twin`: each interaction names its user first (LastFM: the listener; the synthetic world:
+    each user is their own unit)."""
+
+    select_by_user = True
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def select(self, unit: int, contexts: np.ndarray, user: str | None = None) -> int:
+        if isinstance(self.inner, UserLevelUCB):
+            self.inner.begin_event(int(unit) if user is None else int(user))
+        return int(self.inner.select(unit, contexts, np.zeros(len(contexts), dtype=np.int64)))
+
+    def update(self, unit: int, context: np.ndarray, reward: float) -> None:
+        self.inner.update(unit, context, reward, 0)
+
+    @property
+    def federated(self) -> FederatedUCB:
+        """The sites and their releases (for the bytes they sent)."""
+        pop = self.inner.inner if isinstance(self.inner, UserLevelUCB) else self.inner
+        fed: FederatedUCB = pop.base
+        return fed
+
+
+def federated_sites_twin(unit: str, *, n_units: int, d: int, sites: int, epsilon: float, delta: float, lam: float,
+                         alpha: float, kappa: float, tick: int, horizon: int, cap: int, seed: int,
+                         features: np.ndarray | None = None, listen_weight: float = 0.0) -> Any:
+    """The offline twin of ``privrec up --mode federated`` (a star of ``sites`` sites; units ``u mod M``), calibrated
+    as the sites are: replace-one neighbours (``2 b_clip``,
+    :func:`~models.mechanisms.participation.replace_sensitivity`), the flat model, no item term. ``unit = "user"`` (the default of the live sites): each site's fold sums and clips
+    each user's interactions of a tick, counts at most ``cap`` ticks per user and epoch, and its noise is scaled by the
+    mechanism's participation factor (:class:`~models.policies.UserLevelUCB` around :class:`FederatedUCB`); the
+    lifetime budget is not modelled (a capped user spends the epoch's epsilon, below the default budget of 10, in one
+    epoch). ``features`` and ``listen_weight`` (the live default: 1 with noise): organic listens (``observe``) enter
+    ``b``. Returns a policy with the items interface (``select(unit, X, items)``, ``update(unit, x, r, item)``,
+    ``observe(unit, item)``) of :func:`privrec.experiments.lastfm.replay_offline`."""
+    def build(scale: float, tick_: int, horizon_: int) -> FederatedUCB:
+        return FederatedUCB(d=d, V=np.eye(n_units), site_of=assign_sites(n_units, sites), topology="star",
+                            lambda_=lam, alpha=alpha, noise_ridge=kappa, mechanism=MECHANISM, epsilon=epsilon,
+                            delta=delta, horizon=horizon_, tick=tick_, seed=seed, sensitivity_scale=scale)
+
+    replace = replace_sensitivity(B_CLIP, signed=True)
+    n_items = 1 if features is None else len(features)
+    if unit == "event":
+        # (FederatedUCB has PopularityUCB's base interface: scores, update(..., gram=False), release)
+        return PopularityUCB(build(replace, tick, horizon), n_items, weight=0.0,  # type: ignore[arg-type]
+                             listen_weight=listen_weight, features=features, seed=seed)
+    capacity = -(-horizon // tick)  # release ticks per epoch
+    never = 1 << 62  # the sites release when the user-level fold says so
+    fed = build(replace, never, capacity * never)
+    mech = next((m for m in fed.mechanisms if m is not None), None)
+    if mech is not None:
+        fed = build(replace * participation_factor(mech, cap), never, capacity * never)
+    inner = PopularityUCB(fed, n_items, weight=0.0, seed=seed)  # type: ignore[arg-type]  # (as above)
+    inner.features = None if features is None else np.asarray(features, dtype=np.float64)
+    return UserLevelUCB(inner, tick=tick, cap=cap, capacity=capacity, listen_weight=listen_weight)
+
+
+def _federated_sites(unit: str) -> Callable[..., Any]:
+    """A row of :func:`federated_sites_twin` at ``unit`` (this runner's protocol: no organic listens)."""
+    def make(V: np.ndarray, d: int, epsilon: float, seed: int, cfg: ModesConfig, *, tick: int, lam: float,
+             kappa: float, horizon: int) -> Any:
+        return _SiteUsers(federated_sites_twin(unit, n_units=V.shape[0], d=d, sites=cfg.sites, epsilon=epsilon,
+                                               delta=cfg.delta, lam=lam, alpha=cfg.alpha, kappa=kappa, tick=tick,
+                                               horizon=horizon, cap=cfg.user_cap, seed=seed))
+    return make
+
+
 def _local(algorithm: str) -> Callable[..., Any]:
     """Local mode: a device per user (models.local.LocalClient) and the server's sums; epsilon = inf falls back
     to the non-private twin (a device never sends its exact statistic)."""
@@ -166,6 +241,11 @@ ROWS: list[Row] = [
         _federated("star"), federated=True),
     Row("federated-ring", "M sites on a ring, running consensus with P = I - (kappa/d_max) L",
         _federated("ring"), federated=True),
+    Row("federated-sites-event", "the live sites' calibration at privacy_unit = event: replace-one (2 b_clip), "
+                                 "star", _federated_sites("event"), federated=True),
+    Row("federated-sites-user", "the live sites' default, user level: per-user per-tick clip, user_cap ticks per "
+                                "epoch, noise scaled by the participation factor, star", _federated_sites("user"),
+        federated=True),
     Row("local-tree", "each device releases its own b_u through blt-exact (LDP-CoLin's per-user continual release)",
         _local("tree")),
     Row("local-round", "one Gaussian report r x + N(0, sigma^2 I) per interaction ((eps, delta)-LDP each)",
@@ -247,8 +327,9 @@ def _execute(job: _Job) -> _Result:
     else:
         value, _ = simulate(env, policy, checkpoints=1)
     per_tick = None
-    if isinstance(policy, FederatedUCB) and policy.ticks:
-        per_tick = float(policy.bytes_sent.mean() / policy.ticks)
+    fed = getattr(policy, "federated", policy)  # (a twin of the live sites wraps its FederatedUCB)
+    if isinstance(fed, FederatedUCB) and fed.ticks:
+        per_tick = float(fed.bytes_sent.mean() / fed.ticks)
     return _Result(job, float(value), per_tick, time.perf_counter() - t0, _local_stats(policy))
 
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import sys
@@ -307,5 +308,149 @@ def test_ring_views_converge_to_the_average_at_the_spectral_rate(tmp_path: Path)
             Y = np.stack([states[(s, r)] for s in range(m)])
             np.testing.assert_allclose(Y.mean(axis=0), total / m, atol=1e-12)  # the average is preserved
             assert np.linalg.norm(Y - Y.mean(axis=0)) <= lam ** (r - r0) * dist0 * (1 + 1e-9) + 1e-12
+    finally:
+        stack.down()
+
+
+# ---------------------------------------------------------------------------------------------- user level (default)
+
+#: The user whose interactions the user-level tests send: unit 2, site 0 of 2 (units u mod 2).
+ONE_USER = "2"
+
+
+def _user_level_stack(state: Path, **kw: Any) -> FedStack:
+    """A star of two sites with the default privacy unit (user level): ``WORLD`` without ``PRIVREC_PRIVACY_UNIT``."""
+    world = {k: v for k, v in WORLD.items() if k != "PRIVREC_PRIVACY_UNIT"}
+    settings = Settings.from_mapping({k: str(v) for k, v in kw.items()}, environ={**world, "PRIVREC_NAMESPACE": NS})
+    assert settings.unit_in_force == "user"
+    return FedStack(state, settings)
+
+
+def _send_one_user(stack: FedStack, n: int, tag: str) -> None:
+    """``n`` interactions of :data:`ONE_USER` on its site's topic (reward 1 on varied arms: an unclipped sum)."""
+    site = int(stack.site_of_unit[stack.catalog.unit_of(ONE_USER)])
+    prod = KafkaProducer(bootstrap_servers=stack.stack["kafka"], linger_ms=5)
+    for i in range(n):
+        ev = {"event_id": f"{tag}-{i}", "user": ONE_USER, "arm": str(i % stack.settings.n_arms), "reward": 1.0,
+              "ts": 1.7e12 + i}
+        prod.send(site_topic(site), key=ONE_USER.encode(), value=json.dumps(ev).encode())
+    prod.flush()
+    prod.close()
+
+
+def _spent(stack: FedStack) -> dict[str, Any]:
+    """``/budget?user=``'s user-level entry, computed by the function the web's view calls
+    (:func:`pipeline.serve.budget_view.user_budget`) over the public keys of the user's site, as the web role reads
+    them, with the statement the web serves (the coordinator's) and the site's own epoch."""
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    from pipeline.serve.budget_view import user_budget
+
+    statement = json.loads(stack.client().hget(PublicKeys(NS).model_meta, "privacy"))
+    keys = PublicKeys(site_namespace(NS, 0))
+
+    async def read() -> dict[str, Any]:
+        r = aredis.Redis.from_url(acl.role_url(stack.stack["redis"], "web", stack.creds["web"]))
+        try:
+            released = int(await r.hget(keys.released, "version") or 1)
+            return await user_budget(r, keys, stack.settings.partitions, ONE_USER, statement,
+                                     (released - 1) // stack.settings.tree_ticks)
+        finally:
+            await r.aclose()
+
+    return {**asyncio.run(read()), "statement": statement}
+
+
+def _site_user_exact(stack: FedStack) -> tuple[bytes | None, int]:
+    """The site's exact statistics of the user's unit (``b`` bytes and count; trusted: read as the admin)."""
+    unit = stack.catalog.unit_of(ONE_USER)
+    raw = stack.client().hmget(TrustedKeys(site_namespace(NS, 0)).stats(0), [f"b:{unit}", f"n:{unit}"])
+    return raw[0], int(raw[1] or 0)
+
+
+def _rounds(stack: FedStack, rounds: int, per_round: int) -> list[tuple[int, dict[str, Any], tuple[bytes | None, int]]]:
+    """Send ``rounds`` rounds of ``per_round`` interactions of the user, each folded (offset counted, nothing
+    pending) before the next: one participation per round at most. Per round: the ledger's ``k``, the spent budget
+    and the site's exact statistics of the user's unit."""
+    admin = stack.client()
+    site_ns = site_namespace(NS, 0)
+    offset, pending = TrustedKeys(site_ns).offset(0), f"{site_ns}:trusted:{{{site_ns}:p0}}:pending"
+    out = []
+    sent = int(admin.get(offset) or 0)
+    for r in range(rounds):
+        _send_one_user(stack, per_round, f"r{r}")
+        sent += per_round
+        wait_for(lambda: int(admin.get(offset) or 0) >= sent and admin.hlen(pending) == 0, 30,  # noqa: B023
+                 f"round {r} ingested and folded")
+        wait_for(lambda: admin.hget(PublicKeys(NS).model_meta, "privacy"), 30, "the coordinator's model")
+        spent = _spent(stack)
+        out.append((spent["ticks_this_epoch"], spent, _site_user_exact(stack)))
+    return out
+
+
+def test_user_level_by_default_one_users_spent_epsilon_stays_within_the_epsilon_at_cap(tmp_path: Path) -> None:
+    """Many interactions of one user at one site over many release ticks: their site's ledger counts at most
+    ``user_cap`` ticks this epoch, the spent epsilon grows with them and never passes the epsilon at the cap (the
+    statement's), and once at the cap the user's interactions no longer change the site's exact statistics."""
+    stack = _user_level_stack(tmp_path, mode="federated", sites=2, topology="star", epsilon=2.0, user_cap=3)
+    try:
+        rows = _rounds(stack, rounds=6, per_round=4)
+        statement = rows[-1][1]["statement"]
+        assert statement["unit"] == "user" and statement["cap"] == 3 and "user level" in statement["per_site"]
+        eps_cap = float(statement["epsilon"])
+        assert eps_cap == pytest.approx(2.0, rel=1e-6)
+        ks = [k for k, _, _ in rows]
+        assert ks == sorted(ks) and ks[0] >= 1 and ks[-1] == 3  # one participation per round at most, then the cap
+        spent = [float(s["epsilon"]) for _, s, _ in rows]
+        assert spent == sorted(spent) and spent[0] > 0
+        assert all(e <= eps_cap * (1 + 1e-9) for e in spent)  # 24 interactions, never more than the cap's epsilon
+        assert spent[-1] == pytest.approx(eps_cap, rel=1e-9)  # at the cap: exactly the epsilon at cap
+        at_cap = ks.index(3)
+        assert at_cap <= 2  # each round below the cap is folded: three rounds at most, three more past the cap
+        assert rows[-1][1]["at_cap"] is True and rows[-1][1]["remaining_ticks"] == 0
+        assert all(exact == rows[at_cap][2] for _, _, exact in rows[at_cap:])  # no longer learned from
+        b, n = rows[at_cap][2]
+        assert b is not None and n > 0
+        # per-tick clipping: three folded ticks of 4 interactions of norm <= 1 add at most norm 3 (unclipped up to 12)
+        assert np.linalg.norm(np.frombuffer(b, dtype="<f8")) <= 3.0 + 1e-9
+        summary = stack.client().hgetall(PublicKeys(site_namespace(NS, 0)).ledger_summary(0))
+        assert int(summary[b"dropped"]) == 24 - n  # every interaction past the cap, counted as dropped
+    finally:
+        stack.down()
+
+
+def test_user_level_by_default_a_user_past_the_lifetime_budget_is_no_longer_learned_from(tmp_path: Path) -> None:
+    """A lifetime budget that allows two of the cap's three ticks: after two, the site's fold stops learning from
+    the user (their interactions no longer change the site's exact statistics, counted ``over_budget``), the spent
+    epsilon stays within the budget and ``/budget``'s entry says the budget is spent."""
+    from models.accounting import gdp_epsilon, gdp_mu
+
+    from pipeline.modes.federated.sites import site_guarantee
+
+    probe = Settings(mode="federated", sites=2, epsilon=2.0, user_cap=3, d=4, n_users=6, n_arms=30)
+    st = site_guarantee(probe, SyntheticCatalog(n_users=6, d=4, n_arms=30, seed=0))
+    mu_cap, ratios = float(st["mu_at_cap"]), st["ratios"]
+    budget = gdp_epsilon(mu_cap * math.sqrt((ratios[1] + ratios[2]) / 2), probe.delta)  # two ticks, not three
+    stack = _user_level_stack(tmp_path, mode="federated", sites=2, topology="star", epsilon=2.0, user_cap=3,
+                              user_budget=budget)
+    try:
+        rows = _rounds(stack, rounds=5, per_round=3)
+        statement = rows[-1][1]["statement"]
+        assert statement["user_budget"]["epsilon"] == pytest.approx(budget)
+        assert statement["ratios"] == pytest.approx(ratios, rel=1e-12)  # the public calibration the probe computed
+        ks = [k for k, _, _ in rows]
+        assert ks[-1] == 2 and ks == sorted(ks)  # the budget stops the user before the cap
+        assert all(float(s["epsilon"]) <= budget * (1 + 1e-9) for _, s, _ in rows)
+        assert float(rows[-1][1]["epsilon"]) == pytest.approx(gdp_epsilon(mu_cap * math.sqrt(ratios[1]), probe.delta),
+                                                              rel=1e-9)
+        assert rows[-1][1]["at_budget"] is True and rows[-1][1]["at_cap"] is False
+        spent_at = ks.index(2)
+        assert spent_at <= 1  # three more rounds past the budget
+        assert all(exact == rows[spent_at][2] for _, _, exact in rows[spent_at:])  # no longer learned from
+        summary = stack.client().hgetall(PublicKeys(site_namespace(NS, 0)).ledger_summary(0))
+        assert int(summary[b"over_budget"]) == 15 - rows[spent_at][2][1] > 0
+        assert gdp_mu(budget, probe.delta) < mu_cap  # (the budget binds below what one epoch at the cap spends)
     finally:
         stack.down()

@@ -25,6 +25,7 @@ neighbours, at the default settings (cap 1) and with every block on at cap 3 (RE
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -287,7 +288,8 @@ def federated_site(client: redis.Redis, size: Size) -> Audit:
         own = [str(u) for u in range(size.n_users) if u % 2 == 0]  # assign_sites: unit mod sites (user u = unit u)
         traces = []
         for tag in ("a", "b"):
-            fed = _settings(size, f"audit-fed-{size.tree_levels}-{tag}", mode="federated", sites=2, site=0)
+            fed = _settings(size, f"audit-fed-{size.tree_levels}-{tag}", mode="federated", sites=2, site=0,
+                            privacy_unit="event")  # the event-level relation (user level: the global audits)
             s = site_settings(fed, 0)
             traces.append(run_stream(client, s, SiteCatalog(cat, site=0, sites=2),  # type: ignore[arg-type]
                                      _event_level_ticks(size, own, tag), seed=13 if tag == "a" else 14,
@@ -298,6 +300,27 @@ def federated_site(client: redis.Redis, size: Size) -> Audit:
         return _measure("federated site, b", nb, claimed_mu(statement), size)
 
     return _cached(("federated", size), make)  # type: ignore[return-value]
+
+
+def federated_site_user(client: redis.Redis, size: Size) -> Audit:
+    """(5b) Site 0 of two at user level (the default): user ``0``'s worst-case ticks (:func:`_user_level_ticks`,
+    restricted to the site's own users) through the site's fold and :class:`SiteReleaseStage`."""
+    def make() -> Audit:
+        cat = _catalog(size)
+        traces = []
+        for tag, rewards in (("a", (1.0, 0.0)), ("b", (0.0, 1.0))):
+            fed = _settings(size, f"audit-fedu-{size.tree_levels}-{tag}", mode="federated", sites=2, site=0)
+            ticks = [{p: [e for e in evs if int(json.loads(e)["user"]) % 2 == 0] for p, evs in tick.items()}
+                     for tick in _user_level_ticks(size, rewards)]  # assign_sites: user u = unit u, site u mod 2
+            site_catalog = SiteCatalog(cat, site=0, sites=2)
+            traces.append(run_stream(client, site_settings(fed, 0), site_catalog, ticks,  # type: ignore[arg-type]
+                                     seed=13 if tag == "a" else 14, stage_type=SiteReleaseStage))
+        statement = traces[0].stage.statement
+        assert statement["mode"] == "federated" and statement["unit"] == "user"
+        nb = StageNeighbours(StageReleases(traces[0]), StageReleases(traces[1]), ("b",))
+        return _measure("federated site at user level, b", nb, claimed_mu(statement, "b"), size)
+
+    return _cached(("federated-user", size), make)  # type: ignore[return-value]
 
 
 class LocalNeighbours(Neighbours):
@@ -555,7 +578,8 @@ CONFIGS: dict[str, Callable[[redis.Redis, Size], Audit]] = {
     "user-listen": user_level_listens,                       # (2d) which item was listened to
     "user-partitions": user_level_partitions,                # (1b) one user on two partitions
     "event": event_level,                                    # (4) event level
-    "federated": federated_site,                             # (5) a federated site
+    "federated": federated_site,                             # (5) a federated site at event level
+    "federated-user": federated_site_user,                   # (5b) a federated site at user level (the default)
     "local-tree": lambda c, s: local_reports(s, "tree"),     # (6) local devices
     "local-round": lambda c, s: local_reports(s, "round"),
     "local-tree-user": lambda c, s: local_reports_user(s, "tree"),    # (6b) local devices at user level

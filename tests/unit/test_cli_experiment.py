@@ -96,3 +96,32 @@ def test_modes_refuses_an_unknown_row(tmp_path: Path, capsys: pytest.CaptureFixt
                "--no-progress"])
     assert rc == 2
     assert "telepathic" in capsys.readouterr().err
+
+
+def test_the_federated_sites_twin_at_user_level_clips_caps_and_calibrates_to_the_cap() -> None:
+    """``federated_sites_twin``: at event level the live sites' replace-one calibration; at user level one user's
+    interactions of a tick are summed and clipped to norm 1, a user past ``cap`` ticks is not learned from, and the
+    noise is the event level's times the participation factor."""
+    import numpy as np
+
+    from models.mechanisms.participation import participation_factor
+    from privrec.experiments.modes import federated_sites_twin
+
+    kw = dict(n_units=4, d=2, sites=2, delta=1e-5, lam=1.0, alpha=0.3, kappa=0.0, tick=3, horizon=3 * 63, cap=2,
+              seed=0)
+    pol = federated_sites_twin("user", epsilon=float("inf"), **kw)  # type: ignore[arg-type]
+    fed = pol.inner.base
+    for tick in range(4):  # user 7 (unit 1) sends three interactions per tick: b = 3 x, clipped to norm 1
+        for _ in range(3):
+            pol.begin_event(7)
+            pol.update(1, np.array([0.8, 0.0]), 1.0)
+    # two ticks (the cap), each of norm 1 (unclipped: 2.4 each, 9.6 over the four)
+    np.testing.assert_allclose(fed.views[0].b_tilde.reshape(4, 2)[1], [2.0, 0.0], rtol=1e-12)
+    assert pol.dropped == 6 and fed.ticks == 4
+    event = federated_sites_twin("event", epsilon=2.0, **kw).base  # type: ignore[arg-type]
+    user = federated_sites_twin("user", epsilon=2.0, **kw).inner.base  # type: ignore[arg-type]
+    for sim in (event, user):
+        sim.release()
+    mech = next(m for m in event.mechanisms if m is not None)
+    assert user.views[0].noise_std == pytest.approx(participation_factor(mech, 2) * event.views[0].noise_std,
+                                                    rel=1e-9)

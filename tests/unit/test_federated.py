@@ -213,3 +213,20 @@ def test_star_noise_level_equals_the_global_modes_with_user_space_noise(colin: b
         _, state, _ = glob.step(state, np.zeros(n * d))
     assert sim.views[0].noise_std == pytest.approx(noise_std(glob, state), rel=1e-12)
     assert sim.views[0].noise_std > 0
+
+
+def test_sensitivity_scale_scales_every_sites_noise_and_a_listen_stays_out_of_the_gram() -> None:
+    """``sensitivity_scale`` (the sites' replace-one and user-level calibration) multiplies the noise std exactly; an
+    organic listen (``gram=False``) adds to ``b`` and the count, never to the public Gram matrix."""
+    n, d = 4, 2
+    kw = dict(d=d, V=np.eye(n), site_of=assign_sites(n, 2), tick=1, epsilon=2.0, horizon=16, seed=3)
+    one, two = FederatedUCB(**kw), FederatedUCB(**kw, sensitivity_scale=2.0)  # type: ignore[arg-type]
+    for sim in (one, two):
+        sim.update(1, np.array([0.6, 0.0]), 1.0, gram=False)
+    assert two.views[0].noise_std == pytest.approx(2 * one.views[0].noise_std, rel=1e-12) and one.views[0].noise_std > 0
+    plain = FederatedUCB(d=d, V=np.eye(n), site_of=assign_sites(n, 2), tick=1)
+    plain.update(1, np.array([0.6, 0.0]), 1.0, gram=False)
+    assert np.all(plain.views[0].gram == 0) and plain.views[0].b_tilde.reshape(n, d)[1].tolist() == [0.6, 0.0]
+    assert plain.views[0].count.tolist() == [0, 1, 0, 0]
+    with pytest.raises(ValueError, match="sensitivity_scale"):
+        FederatedUCB(d=d, V=np.eye(n), site_of=assign_sites(n, 2), sensitivity_scale=0.0)

@@ -175,7 +175,8 @@ def test_experiment_userlevel_refuses_bad_numbers(tmp_path: Path, capsys: pytest
     ({"mechanism": "paper"}, "event"),  # no multi-participation bound
     ({"mechanism": "laplace-l1"}, "event"),
     ({"algorithm": "ss-gaussian"}, "event"),  # a per-unit baseline
-    ({"mode": "federated", "sites": 2, "site": 0}, "event"),  # sites do not bound contributions
+    ({"mode": "federated", "sites": 2, "site": 0}, "user"),  # each site folds, caps and budgets its own users
+    ({"mode": "federated", "sites": 2, "site": 0, "privacy_unit": "event"}, "event"),  # an explicit choice
     ({"privacy_unit": "event"}, "event"),
 ])
 def test_the_protected_unit_in_force(overrides: dict[str, object], unit: str) -> None:
@@ -187,7 +188,7 @@ def test_the_protected_unit_in_force(overrides: dict[str, object], unit: str) ->
 @pytest.mark.parametrize(("overrides", "field"), [
     ({"privacy_unit": "user", "mechanism": "paper"}, "mechanism"),
     ({"privacy_unit": "user", "algorithm": "ss-gaussian"}, "privacy_unit"),
-    ({"privacy_unit": "user", "mode": "federated", "sites": 2, "site": 0}, "privacy_unit"),
+    ({"privacy_unit": "user", "mode": "federated", "sites": 2, "mechanism": "paper"}, "mechanism"),
     ({"privacy_unit": "household"}, "privacy_unit"),
     ({"user_cap": 0}, "user_cap"),
     ({"user_cap": 2 ** 14}, "user_cap"),  # more than the ticks of an epoch
@@ -199,6 +200,38 @@ def test_settings_refuse_a_user_level_they_cannot_give(overrides: dict[str, obje
     with pytest.raises(SettingsError) as exc:
         Settings(**overrides)  # type: ignore[arg-type]
     assert exc.value.setting == field
+
+
+@pytest.mark.parametrize("topology", ["star", "ring"])
+def test_federated_sites_are_user_level_by_default_and_say_so(topology: str) -> None:
+    """``--mode federated`` with no flags: user level with the flat model's cap and the default lifetime budget, and the
+    statement ``/budget`` serves (:func:`site_guarantee` wrapped by :func:`federated_statement`) says so with the
+    cap, the epsilon a capped user spends per epoch and the budget; ``--privacy-unit event`` still states event
+    level, with no cap and no budget."""
+    from pipeline.config.settings import DEFAULT_CAPS, DEFAULT_USER_BUDGET, Settings
+    from pipeline.data.catalog import SyntheticCatalog
+    from pipeline.modes.federated.sites import federated_statement, site_guarantee
+
+    s = Settings(mode="federated", sites=2, topology=topology, n_users=6, d=3, n_arms=10, tree_levels=6)
+    assert (s.unit_in_force, s.model, s.user_cap, s.lifetime_budget) == ("user", "flat", DEFAULT_CAPS["flat"],
+                                                                         DEFAULT_USER_BUDGET)
+    catalog = SyntheticCatalog(n_users=6, d=3, n_arms=10, seed=0)
+    st = federated_statement(s, site_guarantee(s, catalog))
+    assert st["unit"] == "user" and st["neighbours"].startswith("user level, replace")
+    assert st["cap"] == 8 and st["cap_policy"] == "ignore" and len(st["ratios"]) == 8 and st["ratios"][-1] == 1.0
+    assert st["epsilon"] == pytest.approx(2.0, rel=1e-6)  # what a capped user spends per epoch
+    assert st["mu_at_cap"] == pytest.approx(gdp_mu(st["epsilon"], st["delta"]))
+    assert st["user_budget"]["epsilon"] == DEFAULT_USER_BUDGET
+    assert st["user_budget"]["mu"] == pytest.approx(gdp_mu(DEFAULT_USER_BUDGET, s.delta))
+    assert st["sensitivity"]["factor_vs_one_tick"] > 1  # calibrated to the cap, not to one tick
+    assert "user level" in st["per_site"] and "at most 8 ticks" in st["per_site"] and "epsilon 10" in st["per_site"]
+    event = s.replace(privacy_unit="event")
+    st_event = federated_statement(event, site_guarantee(event, catalog))
+    assert "unit" not in st_event and "user_budget" not in st_event and "cap" not in st_event
+    assert st_event["neighbours"].startswith("event level, replace-one") and "event level" in st_event["per_site"]
+    assert event.lifetime_budget == math.inf
+    # the same epsilon per epoch: user level pays for the cap with noise, not with a weaker claim
+    assert st_event["epsilon"] == pytest.approx(st["epsilon"], rel=1e-9)
 
 
 def test_batched_user_contributions_equal_adding_events_one_at_a_time() -> None:

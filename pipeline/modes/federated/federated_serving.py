@@ -23,7 +23,7 @@ from ...data.records import TOPICS
 from ...serve.serving import BadRequest, Recommender
 from ...config.settings import Settings
 
-__all__ = ["SiteRouter", "model_namespaces", "interactions_topic"]
+__all__ = ["SiteRouter", "model_namespaces", "interactions_topic", "federated_budget", "site_epoch"]
 
 
 def model_namespaces(settings: Settings) -> list[str]:
@@ -72,8 +72,22 @@ class SiteRouter:
         return self.recommenders[0].meta()
 
 
-async def federated_budget(r: Any, settings: Settings) -> dict[str, Any]:
-    """The mode, the topology and each serving namespace's model and statement (for ``/budget``)."""
+async def site_epoch(r: Any, settings: Settings, site: int) -> int:
+    """The epoch of site ``site``'s own release clock (its ledger's epochs): the served version is not it (star: the
+    sum of the sites' versions; decentralized: the consensus round)."""
+    released = await r.hget(PublicKeys(site_namespace(settings.namespace, site)).released, "version")
+    return (max(1, int(released or 0)) - 1) // settings.tree_ticks
+
+
+async def federated_budget(r: Any, settings: Settings, statement: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The mode, the topology and each serving namespace's model and statement (for ``/budget``).
+
+    At user level (``statement["unit"] == "user"``) each site's entry also carries its ledger's overview (users,
+    users at the cap and at the budget, spent epsilon; :func:`pipeline.serve.budget_view.ledger_overview`): a user
+    belongs to one site, so the ledgers are disjoint.
+    """
+    from ...serve.budget_view import ledger_overview
+
     sites: list[dict[str, Any]] = []
     for i in range(settings.sites):
         keys = PublicKeys(site_namespace(settings.namespace, i))
@@ -87,6 +101,9 @@ async def federated_budget(r: Any, settings: Settings) -> dict[str, Any]:
             if meta:
                 entry["view_round"] = int(meta[b"version"])
                 entry["privacy"] = json.loads(meta.get(b"privacy", b"{}"))
+        if statement is not None and statement.get("unit") == "user":
+            entry["ledger"] = await ledger_overview(r, keys, settings.partitions, statement,
+                                                    await site_epoch(r, settings, i))
         sites.append(entry)
     return {"mode": "federated", "topology": settings.topology, "schedule": settings.fed_schedule,
             "sites": sites}

@@ -6,7 +6,11 @@
    into its own trusted namespace (:func:`pipeline.modes.federated.federation.site_namespace`) — an event of another
    site's user is a dead letter naming the right site;
 2. releases its statistics every tick through its own mechanism, keyed by its own secret seed
-   (the ordinary :class:`pipeline.release.stages.ReleaseStage`, persisted before published);
+   (the ordinary :class:`pipeline.release.stages.ReleaseStage`, persisted before published); at user level (the
+   default) the release tick first folds each of its users' interactions of the tick, clipped, at most
+   ``user_cap`` ticks per user and epoch and within the lifetime budget, into the statistics, and keeps the
+   users' ledger in its own namespace (:class:`pipeline.state.userlevel.Folder`, as in global mode) — a user
+   belongs to one site, so that ledger is the user's whole history;
 3. shares on the schedule (every tick, or ticks 1, 2, 4, ...): star — its latest release to the
    coordinator; decentralized — one consensus round with its neighbours, after which it solves
    ``M y_i`` into its own serving model (:class:`SiteSync`).
@@ -90,28 +94,71 @@ class SiteReleaseStage(ReleaseStage):
 
 
 def site_guarantee(settings: Settings, catalog: Catalog) -> dict[str, Any]:
-    """A site's privacy statement computed from the public calibration alone (for the coordinator and the web)."""
-    from ...release.stages import privacy_statement, projection
+    """A site's privacy statement computed from the public calibration alone (for the coordinator and the web).
 
-    if not settings.private:
-        return privacy_statement(settings, None)
-    _, V = projection(settings.algorithm, catalog.W)
-    own = assign_sites(catalog.n_units, settings.sites) == (settings.site or 0)
+    The same calibration as :meth:`SiteReleaseStage.make_mechanism` (the seed does not enter the statement): at
+    user level (the default) the mechanism's multi-participation factor for ``user_cap`` ticks, the user-level
+    statement and the lifetime budget of the global mode (:func:`~pipeline.release.stages.user_level_statement`,
+    :func:`~pipeline.config.ledger.with_budget`).
+    """
     from models.ground.graphs import sensitivities
     from models.mechanisms import make_mechanism
+    from models.mechanisms.participation import participation_bound, participation_factor, replace_sensitivity
 
-    mech = make_mechanism(settings.mechanism, dim=catalog.n_units * catalog.d,
-                          sensitivity=float(sensitivities(V)[own].max()), epsilon=settings.epsilon,
-                          delta=settings.delta, horizon=settings.tree_ticks, seed=0,  # the event ignores the seed
-                          sensitivity_l1=float(np.abs(V[:, own]).sum(axis=0).max() * math.sqrt(catalog.d)),
-                          mixing=V * own[None, :], block_dim=catalog.d)
-    return privacy_statement(settings, mech)
+    from ...config.ledger import with_budget
+    from ...release.stages import privacy_statement, projection, user_level_statement
+
+    s = settings
+    mech: Mechanism | None = None
+    if s.private:
+        _, V = projection(s.algorithm, catalog.W)
+        own = assign_sites(catalog.n_units, s.sites) == (s.site or 0)
+
+        def build(scale: float) -> Mechanism:
+            scale *= replace_sensitivity(s.clips[0], signed=True)  # neighbours replace a clipped contribution
+            return make_mechanism(s.mechanism, dim=catalog.n_units * catalog.d,
+                                  sensitivity=scale * float(sensitivities(V)[own].max()), epsilon=s.epsilon,
+                                  delta=s.delta, horizon=s.tree_ticks, seed=0,  # the event ignores the seed
+                                  sensitivity_l1=scale * float(np.abs(V[:, own]).sum(axis=0).max()
+                                                               * math.sqrt(catalog.d)),
+                                  mixing=V * own[None, :], block_dim=catalog.d)
+
+        mech = build(participation_factor(build(1.0), s.user_cap) if s.user_level else 1.0)
+    statement = privacy_statement(s, mech)
+    if not s.user_level:
+        return statement
+    cap = s.user_cap
+
+    def ratio(k: int) -> float:  # B(k) / B(cap), as ReleaseStage.participation_ratio (a site has no item sums)
+        if mech is None:
+            return min(k, cap) ** 2 / cap**2
+        return participation_bound(mech, min(k, cap)) / participation_bound(mech, cap)
+
+    return with_budget(user_level_statement(s, statement, ratio, mech), s.lifetime_budget, s.delta)
 
 
 def federated_statement(settings: Settings, site_statement: dict[str, Any]) -> dict[str, Any]:
     """What a federated deployment guarantees: each site's mechanism over its own users, and who sees what."""
     star = settings.topology == "star"
     out = dict(site_statement)
+    if not settings.private:
+        per_site = "none: epsilon = inf, sites share their statistics without noise"
+    elif settings.user_level:
+        budget = settings.lifetime_budget
+        per_site = (f"per epoch of {settings.tree_ticks} release ticks, every release a site ever shares is "
+                    f"(epsilon, delta)-DP with respect to everything one of its users contributed (user level, "
+                    f"replace): the site's fold sums and clips each user's interactions of a tick and counts at "
+                    f"most {settings.user_cap} ticks per user and epoch (user_cap); its ledger keeps each user's "
+                    f"spent budget over the epochs and stops learning from a user before it would exceed "
+                    + (f"epsilon {budget:g} (user_budget)" if math.isfinite(budget) else "the user_budget (none set)")
+                    + "; a user belongs to one site (a public rule), so that site's ledger is their whole history "
+                      "and their contributions touch that site's releases only (parallel composition); everything "
+                      "the coordinator and the other sites compute is post-processing")
+    else:
+        per_site = ("every release a site ever shares is (epsilon, delta)-DP with respect to one interaction of "
+                    "one of its users (event level, replace-one); sites hold disjoint users, so one interaction "
+                    "touches one site's releases only (parallel composition); everything the coordinator and "
+                    "the other sites compute is post-processing")
     out.update({
         "mode": "federated",
         "sites": settings.sites,
@@ -122,11 +169,7 @@ def federated_statement(settings: Settings, site_statement: dict[str, Any]) -> d
                   "the site's released statistics (its noisy b_tilde, and the public Grams and counts of its "
                   "units)" + ("" if star else "; neighbours exchange consensus states, which are mixtures of "
                               "released statistics (post-processing)")),
-        "per_site": ("every release a site ever shares is (epsilon, delta)-DP with respect to one interaction of "
-                     "one of its users (event level, replace-one); sites hold disjoint users, so one interaction "
-                     "touches one site's releases only (parallel composition); everything the coordinator and "
-                     "the other sites compute is post-processing" if settings.private
-                     else "none: epsilon = inf, sites share their statistics without noise"),
+        "per_site": per_site,
     })
     return out
 
