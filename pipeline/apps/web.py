@@ -63,7 +63,7 @@ from ..serve.httpstats import RequestStats
 from ..modes.federated.federated_serving import (SiteRouter, federated_budget, interactions_topic, model_namespaces,
                                                  site_epoch)
 from ..modes.federated.federation import site_namespace
-from ..serve.budget_view import (LEARNED, history, learning, ledger_overview, serving_isolation, user_budget,
+from ..serve.budget_view import (LEARNED, learning, ledger_overview, release_history, serving_isolation, user_budget,
                                 user_interactions)
 from ..config.keys import PublicKeys, partition_of
 from ..config.kafkaconn import PRODUCE_TIMEOUT_MS, client_kwargs
@@ -200,6 +200,17 @@ def _authorize(request: web.Request, user: str) -> web.Response | None:
         return _error(403, "Authorization", f"this token does not open user {user!r}'s view (a user's token opens "
                                             f"only their own; the operator token opens every user's)")
     return None
+
+
+def _is_operator(request: web.Request) -> bool:
+    """Whether the request presents the operator token (``Authorization: Bearer``)."""
+    return request.app[TOKENS].is_operator(bearer(request.headers.get("Authorization")))
+
+
+#: What a caller without the operator token is told in place of the participation figures (add/remove relation).
+OPERATOR_ONLY = ("under the add/remove relation the exact counts, the ledger's figures and dead letters depend on "
+                 "who took part: they are answered to the operator token only (Authorization: Bearer); the counts "
+                 "here are the release's noisy ones")
 
 
 async def _clients(app: web.Application) -> Any:
@@ -426,12 +437,10 @@ async def budget(request: web.Request) -> web.Response:
         return _error(503, None, "no release has been published yet")
     statement = json.loads(meta.get("privacy", "{}"))
     event = event_from_dict(json.loads(meta.get("event", '{"kind": "none"}')))
-    history = []
-    for entry_id, fields in await r.xrevrange(keys.released_log, count=200):
-        # a stream entry id is "<ms since epoch>-<seq>": the publish time
-        history.append({"version": int(fields[b"version"]), "count": int(fields.get(b"count", b"0")),
-                        "at_ms": int(entry_id.split(b"-")[0])})
-    history.reverse()
+    # add/remove: participation figures (exact counts, the ledger) only to the operator; the rest is calibrated
+    figures = statement.get("relation") != "add-remove" or _is_operator(request)
+    history = [{k: v for k, v in e.items() if k != "ledger"}
+               for e in await release_history(r, keys, 200, exact=figures)]
     capacity = (1 << s.tree_levels) - 1
     version = int(meta["version"])
     out: dict[str, Any] = {
@@ -447,6 +456,8 @@ async def budget(request: web.Request) -> web.Response:
                   if "prior_strength" in meta else None},
         "releases": version,
         "events_released": int(meta.get("events", 0)),
+        "counts": "exact" if statement.get("relation") != "add-remove" else (
+            "exact (the operator's figures)" if figures else "noisy: the release's own count (" + OPERATOR_ONLY + ")"),
         "tree": {"levels": s.tree_levels, "ticks_per_epoch": capacity, "epoch": (version - 1) // capacity,
                  "tick_in_epoch": (version - 1) % capacity + 1},
         "history": history,
@@ -490,8 +501,12 @@ async def budget(request: web.Request) -> web.Response:
     if s.mode == "local" and s.user_level:  # the devices' ledger, in the global mode's fields
         cfg = s.local_config(request.app[CATALOG].d)
         out["ledger"] = await local_ledger_overview(r, keys, s.partitions, cfg, cfg.epoch_at(time.time()))
-    elif statement.get("unit") == "user" and s.mode != "federated":  # (federated: per site, above)
+    elif statement.get("unit") == "user" and s.mode != "federated" and figures:  # (federated: per site, above)
         out["ledger"] = await ledger_overview(r, keys, s.partitions, statement, out["tree"]["epoch"])
+    if figures and statement.get("relation") == "add-remove":
+        exact = await r.hget(keys.release_figures, "count")
+        if exact is not None:
+            out["events_released"] = int(exact)
     out["redis_acl"] = await serving_isolation(r, s.namespace)
     return web.json_response(out)
 
@@ -499,7 +514,14 @@ async def budget(request: web.Request) -> web.Response:
 async def budget_history(request: web.Request) -> web.Response:
     """Per release: time, version, events covered, and (user level) the ledger's figures — the dashboard's data."""
     keys: PublicKeys = request.app[MODEL_KEYS][0]
-    return web.json_response({"history": await history(request.app[REDIS], keys)})
+    r = request.app[REDIS]
+    privacy = await r.hget(keys.model_meta, "privacy")
+    add_remove = bool(privacy) and json.loads(privacy).get("relation") == "add-remove"
+    exact = not add_remove or _is_operator(request)
+    out: dict[str, Any] = {"history": await release_history(r, keys, exact=exact)}
+    if not exact:
+        out["operator_only"] = OPERATOR_ONLY
+    return web.json_response(out)
 
 
 async def dashboard(request: web.Request) -> web.StreamResponse:
@@ -541,10 +563,16 @@ async def metrics(request: web.Request) -> web.Response:
     m: _Metrics = request.app[_METRICS]
     keys: PublicKeys = request.app[MODEL_KEYS][0]
     r = request.app[REDIS]
+    if request.app[SETTINGS].relation == "add-remove" and not _is_operator(request):
+        resp = _error(401, "Authorization", "under the add/remove relation the metrics (exact counts, the ledger's "
+                                            "figures, dead letters) depend on who took part: send 'Authorization: "
+                                            "Bearer <the operator token>'")
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="privrec"'
+        return resp
     v = await r.hget(keys.model_meta, "version")
     if v is not None:
         m.model_version.set(int(v))
-    c = await r.hget(keys.released, "count")
+    c = await r.hget(keys.release_figures, "count") or await r.hget(keys.released, "count")
     if c is not None:
         m.released_events.set(int(c))
     s: Settings = request.app[SETTINGS]

@@ -21,7 +21,7 @@ from ..config.keys import PublicKeys, partition_of
 from ..config.ledger import LedgerRecord, LifetimeBudget, spent_mu
 
 __all__ = ["ratio_of", "user_budget", "user_interactions", "learning", "ledger_overview", "spent_summary",
-           "history", "serving_isolation"]
+           "release_history", "serving_isolation"]
 
 
 def ratio_of(statement: dict[str, Any]) -> Any:
@@ -180,12 +180,24 @@ def _edges(values: list[float], bins: int = 10) -> list[float]:
     return [round(hi * i / bins, 6) for i in range(bins + 1)]
 
 
-async def history(r: Any, keys: PublicKeys, count: int = 500) -> list[dict[str, Any]]:
-    """Per release: time, version, events covered and the ledger summary (user level), oldest first."""
+async def release_history(r: Any, keys: PublicKeys, count: int = 500, *, exact: bool = True
+                          ) -> list[dict[str, Any]]:
+    """Per release: time (``at_ms``), version, events covered and the ledger summary (user level), oldest first.
+
+    Under the add/remove relation the released log holds the release's noisy count and no ledger; ``exact`` then
+    takes the count and the ledger from the operator's figures (``keys.release_figures_log``), for the operator's
+    eyes only. Under replace the released log holds the exact figures (public there) either way.
+    """
+    figures: dict[int, dict[bytes, bytes]] = {}
+    if exact:
+        for _, fields in await r.xrevrange(keys.release_figures_log, count=count):
+            figures[int(fields[b"version"])] = fields
     out = []
     for entry_id, fields in await r.xrevrange(keys.released_log, count=count):
+        version = int(fields[b"version"])
+        fields = {**fields, **figures.get(version, {})}
         ledger = fields.get(b"ledger") or b""
-        entry: dict[str, Any] = {"version": int(fields[b"version"]), "count": int(fields.get(b"count", b"0")),
+        entry: dict[str, Any] = {"version": version, "count": int(fields.get(b"count", b"0")),
                                  "at_ms": int(entry_id.split(b"-")[0])}
         if ledger:
             entry["ledger"] = json.loads(ledger)

@@ -166,6 +166,8 @@ COMPONENTS: dict[str, Any] = {"securitySchemes": _SECURITY_SCHEMES, "schemas": {
             "privacy": {"type": "object", "description": "the privacy statement of the released statistics"},
             "model": {"type": "object", "required": ["version"], "properties": {"version": _INT}},
             "releases": _INT, "events_released": _INT, "tree": {},
+            "counts": {"type": "string", "description": "exact, or (add/remove relation without the operator token) "
+                                                        "noisy: the releases' own counts"},
             "history": {"type": "array", "items": _ref("Release")},
             "user": {"type": "object", "description": "with ?user=U: that user's guarantee",
                      "required": ["user"], "properties": {"user": _STR}},
@@ -277,8 +279,12 @@ PATHS: dict[str, dict[str, Any]] = {
     }},
     "/budget/history": {"get": {
         "operationId": "budgetHistory", "summary": "Per release: time, version, events, the ledger's figures",
+        "description": "Under the add/remove relation the counts are the releases' noisy ones and the ledger's "
+                       "figures are left out, unless the operator token is sent (`operator_only` says so).",
+        "security": [{}, {"userToken": []}],
         "responses": {"200": _json({"type": "object", "required": ["history"],
-                                    "properties": {"history": {"type": "array", "items": _ref("Release")}}},
+                                    "properties": {"history": {"type": "array", "items": _ref("Release")},
+                                                   "operator_only": _STR}},
                                    "the releases, oldest first"),
                       "503": _UNAVAILABLE},
     }},
@@ -304,8 +310,12 @@ PATHS: dict[str, dict[str, Any]] = {
     }},
     "/metrics": {"get": {
         "operationId": "metrics", "summary": "Prometheus metrics",
+        "description": "Under the add/remove relation (the default stack) only with the operator token: the "
+                       "metrics hold exact counts, the ledger's figures and dead letters.",
+        "security": [{}, {"userToken": []}],
         "responses": {"200": {"description": "Prometheus text exposition",
                               "content": {"text/plain": {"schema": _STR}}},
+                      "401": _err("add/remove relation, no operator token (parameter `Authorization`)"),
                       "503": _UNAVAILABLE},
     }},
     "/openapi.json": {"get": {

@@ -50,7 +50,13 @@ def _budget(args: argparse.Namespace) -> int:
 
     base = resolve_http(args.http, args.state_dir)
     url = f"{base}/budget" + (f"?{urllib.parse.urlencode({'user': args.user})}" if args.user else "")
-    headers = {} if args.user is None else {"Authorization": f"Bearer {operator_token(args.state_dir)}"}
+    if args.user is not None:
+        headers = {"Authorization": f"Bearer {operator_token(args.state_dir)}"}
+    else:  # the operator's figures where there is a token (add/remove: the ledger is answered to it only)
+        try:
+            headers = {"Authorization": f"Bearer {operator_token(args.state_dir)}"}
+        except ValueError:
+            headers = {}
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
             doc = json.loads(resp.read())
@@ -73,6 +79,8 @@ def _budget(args: argparse.Namespace) -> int:
         print(f"every release: ({p['epsilon']:.4g}, {p['delta']:.2g})-DP {unit} "
               f"[{p['mechanism']}: {p['mechanism_about']}]" + ("" if p.get("valid") else " — NOT a valid DP proof"))
         print(f"neighbours: {p['neighbours']}")
+        if p.get("relation"):
+            print(f"relation: {p['relation']}; public: {'; '.join(p.get('public', []))}")
         for st in p.get("statistics", []):
             if "sensitivity_per_tick" in st:
                 print(f"  {st['name']}: {st['released']}; clip {st['clip']:.4g} ({st['clip_of']}), per-tick "

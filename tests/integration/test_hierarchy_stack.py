@@ -165,7 +165,14 @@ def test_at_epsilon_2_the_budget_states_the_blocks_and_a_users_second_tick_is_no
         assert b["mu"] == pytest.approx(p["mu_at_cap"] * math.sqrt(b["share_of_mu_squared"]))
         assert b["sensitivity_per_tick"] == pytest.approx(math.sqrt(2))
     assert not any(x.startswith("the Gram") for x in p["public"])  # the hierarchy releases no Gram matrix
-    wait_for(lambda: stack.get_json("/budget")[1]["ledger"]["capped_events"] >= 1, 30, "the capped listen counted")
+    assert p["relation"] == "add-remove" and "the release schedule" in " ".join(p["public"])
+    assert "ledger" not in body and body["counts"].startswith("noisy")  # participation: the operator's figures
+    status, metrics = stack.get_json("/metrics")
+    assert status == 401 and metrics["error"]["parameter"] == "Authorization"
+    wait_for(lambda: stack.get_json("/budget", token=stack.operator_token)[1]["ledger"]["capped_events"] >= 1, 30,
+             "the capped listen counted")
+    operator = stack.get_json("/budget", token=stack.operator_token)[1]
+    assert operator["counts"].startswith("exact") and operator["events_released"] == 2  # (no event since)
     rel = ReleasedHierarchy.from_mapping(_released(stack))
     assert rel.std_pool > 0 and rel.std_items > 0
     # unweighted, a block's noise std is sigma sqrt(2) / sqrt(share): the pool's smaller share, the larger noise

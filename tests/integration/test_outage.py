@@ -157,10 +157,17 @@ def _ledger(url: str, ns: str = NS) -> Counter[str]:
         client.close()
 
 
-def _metric(http: str, name: str) -> float:
+def _metric(http: str, name: str, state_dir: Path) -> float:
+    """A gauge of the web's ``/metrics``, asked with the stack's operator token (the add/remove relation answers
+    the metrics to it only)."""
     import urllib.request
 
-    with urllib.request.urlopen(f"{http}/metrics", timeout=5) as resp:
+    from privrec.ops.stackfile import read_tokens
+
+    tokens = read_tokens(state_dir)
+    assert tokens is not None and tokens.operator, f"no operator token in {state_dir}"
+    request = urllib.request.Request(f"{http}/metrics", headers={"Authorization": f"Bearer {tokens.operator}"})
+    with urllib.request.urlopen(request, timeout=5) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])
@@ -234,7 +241,7 @@ def _outage(stack: Path, service: str) -> None:
     time.sleep(2.0)  # several more release ticks: nothing counted twice arrives late
     assert released_events(url, NS) == want
     assert _ledger(url) - counted == out.per_user  # per user: every acknowledged feedback counted once
-    assert _metric(http, 'privrec_stack_repairs_total{service="' + service + '"}') >= 1.0
+    assert _metric(http, 'privrec_stack_repairs_total{service="' + service + '"}', stack) >= 1.0
     slow = max(s for _, s, _ in out.feedback_s)
     during = [s for t, s, _ in out.feedback_s if t >= killed_at and t <= killed_at + last.get("seconds", 0) + 5]
     print(f"\n{service} killed after {KILL_AT} acknowledged: repaired in {last.get('seconds')} s (supervisor), "

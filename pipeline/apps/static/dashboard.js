@@ -6,8 +6,23 @@
   const NS = "http://www.w3.org/2000/svg";
   const REFRESH_MS = 5000;
 
+  // `/dashboard#token=T` with the operator token (`privrec token`): the exact figures under the add/remove relation
+  // (without it the dashboard shows what is public: the guarantee, the releases and their noisy counts). Kept for
+  // this tab and taken out of the address bar.
+  const TOKEN_KEY = "privrec.dashboard.token";
+  (() => {
+    const token = new URLSearchParams(window.location.hash.slice(1)).get("token");
+    if (!token) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    const url = new URL(window.location.href);
+    url.hash = "";
+    history.replaceState(null, "", url);
+  })();
+
   async function api(path) {
-    const resp = await fetch(path, { headers: { Accept: "application/json" } });
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    const headers = { Accept: "application/json", ...(token ? { Authorization: `Bearer ${token}` } : {}) };
+    const resp = await fetch(path, { headers });
     const body = await resp.json().catch(() => ({}));
     if (!resp.ok) throw new Error((body.error && body.error.message) || `${path}: HTTP ${resp.status}`);
     return body;
@@ -113,7 +128,12 @@
                           "fig-at-budget", "fig-budget-events"]) {
           $(id).textContent = "–";
         }
-        $("dash-note").textContent = "Event level: this server does not bound users' contributions (privacy_unit = event); " +
+        $("dash-note").textContent = p.relation === "add-remove"
+          ? `User level, add/remove: whether a user took part at all is protected (ε = ${fmt(p.epsilon)}, δ = ` +
+            `${p.delta} per epoch), so who took part, the users at the cap and the spent budgets are the operator's ` +
+            `figures: open this page as /dashboard#token=<the operator token> (privrec token) to see them. What is ` +
+            `public: the guarantee, the releases (one per tick) and their noisy counts.`
+          : "Event level: this server does not bound users' contributions (privacy_unit = event); " +
           "a user's guarantee is the group bound over their interactions (see /budget?user=…).";
       }
       const hist = h.history || [];
