@@ -10,9 +10,10 @@ costs one produce request per 100 ms instead of a ``send`` per list and a produc
 (``docs/serving-performance.md``).
 
 What a feedback sees: :meth:`ShownLists.get` looks in the pending lists first, so a ``POST /feedback`` (or a
-local-mode ``/report``) on a list whose write is still pending is accepted like any other (it is claimed
-with ``SET NX`` and produced with the broker's ack, as before: an acknowledged feedback never depends on the
-list's write). With several server processes (``web_processes``) a feedback may reach another process than
+local-mode ``/report``) on a list whose write is still pending is accepted like any other. Ingest matches a
+feedback against the *stored* list (:mod:`pipeline.ingestion.shown_lists`), so ``/feedback`` first writes a
+pending list at once, alone (:meth:`ShownLists.stored`: one ``SET``), and answers 503 if that write fails; then
+the feedback is claimed with ``SET NX`` and produced with the broker's ack, as before. With several server processes (``web_processes``) a feedback may reach another process than
 the one that showed the list: a miss there is read again after the write-behind window.
 
 What a crash costs: the lists shown in the last ``flush_seconds`` (and any batch whose write was under way)
@@ -135,6 +136,10 @@ class ShownLists:
         waiter = self._waiters.get(rec_id)
         if waiter is None:
             waiter = self._waiters[rec_id] = asyncio.get_running_loop().create_future()
+        mine = [entry for entry in self._batch if entry[0] == rec_id]
+        if mine:  # not handed to a write yet: write this list now, alone (its batch keeps its window)
+            self._batch = [entry for entry in self._batch if entry[0] != rec_id]
+            self._spawn(self._write(mine))
         return await asyncio.shield(waiter)
 
     @property

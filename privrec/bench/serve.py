@@ -262,6 +262,15 @@ def seed_events(stack: LocalStack, n: int, *, seed: int = 0, timeout: float = 12
     users = list(catalog.users)
     theta = getattr(getattr(catalog, "env", None), "theta", None)
     prod = KafkaProducer(bootstrap_servers=stack.broker.address, linger_ms=5)
+    # where the model publishes the exact Gram (the flat model), ingest takes feedback only on a list the server
+    # recorded: the seed events answer one-item lists recorded as GET /recommend records them
+    import redis
+
+    from pipeline.config.keys import PublicKeys
+    from pipeline.ingestion.shown_lists import rec_id_required
+
+    recs = redis.Redis.from_url(stack.redis_url) if rec_id_required(s) else None
+    keys = PublicKeys(s.namespace)
     for i in range(n):
         user, arm = rng.choice(users), rng.choice(arms)
         if theta is not None:  # reward ~ Bernoulli(clip(x . theta_u)), as the synthetic world has it
@@ -271,9 +280,15 @@ def seed_events(stack: LocalStack, n: int, *, seed: int = 0, timeout: float = 12
             reward = float(rng.random() < 0.3)
         ev = {"event_id": f"bench-{seed}-{i}", "user": user, "arm": arm, "reward": reward,
               "ts": time.time() * 1000, "rec_id": None}
+        if recs is not None:
+            ev["rec_id"], ev["shown"] = f"bench-{seed}-{i}", [arm]
+            recs.set(keys.recommendation(ev["rec_id"]), json.dumps({"rec_id": ev["rec_id"], "user": user,
+                                                                   "items": [arm]}), ex=86400)
         prod.send("interactions", key=user.encode(), value=json.dumps(ev).encode())
     prod.flush()
     prod.close()
+    if recs is not None:
+        recs.close()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status, body = stack.get_json("/budget")

@@ -9,7 +9,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,34 +151,43 @@ def synthetic_events(catalog: SyntheticCatalog, n: int, seed: int = 0) -> Iterat
         yield ev
 
 
-def shown_as_served(stack: Stack, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events as the stack's ingest accepts feedback: where its model requires a server-issued ``rec_id``
-    (:func:`pipeline.ingestion.shown_lists.rec_id_required`), each feedback event without one answers a one-item
-    list that the harness records as ``GET /recommend`` records it (``{ns}:recs:*``, the server's store), so the
-    event carries that ``rec_id`` and list. Other events, and every event elsewhere, are returned as they are."""
-    if not rec_id_required(stack.settings()):
+def shown_as_served(stack: Stack | Sequence[Stack], events: list[dict[str, Any]], *, contexts: bool = True
+                    ) -> list[dict[str, Any]]:
+    """The events as the stacks' ingest accepts feedback (several stacks: namespaces reading one topic): where a
+    model requires a server-issued ``rec_id`` (:func:`pipeline.ingestion.shown_lists.rec_id_required`), each
+    feedback event without one answers a one-item list that the harness records as ``GET /recommend`` records it
+    (``{ns}:recs:*``, the server's store) in every stack's namespace, so the event carries that ``rec_id`` and
+    list. Other events, and every event where no stack requires it, are returned as they are. ``contexts`` false:
+    a served feedback drops its own context, as ``POST /feedback`` writes it (its Gram row and its ``b`` are then
+    both the item's catalog context, the one-row protocol of the papers' twins)."""
+    stacks = [stack] if isinstance(stack, Stack) else list(stack)
+    if not any(rec_id_required(st.settings()) for st in stacks):
         return events
-    keys = PublicKeys(stack.namespace)
     out = []
-    with stack.client.pipeline(transaction=False) as pipe:
+    with stacks[0].client.pipeline(transaction=False) as pipe:
         for ev in events:
             if (ev.get("rec_id") is None and ev.get("kind", "feedback") != "listen" and "shown" not in ev
                     and isinstance(ev.get("arm"), str) and isinstance(ev.get("user"), str)):
                 rec_id = f"harness-{ev['event_id']}"
-                pipe.set(keys.recommendation(rec_id), json.dumps(
-                    {"rec_id": rec_id, "user": ev["user"], "items": [ev["arm"]], "model_version": 0,
-                     "ts": 1.7e12}), ex=86400)
+                for st in stacks:
+                    pipe.set(PublicKeys(st.namespace).recommendation(rec_id), json.dumps(
+                        {"rec_id": rec_id, "user": ev["user"], "items": [ev["arm"]], "model_version": 0,
+                         "ts": 1.7e12}), ex=86400)
                 ev = {**ev, "rec_id": rec_id, "shown": [ev["arm"]]}
+                if not contexts:
+                    ev.pop("context", None)
             out.append(ev)
         pipe.execute()
     return out
 
 
-def produce(stack: Stack, events: list[dict[str, Any]], *, rate: float | None = None) -> list[tuple[int, int, bytes]]:
-    """Produce keyed by user (each feedback answering a list the server recorded where the model requires it:
-    :func:`shown_as_served`); return ``(partition, offset, value)`` of each, in send order."""
-    events = shown_as_served(stack, events)
-    prod = stack.producer()
+def produce(stack: Stack | Sequence[Stack], events: list[dict[str, Any]], *, rate: float | None = None,
+            contexts: bool = True) -> list[tuple[int, int, bytes]]:
+    """Produce keyed by user (each feedback answering a list the server recorded where a model requires it:
+    :func:`shown_as_served`; several stacks on one broker: recorded for each); return ``(partition, offset, value)``
+    of each, in send order."""
+    events = shown_as_served(stack, events, contexts=contexts)
+    prod = (stack if isinstance(stack, Stack) else stack[0]).producer()
     futures = []
     t0 = time.monotonic()
     for i, ev in enumerate(events):

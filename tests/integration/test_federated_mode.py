@@ -68,11 +68,18 @@ class FedStack:
         return redis.Redis.from_url(acl.role_url(self.stack["redis"], role, self.creds[role]))
 
     def produce(self, n: int, seed: int) -> None:
+        """``n`` feedback events on the sites' topics, each answering a one-item list recorded as ``/recommend``
+        records it in the coordinator's namespace (the sites' ingest matches feedback against it)."""
         rng = random.Random(seed)
         prod = KafkaProducer(bootstrap_servers=self.stack["kafka"], linger_ms=5)
+        recs = self.client()
+        keys = PublicKeys(self.settings.namespace)
         for i in range(n):
             user = str(rng.randrange(self.catalog.n_units))
-            ev = {"event_id": f"f{seed}-{i}", "user": user, "arm": str(rng.randrange(self.settings.n_arms)),
+            arm, rec_id = str(rng.randrange(self.settings.n_arms)), f"fed-{seed}-{i}"
+            recs.set(keys.recommendation(rec_id), json.dumps({"rec_id": rec_id, "user": user, "items": [arm]}),
+                     ex=86400)
+            ev = {"event_id": f"f{seed}-{i}", "user": user, "arm": arm, "rec_id": rec_id, "shown": [arm],
                   "reward": float(rng.randrange(2)) if i % 3 else rng.random(), "ts": 1.7e12 + i}
             site = int(self.site_of_unit[self.catalog.unit_of(user)])
             value = json.dumps(ev).encode()
@@ -80,6 +87,7 @@ class FedStack:
             self.produced[site].append(value)
         prod.flush()
         prod.close()
+        recs.close()
 
     def site_stats(self, site: int, n: int | None = None) -> UnitStats:
         """Exact statistics of the first ``n`` events of a site's topic (one partition: offset order)."""
@@ -330,12 +338,17 @@ def _send_one_user(stack: FedStack, n: int, tag: str) -> None:
     """``n`` interactions of :data:`ONE_USER` on its site's topic (reward 1 on varied arms: an unclipped sum)."""
     site = int(stack.site_of_unit[stack.catalog.unit_of(ONE_USER)])
     prod = KafkaProducer(bootstrap_servers=stack.stack["kafka"], linger_ms=5)
+    recs, keys = stack.client(), PublicKeys(stack.settings.namespace)
     for i in range(n):
-        ev = {"event_id": f"{tag}-{i}", "user": ONE_USER, "arm": str(i % stack.settings.n_arms), "reward": 1.0,
-              "ts": 1.7e12 + i}
+        arm, rec_id = str(i % stack.settings.n_arms), f"{tag}-rec-{i}"  # a one-item list, recorded as served
+        recs.set(keys.recommendation(rec_id), json.dumps({"rec_id": rec_id, "user": ONE_USER, "items": [arm]}),
+                 ex=86400)
+        ev = {"event_id": f"{tag}-{i}", "user": ONE_USER, "arm": arm, "rec_id": rec_id, "shown": [arm],
+              "reward": 1.0, "ts": 1.7e12 + i}
         prod.send(site_topic(site), key=ONE_USER.encode(), value=json.dumps(ev).encode())
     prod.flush()
     prod.close()
+    recs.close()
 
 
 def _spent(stack: FedStack) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from pipeline import services
 from pipeline.release.baseline_release import build_baseline
 from pipeline.data.catalog import SyntheticCatalog
 from pipeline.config.keys import PublicKeys
-from pipeline.data.records import parse_interaction
+from pipeline.data.records import parse_batch, parse_interaction
 from pipeline.serve.serving import Recommender
 from pipeline.config.settings import BASELINE_ALGORITHMS
 from pipeline.state.trusted import TrustedKeys, TrustedStore
@@ -117,8 +117,9 @@ def streamed(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Se
         events = list(synthetic_events(catalog, EVENTS, seed=7))
         bulk, waves = _split_waves(events, catalog.n_units, WAVES)
         produced: list[tuple[int, int, bytes]] = []
-        first = next(iter(runs.values())).stack
-        producer = threading.Thread(target=lambda: produced.extend(produce(first, bulk, rate=500)))
+        stacks = [r.stack for r in runs.values()]  # one topic, several namespaces: each records the lists
+        # (served feedback carries no context of its own: the event-by-event twin below takes one row per event)
+        producer = threading.Thread(target=lambda: produced.extend(produce(stacks, bulk, rate=500, contexts=False)))
         producer.start()
         noisy = [r for r in runs.values() if r.private]
         wait_for(lambda: all(r.stack.released_count() > 800 for r in noisy), 40, "a release in the middle of the stream")
@@ -135,7 +136,7 @@ def streamed(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Se
             sent = len(produced)
             for run in runs.values():
                 wait_for(lambda: run.stack.released_count() == sent, 90, f"the stream released in {run.algorithm}")
-            produced.extend(produce(first, wave))
+            produced.extend(produce(stacks, wave, contexts=False))
         for run in runs.values():
             wait_for(lambda: run.stack.released_count() == EVENTS, 90, f"all events released in {run.algorithm}")
             version = int(run.stack.released()[b"version"])
@@ -177,11 +178,9 @@ class IncrementalStats:
         for p in range(partitions):
             rows = []
             for _, off, value in sorted(x for x in produced if x[0] == p):
-                try:
-                    u, x, r, _ = parse_interaction(value, catalog)
-                except ValueError:
-                    continue
-                rows.append((off, u, x, r))
+                one = parse_batch([value], catalog)  # the Gram takes the shown list's items, b the event's context
+                if not one.dead:
+                    rows.append((off, one))
             self.parts.append(rows)
         self.shards = [UnitStats.zeros(n_units=catalog.n_units, d=catalog.d) for _ in range(partitions)]
         self.pos = [0] * partitions
@@ -190,8 +189,9 @@ class IncrementalStats:
         for p, rows in enumerate(self.parts):
             i = self.pos[p]
             while i < len(rows) and rows[i][0] < offsets[p]:
-                _, u, x, r = rows[i]
-                self.shards[p].add(np.array([u]), x[None, :], np.array([r]))
+                one = rows[i][1]
+                self.shards[p].add_parts(one.units, one.contexts, one.rewards, one.units[one.gram_events],
+                                         one.gram_contexts)
                 i += 1
             self.pos[p] = i
         return UnitStats.merged(self.shards)

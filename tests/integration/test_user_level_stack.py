@@ -27,7 +27,7 @@ from pipeline.config.keys import PublicKeys
 from pipeline.config.ledger import LedgerRecord
 from privrec.ops.stackfile import read_tokens, stack_tokens
 
-from pipeline_support import REPO, Stack, open_stack, wait_for
+from pipeline_support import REPO, Stack, open_stack, shown_as_served, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +49,9 @@ def _send(stack: Stack, user: str, n: int, tag: str) -> None:
     """``n`` events of ``user``, all with the same unit context and reward 1 (unclipped: a sum of norm n)."""
     x = [0.5, 0.5, 0.5, 0.5]
     prod = stack.producer()
-    for i in range(n):
-        ev = {"event_id": f"{tag}-{i}", "user": user, "arm": "1", "context": x, "reward": 1.0, "ts": 1.7e12 + i}
+    events = [{"event_id": f"{tag}-{i}", "user": user, "arm": "1", "context": x, "reward": 1.0, "ts": 1.7e12 + i}
+              for i in range(n)]
+    for ev in shown_as_served(stack, events):  # the flat model: each answers a list recorded as served
         prod.send("interactions", key=user.encode(), value=json.dumps(ev).encode())
     prod.flush()
     prod.close()
