@@ -118,17 +118,21 @@ def _as_served(client: redis.Redis, settings: Settings, raws: Sequence[bytes]) -
 
 def run_stream(client: redis.Redis, settings: Settings, catalog: Catalog,
                ticks: Sequence[Mapping[int, Sequence[bytes]]], *, seed: int,
-               stage_type: type[ReleaseStage] = ReleaseStage, allow_dead: bool = False, force: bool = True) -> Trace:
+               stage_type: type[ReleaseStage] = ReleaseStage, allow_dead: bool = False, force: bool = True,
+               shown_check: bool = True) -> Trace:
     """Ingest ``ticks`` (per release tick, the events that land on each partition) and release once per tick, as
     the worker does. Every event must be counted, unless ``allow_dead`` (then ingest may dead-letter some).
     ``force`` false: the stage decides whether a tick releases, as the worker's timer lets it — every tick must
-    still release (the add/remove relation's public schedule).
+    still release (the add/remove relation's public schedule). ``shown_check`` false: ingest without the check of
+    feedback lists against the server's record (the code before issue 32: an under-protected control).
 
     The namespace (``settings.namespace``) must be fresh; its secret noise seed is set to ``seed`` first.
     """
     s = settings
     client.set(TrustedKeys(s.namespace).secret, str(int(seed)))
     proc = make_processor(client, s, catalog)  # the worker's own construction
+    if not shown_check:
+        proc.shown = None
     stage = stage_type(s, catalog, client)
     n_items = stage.n_items
     offsets: dict[int, int] = {}

@@ -612,6 +612,63 @@ def test_control_with_half_the_noise_is_caught(audit_redis: redis.Redis, size: S
     assert math.isfinite(audit.control.mu)
 
 
+# ------------------------------------------------------------------- forged and missing shown lists (issue 32)
+
+#: User ``0``'s feedback in each tick names a ``rec_id`` for which the server recorded :data:`SHOWN` (both items), but
+#: the event carries a list of its own: a forged one-item list holding the choice, or none (a one-item list before
+#: issue 32). Choices as :data:`GRAM_CHOICES`: a Gram that took the event's list would name the choice.
+FORGED = {"forged": lambda arm: [arm], "missing": lambda arm: None}
+
+
+def _forged_ticks(client: redis.Redis, size: Size, tag: str, case: str, which: str) -> list[dict[int, list[bytes]]]:
+    """:func:`_choice_ticks`' stream with user ``0``'s feedback answering a recorded list with the event's own list
+    (``case``); the list :data:`SHOWN` is recorded as ``GET /recommend`` records it, per event, in the namespace."""
+    from pipeline.config.keys import PublicKeys
+
+    keys = PublicKeys(f"audit-{tag}-{size.tree_levels}-{which}")
+    arm, head = GRAM_CHOICES[which]
+    context = [*head] + [0.0] * (size.d - 2)
+    ticks = _choice_ticks(size, which, GRAM_CHOICES)
+    for t, tick in enumerate(ticks):
+        events = [json.loads(raw) for raw in tick[0]]
+        for k, ev in enumerate(events):
+            if ev["user"] != "0":
+                continue
+            rec_id = f"served-{t}-{k}"
+            client.set(keys.recommendation(rec_id), json.dumps({"rec_id": rec_id, "user": "0", "items": list(SHOWN)}),
+                       ex=86400)
+            forged = json.loads(event(int(ev["event_id"][1:]), "0", arm, 1.0, context, shown=FORGED[case](arm)))
+            events[k] = {**forged, "rec_id": rec_id}
+        tick[0] = [json.dumps(ev).encode() for ev in events]
+    return ticks
+
+
+@pytest.mark.parametrize("case", list(FORGED))
+def test_a_forged_or_missing_shown_list_never_reaches_the_statistics(audit_redis: redis.Redis, case: str) -> None:
+    """The flat model (exact Gram of shown lists) when user ``0``'s feedback names a served ``rec_id`` with a list of
+    its own: through the worker's ingest every such event is dead-lettered, so the neighbours' releases are the same
+    (no leak, the same released means: ``mu = 0``); the control — the same streams through an ingest without the
+    check, as before issue 32 — is caught: the exact Gram names the choice (``mu = inf``)."""
+    size: Size = DEFAULT
+    out: dict[bool, tuple[StageNeighbours, dict[str, object]]] = {}
+    for check in (True, False):
+        tag = f"forged-{case}-{'checked' if check else 'control'}"
+        cat = _catalog(size)
+        runs = []
+        for which, seed in (("a", 11), ("b", 12)):
+            s = _settings(size, f"audit-{tag}-{size.tree_levels}-{which}", item_weight=1.0, model="flat")
+            runs.append(run_stream(audit_redis, s, cat, _forged_ticks(audit_redis, size, tag, case, which), seed=seed,
+                                   allow_dead=True, shown_check=check))
+        a, b = StageReleases(runs[0]), StageReleases(runs[1])
+        out[check] = (StageNeighbours(a, b, ("b", "items")), runs[0].stage.statement)
+    checked, statement = out[True]
+    assert checked.leaks == []
+    # the released means are equal, not merely close: mu = 0 (at most the claim), nothing for a distinguisher
+    assert np.array_equal(checked.exact_a, checked.exact_b) and claimed_mu(statement) > 0
+    control, _ = out[False]
+    assert "gram" in control.leaks, control.leaks  # the control is caught: mu = inf
+
+
 @pytest.mark.parametrize("pair", list(ADD_REMOVE_NEIGHBOURS))
 def test_the_replace_relation_publishes_participation(audit_redis: redis.Redis, pair: str) -> None:
     """The relation of the code before issue 32 (``--privacy-relation replace``) states arrivals public, and it
