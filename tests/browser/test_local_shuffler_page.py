@@ -66,7 +66,10 @@ def test_the_page_seals_its_reports_and_sends_them_to_the_shuffler(esa_stack: tu
         envelopes.append(json.loads(info.value.request.post_data))
         # a batch waits for 3 distinct users: the model does not move, and the page says so after its 15 s wait
         page.locator('#model-state[data-state="fresh"], #model-state[data-state="stale"]').wait_for(timeout=30_000)
-    posts = [r for r in seen if r["method"] == "POST"]
+    # the page's own session (POST /session: a new user id of the server's making, no feedback in it) aside
+    sessions = [r for r in seen if r["method"] == "POST" and r["url"].endswith("/session")]
+    assert all(not r["body"] for r in sessions) and len(sessions) <= 1
+    posts = [r for r in seen if r["method"] == "POST" and r not in sessions]
     assert [r["url"] for r in posts] == [submit, submit]  # nothing to the web server: no /report, /feedback, /listen
     key = AnalyzerKey.from_pem((state / "esa" / "analyzer-key.pem").read_bytes())
     scale = config["noise"]["scale"]
