@@ -535,6 +535,7 @@ class ReleaseStage:
                                                       self.item_mechanism)
             self.statement = with_budget(self.statement, s.lifetime_budget, s.delta)  # the lifetime budget (ledger.py)
             self.folder.budget = LifetimeBudget.of(self.statement, self.participation_ratio)
+        self.statement.setdefault("relation", s.relation)  # every statement names its neighbouring relation
 
     def participation_ratio(self, k: int) -> float:
         """``B(k) / B(cap)`` of the released statistics (the largest over the bandit's and the items' mechanisms)."""

@@ -548,14 +548,20 @@
                         (u.user_budget ? `, and never past your lifetime budget ε = ${fmtEps(u.user_budget)}.` : "."))
           : `Covers all ${k} of your listens and skips together${validity}. It grows with each one you give ` +
             `(group privacy: ${k} × one interaction).`;
-      $("guarantee-plain").textContent =
-        (b.federated ? "Your listens and skips stay at your site; only its noisy statistics leave it, and the "
-                     : "Your listens and skips stay inside the server; only noisy statistics are published, and the ") +
-        `recommendations are computed from those. For any one answer you give, every published result is ` +
-        `almost as likely whether you listened or skipped, and whichever of the shown items you picked: at ` +
-        `most ${Math.exp(p.epsilon).toFixed(1)}× more ` +
-        `likely (e^ε, ε = ${fmtEps(p.epsilon)}), except with probability ${fmtDelta(p.delta)}. ` +
-        `The ε above adds this up over all your answers.`;
+      $("guarantee-plain").textContent = p.relation === "add-remove"
+        ? "Your listens and skips stay inside the server; only noisy statistics are published, on a fixed schedule, " +
+          "and the recommendations are computed from those. Every published result is almost as likely whether " +
+          "you took part at all or not — and whatever you listened to, skipped or picked: at most " +
+          `${Math.exp(p.epsilon).toFixed(1)}× more likely (e^ε, ε = ${fmtEps(p.epsilon)}), except with probability ` +
+          `${fmtDelta(p.delta)}, for everything you do in an epoch. Only you (with your token) and the operator see ` +
+          "your own figures below."
+        : (b.federated ? "Your listens and skips stay at your site; only its noisy statistics leave it, and the "
+                       : "Your listens and skips stay inside the server; only noisy statistics are published, and the ") +
+          `recommendations are computed from those. For any one answer you give, every published result is ` +
+          `almost as likely whether you listened or skipped, and whichever of the shown items you picked: at ` +
+          `most ${Math.exp(p.epsilon).toFixed(1)}× more ` +
+          `likely (e^ε, ε = ${fmtEps(p.epsilon)}), except with probability ${fmtDelta(p.delta)}. ` +
+          `The ε above adds this up over all your answers; that you came, and when, is public.`;
       $("event-guarantee").textContent = `(ε, δ) = (${fmtEps(p.epsilon)}, ${fmtDelta(p.delta)})`;
       $("mechanism").textContent = `${p.mechanism}: ${p.mechanism_about}`;
       $("neighbours").textContent = p.neighbours;

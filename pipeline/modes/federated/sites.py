@@ -125,6 +125,7 @@ def site_guarantee(settings: Settings, catalog: Catalog) -> dict[str, Any]:
 
         mech = build(participation_factor(build(1.0), s.user_cap) if s.user_level else 1.0)
     statement = privacy_statement(s, mech)
+    statement["relation"] = s.relation  # replace: who arrived at a site, and when, is public
     if not s.user_level:
         return statement
     cap = s.user_cap

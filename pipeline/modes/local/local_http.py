@@ -61,7 +61,9 @@ def local_statement(config: LocalConfig) -> dict[str, Any]:
            "neighbours": "event level, replace-one, on the device: two report streams of one user differing in "
                          "the reward of one interaction (rewards in [0, 1], contexts clipped to norm 1)",
            "scope": "every report a device ever sends; the server's sums, models and recommendations are "
-                    "post-processing"}
+                    "post-processing",
+           # the server sees which devices report and when: their arrivals are public
+           "relation": "replace"}
     if config.user_level:
         out.update({"neighbours": g["neighbours"],
                     "scope": f"per epoch of {config.epoch_seconds:g} s, all of one device's reports (at most "
