@@ -55,3 +55,43 @@ def test_dashboard_figures_equal_budget_and_charts_are_drawn(stack: LocalStack, 
     assert page.locator("#chart-at-cap path.series").count() == 1
     assert page.problems == []
     page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+
+
+def test_under_add_remove_the_dashboard_shows_participation_figures_to_the_operator_only(
+        tmp_path: Path, page: Any) -> None:
+    """The default model (the hierarchy, add/remove): without a token the dashboard shows the guarantee and the
+    releases, "–" for every participation figure and says why; opened with the operator token in its fragment it
+    shows the ledger's figures, equal to /budget asked with that token — and the token leaves the address bar."""
+    from privrec.bench.serve import local_stack
+
+    from .conftest import SETTINGS
+
+    settings = {k: v for k, v in SETTINGS.items() if k != "PRIVREC_ALGORITHM"}  # linucb: the hierarchy
+    with local_stack(tmp_path / "stack", settings=settings) as stack:
+        for user in ("1", "2"):
+            _feedback(stack, user)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status, b = stack.get_json("/budget", token=stack.operator_token)
+            if status == 200 and b.get("ledger", {}).get("users", 0) >= 2:
+                break
+            time.sleep(0.3)
+        assert b["privacy"]["relation"] == "add-remove" and b["ledger"]["users"] >= 2
+        status, public = stack.get_json("/budget")
+        assert status == 200 and "ledger" not in public and public["counts"].startswith("noisy")
+        page.goto(stack.base_url + "/dashboard")
+        page.wait_for_selector("body[data-loaded=true]")
+        assert page.locator("#fig-users").inner_text() == "–"
+        assert "operator" in page.locator("#dash-note").inner_text()
+        page.goto(f"{stack.base_url}/dashboard#token={stack.operator_token}")
+        page.wait_for_selector("body[data-loaded=true]")
+        assert "#token" not in page.url
+        for _ in range(20):  # the page polls; compare once both read the same release
+            status, b = stack.get_json("/budget", token=stack.operator_token)
+            shown = page.locator("#fig-users").inner_text()
+            if shown == str(b["ledger"]["users"]):
+                break
+            page.reload()
+            page.wait_for_selector("body[data-loaded=true]")
+        assert shown == str(b["ledger"]["users"]) and int(shown) >= 2
+        assert page.problems == []

@@ -10,14 +10,16 @@
   // (without it the dashboard shows what is public: the guarantee, the releases and their noisy counts). Kept for
   // this tab and taken out of the address bar.
   const TOKEN_KEY = "privrec.dashboard.token";
-  (() => {
+  function takeFragmentToken() {
     const token = new URLSearchParams(window.location.hash.slice(1)).get("token");
-    if (!token) return;
+    if (!token) return false;
     sessionStorage.setItem(TOKEN_KEY, token);
     const url = new URL(window.location.href);
     url.hash = "";
     history.replaceState(null, "", url);
-  })();
+    return true;
+  }
+  takeFragmentToken();
 
   async function api(path) {
     const token = sessionStorage.getItem(TOKEN_KEY);
@@ -156,4 +158,6 @@
 
   refresh();
   setInterval(refresh, REFRESH_MS);
+  // a link with a token opened on this very page is a fragment change, not a new page: take its token too
+  window.addEventListener("hashchange", () => { if (takeFragmentToken()) refresh(); });
 })();
