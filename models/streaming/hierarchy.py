@@ -79,6 +79,8 @@ SHARES: dict[str, float] = {"pool": 0.05, "items": 0.95, "units": 0.0}
 #: ``||u - v||^2 = ||u||^2 + ||v||^2 - 2 u.v <= 2`` whenever ``u.v >= 0``. The items block is nonnegative; the pool
 #: and unit blocks ``c [x_mean, 1] / sqrt(2)`` have ``u.v = c_u c_v (x_u.x_v + 1) / 2 >= 0`` because the means of
 #: contexts clipped to norm 1 have ``x_u.x_v >= -1``: ``sqrt(2)`` for all three (found by the audit, tests/privacy).
+#: Adding or removing one user moves a block by their contribution alone, norm <= 1: the release calibrated to
+#: ``sqrt(2)`` covers the add/remove relation too (the default, ``privacy_relation``; tests/privacy ``hier-ar-*``).
 REPLACE_SENSITIVITY: dict[str, float] = {"pool": math.sqrt(2.0), "items": math.sqrt(2.0), "units": math.sqrt(2.0)}
 _H = 1.0 / math.sqrt(2.0)  # the pool block is [x_mean, 1] / sqrt(2): norm <= 1 for contexts of norm <= 1
 #: The unit block is released when the catalog knows at least this many users per unit (a public count): below it a

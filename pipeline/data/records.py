@@ -159,6 +159,8 @@ class ParsedBatch(NamedTuple):
     gram_contexts: NDArray[np.float64] = np.zeros((0, 0))
     #: ... and the index (into the accepted events) of the event each row belongs to, ascending
     gram_events: NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+    #: ``(index in the batch, decoded event)`` of each accepted event, in order (the shown-list check reads them)
+    decoded: list[tuple[int, dict[str, Any]]] = []
 
 
 #: Values of the optional ``kind`` field: feedback on a shown item (default) or an organic listen.
@@ -205,6 +207,7 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
     explicit: list[bool] = []
     shown_rows: list[list[int] | None] = []
     keep: list[int] = []
+    decoded: list[tuple[int, dict[str, Any]]] = []
     dead: list[tuple[int, str]] = []
     fm = catalog.feature_matrix
     for i, raw in enumerate(raws):
@@ -283,6 +286,7 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
         explicit.append(ctx is not None)
         shown_rows.append(shown)
         keep.append(i)
+        decoded.append((i, obj))
     X = np.array(rows, dtype=np.float64).reshape(len(rows), d)
     if rows:
         exp = np.asarray(explicit)
@@ -313,7 +317,8 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
             dead.sort()
     gram_X, gram_events = _gram_rows(X, listens, shown_rows, fm, d)
     return ParsedBatch(np.asarray(units, dtype=np.int64), X, np.asarray(rewards, dtype=np.float64), users, dead,
-                       np.asarray(items, dtype=np.int64), np.asarray(listens, dtype=bool), gram_X, gram_events)
+                       np.asarray(items, dtype=np.int64), np.asarray(listens, dtype=bool), gram_X, gram_events,
+                       decoded)
 
 
 def _gram_rows(X: NDArray[np.float64], listens: list[bool], shown: list[list[int] | None], fm: Any,

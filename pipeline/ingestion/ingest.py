@@ -26,7 +26,7 @@ from models.mechanisms.participation import B_CLIP, ITEM_CLIP
 from models.streaming import UnitStats
 
 from ..data.catalog import Catalog, item_capacity
-from ..data.records import MalformedEvent, ParsedBatch, _loads, parse_batch, parse_interaction
+from ..data.records import MalformedEvent, ParsedBatch, parse_batch, parse_interaction
 from .shown_lists import REASON_PREFIXES, ShownListCheck
 from ..state.trusted import TrustedStore
 from ..state.userlevel import PENDING_SCRIPT, Contribution, UserLevelKeys, decode_contribution, encode_contribution
@@ -133,14 +133,14 @@ class IngestProcessor:
         parsed = parse_batch(raws, self.catalog, **kw)
         if self.shown is None:
             return parsed
-        dead = {i for i, _ in parsed.dead}
-        refused = self.shown.refusals([(i, _loads(raw)) for i, raw in enumerate(raws) if i not in dead])
+        refused = self.shown.refusals(parsed.decoded)
         if not refused:
             return parsed
-        out = {i for i, _ in refused}
-        keep = [i for i in range(len(raws)) if i not in dead and i not in out]
+        out = {i for i, _ in refused}  # (rare: a forged or stale event) parse the accepted rest again
+        keep = [i for i, _ in parsed.decoded if i not in out]
         again = parse_batch([raws[i] for i in keep], self.catalog, **kw)
-        return again._replace(dead=sorted(parsed.dead + refused + [(keep[j], r) for j, r in again.dead]))
+        return again._replace(dead=sorted(parsed.dead + refused + [(keep[j], r) for j, r in again.dead]),
+                              decoded=[(keep[j], obj) for j, obj in again.decoded])
 
     def reward_weights(self, parsed: ParsedBatch) -> np.ndarray:
         """Each event's weight in ``b``: ``r``, and ``listen_weight * r`` for a listen."""

@@ -591,7 +591,8 @@ class ReleaseStage:
         return self.store.publish()
 
     def tick(self, *, force: bool = False) -> int | None:
-        """Release the statistics as of now; ``None`` if nothing changed since the last release."""
+        """Release the statistics as of now; ``None`` if nothing changed since the last release (replace relation
+        only: under add/remove every tick releases, the schedule being public)."""
         self.recover()
         c = self.catalog
         fold: dict[str, int] = {}
@@ -626,11 +627,11 @@ class ReleaseStage:
         (state persisted before the release is published, never redrawn)."""
         c, s = self.catalog, self.settings
         stats, exact, offsets = self.store.snapshot_hierarchy(s.partitions, c.n_units, c.d, self.layout.dim)
-        last = self.client.hget(self.store.keys.pending, "count")
         count = int(stats.count.sum())
         # add/remove: one release per tick whatever arrived (the schedule is public; skipping a tick with nothing
         # new would publish whether anyone took part in it)
-        if not force and not s.add_remove and last is not None and int(last) == count:
+        last = None if force or s.add_remove else self.client.hget(self.store.keys.pending, "count")
+        if last is not None and int(last) == count:
             if fold.get("over_budget") or fold.get("dropped"):
                 self._ledger_entry(max(1, self.store.pending_version()), fold)
             return None

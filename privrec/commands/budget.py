@@ -29,9 +29,9 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_budget)
 
 
-def operator_token(state_dir: Path | None) -> str:
+def operator_token(state_dir: Path | None, why: str = "a per-user view") -> str:
     """``$PRIVREC_OPERATOR_TOKEN``, else the operator token of the stack's ``tokens.json`` (``--state-dir``,
-    ``$PRIVREC_STATE_DIR`` or ``.privrec``)."""
+    ``$PRIVREC_STATE_DIR`` or ``.privrec``); ``why`` names what needs it in the error."""
     from pipeline.serve.auth import OPERATOR_ENV
     from privrec.ops.stackfile import TOKENS_FILE, default_state_dir, read_tokens
 
@@ -40,7 +40,7 @@ def operator_token(state_dir: Path | None) -> str:
     sd = state_dir or default_state_dir()
     tokens = read_tokens(sd)
     if tokens is None or tokens.operator is None:
-        raise ValueError(f"a per-user view needs the operator token: set {OPERATOR_ENV}, or pass the --state-dir "
+        raise ValueError(f"{why} needs the operator token: set {OPERATOR_ENV}, or pass the --state-dir "
                          f"of the `privrec up` that started the stack (no {sd / TOKENS_FILE})")
     return tokens.operator
 

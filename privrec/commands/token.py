@@ -32,41 +32,29 @@ def register(sub: Any) -> None:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from pipeline.serve.auth import OPERATOR_ENV, SECRET_ENV, user_token
+    from pipeline.serve.auth import SECRET_ENV, user_token
+    from privrec.commands.budget import operator_token
+    from privrec.commands.replay import resolve_http
     from privrec.ops.stackfile import TOKENS_FILE, default_state_dir, read_tokens
 
     if args.operator:
-        operator = os.environ.get(OPERATOR_ENV)
-        if not operator:
+        token = operator_token(args.state_dir, "the dashboard's link")
+        link = "/dashboard"
+    else:
+        secret = os.environ.get(SECRET_ENV)
+        if not secret:
             sd = args.state_dir or default_state_dir()
-            stored = read_tokens(sd)
-            operator = None if stored is None else stored.operator
-            if not operator:
-                raise ValueError(f"no operator token: set {OPERATOR_ENV}, or pass the --state-dir of the `privrec up` "
+            tokens = read_tokens(sd)
+            if tokens is None:
+                raise ValueError(f"no token secret: set {SECRET_ENV}, or pass the --state-dir of the `privrec up` "
                                  f"that started the stack (no {sd / TOKENS_FILE})")
-        print(operator)
-        try:
-            from privrec.commands.replay import resolve_http
-
-            print(f"{resolve_http(args.http, args.state_dir)}/dashboard#token={operator}")
-        except ValueError:
-            pass
-        return 0
-    secret = os.environ.get(SECRET_ENV)
-    if not secret:
-        sd = args.state_dir or default_state_dir()
-        tokens = read_tokens(sd)
-        if tokens is None:
-            raise ValueError(f"no token secret: set {SECRET_ENV}, or pass the --state-dir of the `privrec up` that "
-                             f"started the stack (no {sd / TOKENS_FILE})")
-        secret = tokens.secret
-    token = user_token(secret, args.user)
+            secret = tokens.secret
+        token = user_token(secret, args.user)
+        link = f"/?{urllib.parse.urlencode({'user': args.user})}"
     print(token)
     try:
-        from privrec.commands.replay import resolve_http
-
         base = resolve_http(args.http, args.state_dir)
-    except ValueError:
+    except ValueError:  # no running stack known: the token alone
         return 0
-    print(f"{base}/?{urllib.parse.urlencode({'user': args.user})}#token={token}")
+    print(f"{base}{link}#token={token}")
     return 0
