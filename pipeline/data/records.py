@@ -314,6 +314,7 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
             items = [a for a, o in zip(items, ok) if o]
             listens = [a for a, o in zip(listens, ok) if o]
             shown_rows = [a for a, o in zip(shown_rows, ok) if o]
+            decoded = [a for a, o in zip(decoded, ok) if o]
             dead.sort()
     gram_X, gram_events = _gram_rows(X, listens, shown_rows, fm, d)
     return ParsedBatch(np.asarray(units, dtype=np.int64), X, np.asarray(rewards, dtype=np.float64), users, dead,

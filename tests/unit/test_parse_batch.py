@@ -86,3 +86,16 @@ def test_batched_statistics_equal_sequential_updates_bit_for_bit() -> None:
     for u, x, r in zip(got.units, got.contexts, got.rewards):
         sequential.add(np.array([u]), x[None, :], np.array([r]))
     assert batched.to_mapping() == sequential.to_mapping()
+
+
+def test_decoded_holds_exactly_the_accepted_events_in_order() -> None:
+    """``ParsedBatch.decoded`` (what the shown-list check reads) pairs each accepted event with its index in the
+    batch — also when an event is refused only after the loop (a NaN context)."""
+    good = {"event_id": "a", "user": "1", "arm": "2", "reward": 1.0}
+    raws = [json.dumps(good).encode(), b"{not json",
+            b'{"event_id": "n", "user": "1", "arm": "2", "reward": 1.0, "context": [NaN, 0, 0, 0, 0]}',
+            json.dumps({**good, "event_id": "b", "user": "3"}).encode()]
+    parsed = parse_batch(raws, CAT)
+    assert [i for i, _ in parsed.dead] == [1, 2]
+    assert [(i, ev["event_id"]) for i, ev in parsed.decoded] == [(0, "a"), (3, "b")]
+    assert [ev["user"] for _, ev in parsed.decoded] == parsed.users
