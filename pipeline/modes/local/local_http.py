@@ -22,6 +22,7 @@ import dataclasses
 
 import json
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -32,9 +33,10 @@ from models.local import LocalConfig, ReportError, parse_report
 from models.local.aggregate import clip_context
 
 from ...serve.appkeys import CATALOG, KEYS, LOCAL_CONFIG, PRODUCER, REDIS, SETTINGS
-from ...serve.budget_view import spent_summary
+from ...serve.budget_view import BudgetQuery, spent_summary, user_interactions
+from ...serve.httpio import error as _error
 from ...data.catalog import Catalog, UnknownUserError
-from ...config.keys import PublicKeys
+from ...config.keys import PublicKeys, partition_of
 from ...config.ledger import LedgerRecord
 from ...serve.outbox import OUTBOX, accept
 from ...data.records import TOPICS
@@ -43,7 +45,7 @@ from ...serve.shown import SHOWN
 
 __all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED",
            "report_limit", "budget_counter", "local_user_budget", "local_ledger_overview", "catalog_codebook",
-           "check_messages"]
+           "check_messages", "local_view"]
 
 #: A separate shuffler's public description (:func:`pipeline.modes.local.esa.public_description`), ``None`` without one.
 ESA = web.AppKey("esa", object)
@@ -98,10 +100,6 @@ def with_parties(g: dict[str, Any], config: LocalConfig) -> dict[str, Any]:
                             f"at its local {config.epsilon0:.4g}-LDP; a user's reports in k batches compose "
                             f"(docs/local-shuffler.md)")
     return out
-
-
-def _error(status: int, parameter: str | None, message: str) -> web.Response:
-    return web.json_response({"error": {"parameter": parameter, "message": message}}, status=status)
 
 
 def refuse_raw_reward(request: web.Request) -> web.Response | None:
@@ -353,4 +351,25 @@ def local_budget(settings: Settings, config: LocalConfig, user: str | None, repo
                           f"composition); in the shuffled batches each is ({config.epsilon:g}, {config.delta:g})-DP "
                           f"centrally")
     out["user"] = entry
+    return out
+
+
+async def local_view(q: BudgetQuery) -> dict[str, Any]:
+    """Local mode's part of ``/budget`` (a :class:`pipeline.serve.budget_view.BudgetQuery`): the devices' guarantee
+    and lifetime budget (:func:`local_budget`), the user's (what their reports cover, in the global mode's fields),
+    and at user level the devices' ledger (:func:`local_ledger_overview`); epochs on the devices' clock."""
+    settings: Settings = q.app[SETTINGS]
+    cfg: LocalConfig = q.app[LOCAL_CONFIG]
+    epoch = cfg.epoch_at(time.time())
+    out: dict[str, Any] = {}
+    if q.user is None:
+        out["local"] = local_budget(settings, cfg, None, 0, epoch=epoch)
+    else:
+        k = await user_interactions(q.r, q.keys, q.partitions, q.user)
+        sent = await q.r.get(budget_counter(q.keys, q.user))
+        record = await q.r.hget(q.keys.ledger_participation(partition_of(q.user, q.partitions)), q.user)
+        out["local"] = local_budget(settings, cfg, q.user, k, sent=int(sent or 0), record=record, epoch=epoch)
+        out["user"] = {"user": q.user, "interactions": k, **out["local"]["user"]}
+    if cfg.user_level:  # the devices' ledger, in the global mode's fields
+        out["ledger"] = await local_ledger_overview(q.r, q.keys, q.partitions, cfg, epoch)
     return out
