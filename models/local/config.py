@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from models.accounting.conversions import check_delta, check_epsilon, gdp_epsilon, gdp_mu
+from models.accounting.statement import Party, StatementFacts, render
 from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from models.mechanisms.base import TreeState, noise_std
 
@@ -335,55 +336,101 @@ class LocalConfig:
 
     # ------------------------------------------------------------------ what it guarantees
 
-    def guarantee(self) -> dict[str, Any]:
-        """The local guarantee in plain words (``/budget`` and the page state it)."""
+    def guarantee(self, *, shuffler: str = "worker") -> dict[str, Any]:
+        """The local guarantee in plain words (``/budget`` and the page state it).
+
+        ``shuffler`` (shuffled reports): ``"worker"``, the shuffler runs in the operator's worker; ``"separate"``, it
+        is a service of its own and devices seal each report to the analyzer (docs/local-shuffler.md). The
+        ``statement`` is :func:`models.accounting.statement.render` of this calibration's facts
+        (:meth:`statement_facts`); the guarantee against each party, as data, is the pipeline's
+        (``pipeline.modes.local.esa.parties``).
+        """
         common = {"mode": "local", "algorithm": self.algorithm, "delta": self.delta,
                   "trusted": "only the user's own device: it keeps the exact statistic and adds the noise",
                   "protects": "the rewards a user gives and which item of a shown list they acted on (which "
                               "lists were shown and answered is public, as in every mode)",
                   "neighbours": "one interaction replaced: another reward, and another item of the same shown "
                                 "list (L2 sensitivity 2 of r x)",
-                  "statistics": [self._report_statistic()]}
+                  "statistics": [self._report_statistic()],
+                  "statement": render(self.statement_facts(shuffler=shuffler))}
         if self.user_level:
             return {**common, **self._user_guarantee()}
         if self.algorithm == "tree":
-            return {**common, "epsilon": self.epsilon, "valid": True, "mechanism": self.mechanism,
-                    "statement": f"each device releases its own running sum b_u = sum r x through "
-                                 f"'{self.mechanism}' ({MECHANISMS[self.mechanism]}); the whole report stream of a "
-                                 f"user is ({self.epsilon:g}, {self.delta:g})-DP with respect to any one of their "
-                                 f"interactions (local DP, event level); a user with k interactions is covered "
-                                 f"at group level k; everything the server computes is post-processing"}
+            return {**common, "epsilon": self.epsilon, "valid": True, "mechanism": self.mechanism}
         if not self.shuffled:
-            mu = gdp_mu(self.epsilon, self.delta)
-            return {**common, "epsilon": self.epsilon, "valid": True, "noise": "gaussian", "sigma": self.sigma,
-                    "statement": f"each report m = r x + N(0, {self.sigma:.3g}^2 I) is ({self.epsilon:g}, "
-                                 f"{self.delta:g})-LDP (Gaussian DP mu = {mu:.3g}, L2 sensitivity 2); each "
-                                 f"interaction is in one report; a user's k reports compose to mu sqrt(k) "
-                                 f"(k = 4: epsilon {gdp_epsilon(2 * mu, self.delta):.3g})"}
-        e0 = self.epsilon0
+            return {**common, "epsilon": self.epsilon, "valid": True, "noise": "gaussian", "sigma": self.sigma}
         from models.accounting.shuffling import shuffled_epsilon
 
-        g = shuffled_epsilon(e0, self.shuffle_batch, self.delta)
-        return {**common, "epsilon": e0, "delta": 0.0, "valid": True, "noise": "laplace",
+        g = shuffled_epsilon(self.epsilon0, self.shuffle_batch, self.delta)
+        return {**common, "epsilon": self.epsilon0, "delta": 0.0, "valid": True, "noise": "laplace",
                 "laplace_scale": self.laplace_scale, "shuffle_batch": self.shuffle_batch,
                 "central_epsilon": self.epsilon, "central_delta": self.delta,
                 "central_bound": {"epsilon": g.epsilon, "delta": g.delta, "bound": g.bound, "amplified": g.amplified,
-                                  "note": g.note},
-                "against_operator": {"epsilon": e0, "delta": 0.0,
-                                     "why": "the shuffler runs inside the operator's worker and POST /report hands it "
-                                            "each report with its user id: against the operator each report is only "
-                                            "its local guarantee"},
-                "statement": f"each report m = r x + Laplace({self.laplace_scale:.3g})^d is pure {e0:.4g}-LDP "
-                             f"(L1 sensitivity 2 sqrt(d) over every context and reward): that is the guarantee "
-                             f"against the operator of this server, which receives each report with its user id and "
-                             f"runs the shuffler itself; against anyone who sees only the shuffled batches (the "
-                             f"released statistics, the analysts), batches of {self.shuffle_batch} distinct users "
-                             f"stripped of identity make each batch ({self.epsilon:g}, {self.delta:g})-DP centrally "
-                             f"(Feldman, McMillan & Talwar 2021); a user's reports in k batches compose"}
+                                  "note": g.note}}
+
+    def statement_facts(self, *, shuffler: str = "worker") -> StatementFacts:
+        """The facts of this calibration's statement (:meth:`guarantee`'s ``shuffler``): what a report releases,
+        the guarantee against each party, how reports compose, and at user level the epoch's scope and the
+        lifetime budget's stopping rule."""
+        if shuffler not in ("worker", "separate"):
+            raise ValueError(f"`shuffler` must be 'worker' or 'separate', got {shuffler!r}.")
+        eps, delta, cap = self.epsilon, self.delta, self.cap
+        mu = gdp_mu(eps, delta)
+        scope = limit = ""
+        if self.user_level:
+            scope = (f"per epoch of {self.epoch_seconds:g} s a device makes at most {cap} reports, and any {cap} of "
+                     f"its reports together are ({eps:g}, {delta:g})-DP; its whole history composes")
+            n = self.report_limit()
+            limit = "" if n is None else (f"the device stops after {n} reports, its lifetime budget "
+                                          f"({self.user_budget:g}, {delta:g})")
+        parties: tuple[Party, ...] = ()
+        if self.codewords:
+            b = self.blanket
+            release = (f"each report sends its listen as the codeword of the listened item in a public codebook of "
+                       f"{self.codewords}, with a blanket of fake codewords (each with probability {b.p:.4g}; Balcer "
+                       f"& Cheu), shuffled message by message in population-wide batches of {self.shuffle_batch} "
+                       f"distinct users")
+            parties = _shuffle_parties(f"{cap} batches of a device together are ({eps:g}, {delta:g})-DP (exact "
+                                       f"analysis)", None, shuffler)
+            composition = f"n reports spend ceil(n / {cap}) times that"
+        elif self.shuffled:
+            e0 = self.epsilon0
+            release = (f"each report m = r x + Laplace({self.laplace_scale:.3g})^d is pure {e0:.4g}-LDP (L1 "
+                       f"sensitivity 2 sqrt(d) over every context and reward)")
+            if self.user_level:
+                eps_b, delta_b = self.batch_guarantee
+                batch = f"each shuffled batch of {self.shuffle_batch} distinct users is ({eps_b:.4g}, {delta_b:.3g})-DP"
+                composition = (f"a device's reports are in distinct batches, so {cap} of them compose (basic) to "
+                               f"({eps:g}, {delta:g})")
+            else:
+                batch = (f"batches of {self.shuffle_batch} distinct users stripped of identity make each batch "
+                         f"({eps:g}, {delta:g})-DP centrally (Feldman, McMillan & Talwar 2021)")
+                composition = "a user's reports in k batches compose"
+            parties = _shuffle_parties(batch, e0, shuffler)
+        elif self.algorithm == "tree" and self.user_level:
+            release = (f"the device releases its running sum b_u = sum r x through '{self.mechanism}', whose epochs "
+                       f"are blocks of {cap} reports calibrated to their multi-participation sensitivity (factor "
+                       f"{self.participation_factor:.3g} over one report's, at most {cap})")
+            composition = (f"blocks compose in Gaussian DP (mu_block = {mu:.3g}: n reports spend mu_block "
+                           f"sqrt(floor(n/cap) + B(n mod cap)/B(cap)))")
+        elif self.algorithm == "tree":
+            release = (f"each device releases its own running sum b_u = sum r x through '{self.mechanism}' "
+                       f"({MECHANISMS[self.mechanism]}); the whole report stream of a user is ({eps:g}, {delta:g})-DP "
+                       f"with respect to any one of their interactions (local DP, event level)")
+            composition = ("a user with k interactions is covered at group level k; everything the server computes "
+                           "is post-processing")
+        elif self.user_level:
+            release = (f"each report m = r x + N(0, {self.sigma:.3g}^2 I) is Gaussian DP mu = {mu / math.sqrt(cap):.3g} "
+                       f"(L2 sensitivity 2)")
+            composition = f"{cap} reports compose to mu = {mu:.3g}; n reports spend mu sqrt(n / cap)"
+        else:
+            release = (f"each report m = r x + N(0, {self.sigma:.3g}^2 I) is ({eps:g}, {delta:g})-LDP (Gaussian DP "
+                       f"mu = {mu:.3g}, L2 sensitivity 2); each interaction is in one report")
+            composition = f"a user's k reports compose to mu sqrt(k) (k = 4: epsilon {gdp_epsilon(2 * mu, delta):.3g})"
+        return StatementFacts(release=release, parties=parties, composition=composition, scope=scope, limit=limit)
 
     def _user_guarantee(self) -> dict[str, Any]:
         """User level: what a device's whole history gets (the fields of the global mode's user-level statement)."""
-        limit = self.report_limit()
         out: dict[str, Any] = {
             "unit": "user", "cap": self.cap, "cap_policy": "device", "epoch_seconds": self.epoch_seconds,
             "epsilon": self.epsilon, "valid": True,
@@ -391,63 +438,26 @@ class LocalConfig:
             "neighbours": "user level, on the device: two report streams of one device differing in everything the "
                           "user did (every reward and every choice; rewards in [0, 1], contexts clipped to norm 1)",
             "user_budget": {"epsilon": self.user_budget if math.isfinite(self.user_budget) else None,
-                            "delta": self.delta, "reports_allowed": limit}}
-        scope = (f"per epoch of {self.epoch_seconds:g} s a device makes at most {self.cap} reports, and any {self.cap} "
-                 f"of its reports together are ({self.epsilon:g}, {self.delta:g})-DP; its whole history composes")
+                            "delta": self.delta, "reports_allowed": self.report_limit()}}
         if self.codewords:
             b = self.blanket
             out.update({"mu_at_cap": None, "noise": "blanket", "codewords": self.codewords, "p": b.p,
                         "shuffle_batch": self.shuffle_batch,
-                        "composition": "exact within cap batches (models.local.items); blocks of cap reports: basic",
-                        "against_operator": {"epsilon_per_report": None, "delta": 0.0,
-                                             "why": "the blanket protocol has no local guarantee: whoever sees a "
-                                                    "device's messages with its identity (the in-worker shuffler's "
-                                                    "operator; the analyzer and a separate shuffler colluding) sees "
-                                                    "its codeword among its fakes"}})
-            out["statement"] = (f"{scope}: each report sends its listen as the codeword of the listened item in a "
-                                f"public codebook of {self.codewords}, with a blanket of fake codewords (each with "
-                                f"probability {b.p:.4g}; Balcer & Cheu), shuffled message by message in population-"
-                                f"wide batches of {self.shuffle_batch} distinct users; {self.cap} batches of a device "
-                                f"together are ({self.epsilon:g}, {self.delta:g})-DP against everyone who sees only "
-                                f"the shuffled messages (exact analysis); n reports spend ceil(n / {self.cap}) times "
-                                f"that; against whoever sees a device's messages with its identity there is no local "
-                                f"guarantee")
+                        "composition": "exact within cap batches (models.local.items); blocks of cap reports: basic"})
         elif self.shuffled:
             eps_b, delta_b = self.batch_guarantee
             out.update({"mu_at_cap": None, "noise": "laplace", "laplace_scale": self.laplace_scale,
                         "epsilon0": self.epsilon0, "shuffle_batch": self.shuffle_batch,
                         "central_per_batch": {"epsilon": eps_b, "delta": delta_b},
-                        "composition": "basic: k batches, k times each batch's (epsilon, delta)",
-                        "against_operator": {"epsilon_per_report": self.epsilon0, "delta": 0.0,
-                                             "why": "the shuffler runs inside the operator's worker and sees each "
-                                                    "report with its user id: k reports are k epsilon0-LDP"}})
-            out["statement"] = (f"{scope}: each report is pure {self.epsilon0:.4g}-LDP (Laplace, L1 sensitivity "
-                                f"2 sqrt(d)), shuffled in batches of {self.shuffle_batch} distinct users, each batch "
-                                f"({eps_b:.4g}, {delta_b:.3g})-DP centrally; a device's reports are in distinct "
-                                f"batches, so {self.cap} of them compose (basic) to ({self.epsilon:g}, {self.delta:g}); "
-                                f"against the operator (who runs the shuffler) each report is only its local "
-                                f"{self.epsilon0:.4g}-LDP")
+                        "composition": "basic: k batches, k times each batch's (epsilon, delta)"})
         elif self.algorithm == "tree":
             out.update({"mu_at_cap": gdp_mu(self.epsilon, self.delta), "mechanism": self.mechanism,
                         "sensitivity": {"rule": "multi-participation sensitivity sqrt(B(cap)) of the device's "
                                                 "mechanism over a block of cap reports (models.mechanisms.participation)",
                                         "factor_vs_one_tick": self.participation_factor,
                                         "group_bound_factor": self.cap}})
-            out["statement"] = (f"{scope}: the device releases its running sum b_u = sum r x through "
-                                f"'{self.mechanism}', whose epochs are blocks of {self.cap} reports calibrated to "
-                                f"their multi-participation sensitivity (factor {self.participation_factor:.3g} over one "
-                                f"report's, at most {self.cap}); blocks compose in Gaussian DP (mu_block = "
-                                f"{gdp_mu(self.epsilon, self.delta):.3g}: n reports spend mu_block sqrt(floor(n/cap) + "
-                                f"B(n mod cap)/B(cap)))")
         else:
-            mu = gdp_mu(self.epsilon, self.delta)
-            out.update({"mu_at_cap": mu, "noise": "gaussian", "sigma": self.sigma})
-            out["statement"] = (f"{scope}: each report m = r x + N(0, {self.sigma:.3g}^2 I) is Gaussian DP mu = "
-                                f"{mu / math.sqrt(self.cap):.3g} (L2 sensitivity 2), so {self.cap} reports compose "
-                                f"to mu = {mu:.3g}; n reports spend mu sqrt(n / cap)")
-        if limit is not None:
-            out["statement"] += (f"; the device stops after {limit} reports, its lifetime budget ({self.user_budget:g}, "
-                                 f"{self.delta:g})")
+            out.update({"mu_at_cap": gdp_mu(self.epsilon, self.delta), "noise": "gaussian", "sigma": self.sigma})
         return out
 
     def _report_statistic(self) -> dict[str, Any]:
@@ -533,3 +543,18 @@ def _participation(config: LocalConfig, what: str) -> Any:
     return hit[what]
 
 
+
+
+def _shuffle_parties(batch: str, epsilon0: float | None, shuffler: str) -> tuple[Party, ...]:
+    """The parties of a shuffled protocol's statement: ``batch``, the central guarantee of the shuffled batches;
+    ``epsilon0``, each report's local guarantee (``None``: none, the blanket); ``shuffler``, who runs the shuffler."""
+    local = (f"each report is only its local {epsilon0:.4g}-LDP" if epsilon0 is not None else
+             "there is no local guarantee (a device's codeword is among its own fakes)")
+    if shuffler == "worker":
+        return (Party("the operator of this server, which receives each report with its user id and runs the "
+                      "shuffler itself", local),
+                Party("anyone who sees only the shuffled batches (the released statistics, the analysts)", batch))
+    return (Party("the operator of the analyzer (and of this server)", batch,
+                  "while the shuffler, a separate service that sees who reports but no content (reports are sealed "
+                  "to the analyzer's key; docs/local-shuffler.md), is honest"),
+            Party("the shuffler's and the analyzer's operators colluding", local))

@@ -272,9 +272,10 @@ PATHS: dict[str, dict[str, Any]] = {
                        "operator token>`.",
         # anonymous ({}) without `user`; the user's own or the operator token with it
         "security": [{}, {"userToken": []}],
-        "parameters": [{"name": "user", "in": "query", "required": False, "schema": _STR,
+        "parameters": [{"name": "user", "in": "query", "required": False, "schema": _ID,
                         "description": "a user id: that user's guarantee too (needs a token)"}],
         "responses": {"200": _json(_ref("Budget"), "the guarantee"),
+                      "400": _err("`user` empty or longer than the id limit"),
                       "401": _err("`user` without a token (parameter `Authorization`)"),
                       "403": _err("`user` with a token that is neither U's nor the operator's"),
                       "404": _err("unknown user"), "503": _UNAVAILABLE},
