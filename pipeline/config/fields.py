@@ -78,6 +78,18 @@ class SettingInfo:
         if self.group not in GROUPS:
             raise ValueError(f"`group` must be one of {tuple(GROUPS)}, got {self.group!r}.")
 
+    def described(self, sep: str = ", ") -> str:
+        """The help, after the list of ``choices`` (joined by ``sep``) unless the help already names every one.
+
+        >>> SettingInfo(group="model", help="tick or doubling", choices=("tick", "doubling")).described()
+        'tick or doubling'
+        >>> SettingInfo(group="model", help="share when", choices=("tick", "doubling")).described(" | ")
+        'one of: tick | doubling; share when'
+        """
+        if self.choices is None or all(str(c) in self.help for c in self.choices):
+            return self.help
+        return f"one of: {sep.join(map(str, self.choices))}; {self.help}"
+
 
 def setting(default: Any, *, group: str, help: str, model: bool = False, choices: tuple[Any, ...] | None = None,
             notes: str | None = None, example: str | None = None, example_set: bool | None = None,
@@ -119,6 +131,6 @@ def env_value(value: Any) -> str:
 def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type) -> None:
     """Add one ``--flag`` per setting of ``cls`` (default ``None``: fall back to the environment)."""
     for f, meta in declared(cls):
-        choices = f"one of: {', '.join(map(str, meta.choices))}; " if meta.choices else ""
+        about = meta.described().replace("%", "%%")  # argparse formats help with %
         parser.add_argument(flag_name(f.name), dest=f.name, default=None, metavar=f.name.rstrip("_").upper(),
-                            help=f"{choices}{meta.help} (env {env_name(f.name)}; default {f.default!r})")
+                            help=f"{about} (env {env_name(f.name)}; default {f.default!r})")
