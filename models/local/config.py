@@ -26,8 +26,9 @@ from models.accounting.conversions import check_delta, check_epsilon, gdp_epsilo
 from models.accounting.statement import Party, StatementFacts, render
 from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from models.mechanisms.base import TreeState, noise_std
+from models.mechanisms.participation import USER_LEVEL_MECHANISMS
 
-__all__ = ["ALGORITHMS", "UNITS", "LocalConfig", "DEVICE_MECHANISMS", "REPORT_SENSITIVITY", "DEFAULT_CAP",
+__all__ = ["ALGORITHMS", "UNITS", "LocalConfig", "LocalConfigError", "DEVICE_MECHANISMS", "REPORT_SENSITIVITY", "DEFAULT_CAP",
            "DEFAULT_EPOCH_SECONDS"]
 
 #: L2 sensitivity of one interaction's ``r x`` under *replace* neighbours (another reward, and another item of the
@@ -50,6 +51,15 @@ DEFAULT_CAP = 8
 DEFAULT_EPOCH_SECONDS = float((1 << 14) - 1)
 
 _ZERO = np.zeros(1)
+
+
+class LocalConfigError(ValueError):
+    """A :class:`LocalConfig` parameter is invalid; ``parameter`` names it as spelled in the signature."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
 _MECH_CACHE: dict["LocalConfig", Mechanism] = {}
 _PARTICIPATION: dict["LocalConfig", dict[str, Any]] = {}
 
@@ -112,36 +122,70 @@ class LocalConfig:
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"`algorithm` must be one of {ALGORITHMS}, got {self.algorithm!r}.")
+            raise LocalConfigError("algorithm", f"`algorithm` must be one of {ALGORITHMS}, got {self.algorithm!r}.")
         if not isinstance(self.d, int) or self.d < 1:
-            raise ValueError(f"`d` must be a positive integer, got {self.d!r}.")
-        check_epsilon(self.epsilon)
-        check_delta(self.delta)
+            raise LocalConfigError("d", f"`d` must be a positive integer, got {self.d!r}.")
+        for name, check in (("epsilon", check_epsilon), ("delta", check_delta)):
+            try:
+                check(getattr(self, name))
+            except ValueError as e:
+                raise LocalConfigError(name, str(e)) from None
         if math.isinf(self.epsilon):
-            raise ValueError("`epsilon` must be finite in local mode: a device that adds no noise sends its "
-                             "exact statistic (use the global mode with epsilon = inf for a non-private run).")
+            raise LocalConfigError("epsilon", "`epsilon` must be finite in local mode: a device that adds no noise sends "
+                                              "its exact statistic (use the global mode with epsilon = inf for a "
+                                              "non-private run).")
         if self.mechanism not in DEVICE_MECHANISMS:
-            raise ValueError(f"`mechanism` must be one of {DEVICE_MECHANISMS}, got {self.mechanism!r}.")
+            raise LocalConfigError("mechanism", f"`mechanism` must be one of {DEVICE_MECHANISMS}, got "
+                                                f"{self.mechanism!r}.")
         if not isinstance(self.capacity, int) or self.capacity < 1:
-            raise ValueError(f"`capacity` must be a positive integer, got {self.capacity!r}.")
+            raise LocalConfigError("capacity", f"`capacity` must be a positive integer, got {self.capacity!r}.")
         if not isinstance(self.shuffle_batch, int) or self.shuffle_batch < 0:
-            raise ValueError(f"`shuffle_batch` must be a non-negative integer, got {self.shuffle_batch!r}.")
+            raise LocalConfigError("shuffle_batch", f"`shuffle_batch` must be a non-negative integer, got "
+                                                    f"{self.shuffle_batch!r}.")
         if self.shuffle_batch and self.algorithm != "round":
-            raise ValueError("shuffling applies to per-round reports only (`algorithm` = 'round'): a continual "
-                             "release of b_u is one stream per user, with no batch of one report per user.")
+            raise LocalConfigError("shuffle_batch", "shuffling applies to per-round reports only (`algorithm` = "
+                                                    "'round'): a continual release of b_u is one stream per user, "
+                                                    "with no batch of one report per user.")
         if self.unit not in UNITS:
-            raise ValueError(f"`unit` must be one of {UNITS}, got {self.unit!r}.")
+            raise LocalConfigError("unit", f"`unit` must be one of {UNITS}, got {self.unit!r}.")
         if not isinstance(self.cap, int) or self.cap < 1:
-            raise ValueError(f"`cap` must be a positive integer, got {self.cap!r}.")
+            raise LocalConfigError("cap", f"`cap` must be a positive integer, got {self.cap!r}.")
         if not (self.epoch_seconds > 0 and math.isfinite(self.epoch_seconds)):
-            raise ValueError(f"`epoch_seconds` must be a positive number, got {self.epoch_seconds!r}.")
+            raise LocalConfigError("epoch_seconds", f"`epoch_seconds` must be a positive number, got "
+                                                    f"{self.epoch_seconds!r}.")
         if not self.user_budget > 0:  # NaN fails too
-            raise ValueError(f"`user_budget` must be a positive epsilon or inf, got {self.user_budget!r}.")
+            raise LocalConfigError("user_budget", f"`user_budget` must be a positive epsilon or inf, got "
+                                                  f"{self.user_budget!r}.")
         if isinstance(self.codewords, bool) or not isinstance(self.codewords, int) or not 0 <= self.codewords <= 4096:
-            raise ValueError(f"`codewords` must be an integer in [0, 4096], got {self.codewords!r}.")
+            raise LocalConfigError("codewords", f"`codewords` must be an integer in [0, 4096], got {self.codewords!r}.")
         if self.codewords and not (self.shuffled and self.user_level):
-            raise ValueError("`codewords` needs shuffling (`shuffle_batch` > 0, `algorithm` 'round') at user level: "
-                             "the blanket's guarantee is central, over a batch of distinct users' messages.")
+            raise LocalConfigError("codewords", "`codewords` needs shuffling (`shuffle_batch` > 0, `algorithm` "
+                                                "'round') at user level: the blanket's guarantee is central, over a "
+                                                "batch of distinct users' messages.")
+
+    def check_runnable(self) -> None:
+        """Raise :class:`LocalConfigError` unless devices can report under this calibration, checked before any does.
+
+        ``tree`` at user level needs a device mechanism with a multi-participation bound
+        (:data:`models.mechanisms.participation.USER_LEVEL_MECHANISMS`); ``codewords`` needs batches of
+        ``shuffle_batch`` users large enough for a blanket to make ``cap`` batches ``(epsilon, delta)``-DP
+        (:func:`models.local.items.blanket_reaches`; else the first report would fail).
+        """
+        if self.user_level and self.algorithm == "tree" and self.mechanism not in USER_LEVEL_MECHANISMS:
+            raise LocalConfigError("unit", f"user level on the device needs a device mechanism with a "
+                                           f"multi-participation bound ({', '.join(USER_LEVEL_MECHANISMS)}), got "
+                                           f"{self.mechanism!r}; or use event level")
+        if self.codewords:
+            from .items import MAX_P, blanket_reaches, smallest_batch
+
+            if not blanket_reaches(self.epsilon, self.delta, self.shuffle_batch, compositions=self.cap):
+                need = smallest_batch(self.epsilon, self.delta, self.cap)
+                raise LocalConfigError("shuffle_batch", f"{self.shuffle_batch} distinct users per batch are too few "
+                                                        f"for codewords: no blanket (fakes with probability up to "
+                                                        f"{MAX_P:g}) makes {self.cap} batches (user_cap) of a device "
+                                                        f"({self.epsilon:g}, {self.delta:g})-DP; the smallest "
+                                                        f"workable batch is {need} (or raise epsilon or delta, or "
+                                                        f"lower user_cap).")
 
     # ------------------------------------------------------------------ noise of one report
 
