@@ -5,6 +5,10 @@ for the flat model (:func:`privacy_statement`, with the item sums :func:`_compos
 :func:`user_level_statement`), the hierarchy (:func:`hierarchy_statement`) and the other papers' per-unit baselines
 (:func:`_baseline_statement`). The release stage (:mod:`pipeline.release.stages`) computes its statement once and
 stores it with every release.
+
+Each statement also carries ``statement`` and ``plain``, rendered from its :class:`~models.accounting.statement.
+StatementFacts` (:func:`flat_facts`, :func:`hierarchy_facts`, :func:`baseline_facts`) by the one renderer of
+:mod:`models.accounting.statement`; the page and the dashboard show these instead of writing their own.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import math
 from typing import Any
 
 from models.accounting import GDPAccountant, describe
+from models.accounting.statement import Party, Plain, StatementFacts, render, render_plain
 from models.mechanisms import MECHANISMS, Mechanism
 from models.mechanisms.participation import replace_sensitivity
 from models.policies.dgs import DGSLinUCB, DGSTreeMechanism, first_positive_lambda_prime
@@ -24,12 +29,123 @@ from ..config.settings import Settings
 
 __all__ = ["privacy_statement", "hierarchy_statement", "user_level_statement", "released_statistics",
            "EVENT_NEIGHBOURS", "USER_NEIGHBOURS", "PUBLIC_AND_PROTECTED", "ADD_REMOVE_PUBLIC_AND_PROTECTED",
-           "HIERARCHY_ADD_REMOVE", "HIERARCHY_NEIGHBOURS", "HIERARCHY_MECHANISM", "ITEM_MECHANISM", "BASELINE_ABOUT"]
+           "HIERARCHY_ADD_REMOVE", "HIERARCHY_NEIGHBOURS", "HIERARCHY_MECHANISM", "ITEM_MECHANISM", "BASELINE_ABOUT",
+           "flat_facts", "hierarchy_facts", "baseline_facts", "rendered", "SERVER"]
 
 #: The hierarchy's mechanism (one release of its weighted blocks).
 HIERARCHY_MECHANISM = "blt-exact"
 #: The item sums' mechanism (sensitivity 1 per interaction; exact Gaussian-DP accounting).
 ITEM_MECHANISM = "blt-exact"
+
+#: The trusted party of global mode: the server that receives the raw feedback and adds the noise.
+SERVER = Party("this server's operator", "none: the server receives every raw interaction and adds the noise "
+                                         "itself (the trusted curator)")
+#: What stays exact and public beside the noisy statistics under the replace relation.
+_EXACT = "the Gram matrices and counts are exact (public: they never depend on a choice)"
+
+
+def rendered(facts: StatementFacts) -> dict[str, str]:
+    """A statement's ``statement`` (:func:`~models.accounting.statement.render`) and ``plain``
+    (:func:`~models.accounting.statement.render_plain`) fields."""
+    assert facts.plain is not None
+    return {"statement": render(facts), "plain": render_plain(facts.plain)}
+
+
+def _user_scope(settings: Settings) -> tuple[str, str, str]:
+    """``(scope, composition, limit)`` of a user-level statement: the epoch and cap, how epochs compose, and what
+    stops learning from a user (the cap policy within an epoch, the ledger's lifetime budget across them)."""
+    s = settings
+    budget = s.lifetime_budget
+    return (f"per epoch of {s.tree_ticks} release ticks, for all of one user's contributions (up to {s.user_cap} "
+            f"ticks, each tick's interactions summed and clipped)",
+            "epochs compose (Gaussian DP: mu adds in quadrature); a user with k < cap ticks spends mu sqrt(B(k)/B(cap))",
+            f"a user at the cap is not learned from for the rest of the epoch (cap policy: {s.cap_policy})"
+            + (f"; the ledger stops learning from a user before they would exceed epsilon {budget:g} over their "
+               f"lifetime (user_budget)" if math.isfinite(budget) else ""))
+
+
+def hierarchy_facts(settings: Settings, layout: HierarchyLayout, epsilon: float, delta: float) -> StatementFacts:
+    """The hierarchy's facts: its blocks through one release at ``(epsilon, delta)`` per capped user and epoch
+    (``epsilon`` inf: no noise), under the relation in force (add/remove: the count through the pool's noise)."""
+    blocks = ", ".join(layout.blocks)
+    counts = ("the count through the pool block's noise" if settings.add_remove else
+              "the counts exact (public: arrivals)")
+    release = (f"the hierarchy's blocks ({blocks}), each with its share of mu**2, through one release of "
+               f"'{HIERARCHY_MECHANISM}' are ({epsilon:.4g}, {delta:g})-DP under {settings.relation}; {counts}"
+               if math.isfinite(epsilon) else
+               f"the hierarchy's blocks ({blocks}) are released without noise: nothing is protected (epsilon = inf)")
+    scope, composition, limit = _user_scope(settings)
+    return StatementFacts(release=release, parties=(SERVER,), composition=composition, scope=scope, limit=limit,
+                          plain=_plain(settings, epsilon, delta, user_level=True))
+
+
+def baseline_facts(settings: Settings, policy: PerUserLinUCB, epsilon: float, delta: float) -> StatementFacts:
+    """A per-unit baseline's facts: each unit's model through its own tree; S&S's joint DP covers contexts too, DGS's
+    ``(epsilon, delta)`` is the paper's claim, not a valid guarantee (``epsilon`` inf: no noise)."""
+    name = settings.baseline or ""
+    if not math.isfinite(epsilon):
+        release, claim = "each unit's model is released without noise: nothing is protected (epsilon = inf)", ""
+    elif isinstance(policy, SSLinUCB):
+        release = (f"each unit's model through its own tree ({name}) is ({epsilon:.4g}, {delta:g}) joint DP in each "
+                   f"interaction's context and reward")
+        claim = ""
+    else:
+        release = (f"each unit's model through its own tree ({name}) claims ({epsilon:.4g}, {delta:g})-DP in one "
+                   f"reward: NOT a valid DP guarantee (spec tree-dp B.5)")
+        claim = "This ε is the paper's claim, not a valid bound."
+    composition = ("each interaction enters only its own unit's tree (parallel composition over units); a user with k "
+                   "interactions is covered at group level k")
+    return StatementFacts(release=release, parties=(SERVER,), composition=composition,
+                          plain=_plain(settings, epsilon, delta, user_level=False, total=claim))
+
+
+def _plain(settings: Settings, epsilon: float, delta: float, *, user_level: bool, federated: bool = False,
+           total: str = "") -> Plain:
+    """The page's words for a global or federated release: where the answers stay, and what the bound covers under
+    the relation in force (add/remove: taking part at all; replace: the answers, arrivals public)."""
+    add_remove = settings.add_remove
+    where = ("Your listens and skips stay at your site; only its noisy statistics leave it, and the recommendations "
+             "are computed from those." if federated else
+             "Your listens and skips stay inside the server; only noisy statistics are published"
+             + (", on a fixed schedule," if add_remove else ",") + " and the recommendations are computed from those.")
+    if add_remove:
+        covers = ("everything you do in an epoch — whether you took part at all, and whatever you listened to, "
+                  "skipped or picked")
+        end = "Only you (with your token) and the operator see your own figures below."
+    elif user_level:
+        covers = "everything you do in an epoch — whatever you listened to, skipped or picked"
+        end = "The ε above adds up your epochs; that you came, and when, is public."
+    else:
+        covers = ("any one answer you give — whether you listened or skipped, and whichever of the shown items you "
+                  "picked")
+        end = "The ε above adds this up over all your answers; that you came, and when, is public."
+    return Plain(where=where, covers=covers, observer="the published results", epsilon=epsilon, delta=delta,
+                 total=" ".join(t for t in (total, end) if t))
+
+
+def flat_facts(settings: Settings, epsilon: float, delta: float, *, user_level: bool, items: bool = False,
+               federated: bool = False) -> StatementFacts:
+    """The flat model's facts: ``b`` (and with ``items`` the item sums) through noise at ``(epsilon, delta)``
+    (``epsilon`` inf: no noise), at event or ``user_level``; ``federated``: released by the user's site, whose
+    coordinator and other sites see only its releases."""
+    noised, verb = ("b and the item reward sums", "are") if items else ("b", "is")
+    mechanism = f"'{settings.mechanism}'" + (f" and '{ITEM_MECHANISM}'" if items else "")
+    if math.isfinite(epsilon):
+        release = f"{noised} through {mechanism} {verb} ({epsilon:.4g}, {delta:g})-DP; {_EXACT}"
+    else:
+        release = f"{noised} {verb} released without noise: nothing is protected (epsilon = inf)"
+    parties: tuple[Party, ...] = (SERVER,)
+    if federated:
+        parties = (Party("your site", "none: it sees its own users' raw feedback and adds the noise"),
+                   Party("the coordinator and the other sites", "the site's guarantee: they see only its releases "
+                         "(mixing them is post-processing)"))
+    scope, composition, limit = _user_scope(settings) if user_level else (
+        "", "every release ever published" + (" by a site" if federated else " from this namespace")
+        + ", per interaction; a user with k interactions is covered at group level k", "")
+    if federated:
+        composition += "; a user belongs to one site (a public rule), so their data touch that site's releases only"
+    return StatementFacts(release=release, parties=parties, composition=composition, scope=scope, limit=limit,
+                          plain=_plain(settings, epsilon, delta, user_level=user_level, federated=federated))
 
 
 def privacy_statement(settings: Settings, mechanism: Mechanism | None,
@@ -44,6 +160,8 @@ def privacy_statement(settings: Settings, mechanism: Mechanism | None,
     if mechanism is None:
         return {"private": False, "guarantee": "none: epsilon = inf, statistics are released without noise",
                 "statistics": released_statistics(settings, None, None), **PUBLIC_AND_PROTECTED,
+                **rendered(flat_facts(settings, math.inf, settings.delta, user_level=False,
+                                      items=settings.item_term)),
                 **({"item_term": {"weight": settings.item_term_weight, "released": "item reward sums, without noise"}}
                    if settings.item_term else {})}
     if items is not None:
@@ -62,6 +180,7 @@ def privacy_statement(settings: Settings, mechanism: Mechanism | None,
                  "interactions is covered at group level k",
         "statistics": released_statistics(settings, mechanism, None),
         **PUBLIC_AND_PROTECTED,
+        **rendered(flat_facts(settings, g.epsilon, g.delta, user_level=False)),
     }
 
 
@@ -190,7 +309,8 @@ def hierarchy_statement(settings: Settings, mechanism: Mechanism | None, layout:
         "statistics": blocks + [count], **lists,
     }
     if mechanism is None:
-        return {"private": False, "guarantee": "none: epsilon = inf, the blocks are released without noise", **base}
+        return {"private": False, "guarantee": "none: epsilon = inf, the blocks are released without noise", **base,
+                **rendered(hierarchy_facts(s, layout, math.inf, s.delta))}
     g = describe(mechanism.event, s.delta)
     mu = gdp_mu(g.epsilon, g.delta) if math.isfinite(g.epsilon) else math.inf
     for entry in blocks:
@@ -210,6 +330,7 @@ def hierarchy_statement(settings: Settings, mechanism: Mechanism | None, layout:
                         "factor_vs_one_tick": math.sqrt(ratio(s.user_cap) / ratio(1))},
         "ratios": [ratio(k) for k in range(1, s.user_cap + 1)],
         **base,
+        **rendered(hierarchy_facts(s, layout, g.epsilon, g.delta)),
     }
 
 
@@ -232,6 +353,7 @@ def _composed_statement(settings: Settings, mechanism: Mechanism, items: Mechani
                  "k interactions is covered at group level k",
         "statistics": released_statistics(settings, mechanism, items),
         **PUBLIC_AND_PROTECTED,
+        **rendered(flat_facts(settings, total.epsilon, total.delta, user_level=False, items=True)),
         "composition": {"bandit": {"epsilon": bandit.epsilon, "mechanism": settings.mechanism},
                         "items": {"epsilon": item.epsilon, "mechanism": ITEM_MECHANISM},
                         "share": settings.item_share,
@@ -247,10 +369,14 @@ def user_level_statement(settings: Settings, statement: dict[str, Any], ratio: A
 
     out = dict(statement)
     if not statement.get("private"):
-        out.update({"unit": "user", "cap": settings.user_cap, "cap_policy": settings.cap_policy})
+        out.update({"unit": "user", "cap": settings.user_cap, "cap_policy": settings.cap_policy,
+                    **rendered(flat_facts(settings, math.inf, settings.delta, user_level=True,
+                                          items=settings.item_term))})
         return out
     mu = gdp_mu(float(statement["epsilon"]), float(statement["delta"]))
     out.update({
+        **rendered(flat_facts(settings, float(statement["epsilon"]), float(statement["delta"]), user_level=True,
+                              items=items is not None)),
         "unit": "user",
         "cap": settings.user_cap,
         "cap_policy": settings.cap_policy,
@@ -305,14 +431,15 @@ def _baseline_statement(settings: Settings, policy: PerUserLinUCB) -> dict[str, 
                              "(a public count, never a value)"},
     }
     if not policy.private:
-        return {"private": False, **common,
+        return {"private": False, **common, **rendered(baseline_facts(settings, policy, math.inf, settings.delta)),
                 "guarantee": "none: epsilon = inf, the per-unit models are released without noise"}
     g = describe(policy.mechanisms[0].event, settings.delta)
     out: dict[str, Any] = {"private": True, **common, "epsilon": g.epsilon, "delta": g.delta, "valid": g.valid,
                            "target_epsilon": settings.epsilon, "target_delta": settings.delta,
                            "scope": "every release ever published from this namespace, per interaction; each "
                                     "interaction enters only its own unit's tree (parallel composition over "
-                                    "units); a user with k interactions is covered at group level k"}
+                                    "units); a user with k interactions is covered at group level k",
+                           **rendered(baseline_facts(settings, policy, g.epsilon, g.delta))}
     if isinstance(policy, SSLinUCB):
         note = g.note
         if policy.noise_kind == "gaussian" and policy.calibration == "paper":

@@ -45,6 +45,7 @@ from ...config.keys import PublicKeys
 from ...data.records import TOPICS
 from ...config.settings import Settings
 from ...release.stages import ReleaseStage, SolveStage
+from ...release.statements import flat_facts, rendered
 
 log = logging.getLogger("privrec.site")
 
@@ -172,6 +173,9 @@ def federated_statement(settings: Settings, site_statement: dict[str, Any]) -> d
                   "units)" + ("" if star else "; neighbours exchange consensus states, which are mixtures of "
                               "released statistics (post-processing)")),
         "per_site": per_site,
+        **rendered(flat_facts(settings, float(out["epsilon"]) if out.get("private") else math.inf,
+                              float(out.get("delta", settings.delta)),
+                              user_level=out.get("unit") == "user", federated=True)),
     })
     return out
 
