@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from models.accounting.conversions import check_delta, check_epsilon, gdp_epsilon, gdp_mu
-from models.accounting.statement import Party, StatementFacts, render
+from models.accounting.statement import Party, Plain, StatementFacts, render, render_plain
 from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from models.mechanisms.base import TreeState, noise_std
 from models.mechanisms.participation import USER_LEVEL_MECHANISMS
@@ -386,9 +386,12 @@ class LocalConfig:
         ``shuffler`` (shuffled reports): ``"worker"``, the shuffler runs in the operator's worker; ``"separate"``, it
         is a service of its own and devices seal each report to the analyzer (docs/local-shuffler.md). The
         ``statement`` is :func:`models.accounting.statement.render` of this calibration's facts
-        (:meth:`statement_facts`); the guarantee against each party, as data, is the pipeline's
+        (:meth:`statement_facts`), and ``plain`` the same in the page's words
+        (:func:`models.accounting.statement.render_plain`); the guarantee against each party, as data, is the pipeline's
         (``pipeline.modes.local.esa.parties``).
         """
+        facts = self.statement_facts(shuffler=shuffler)
+        assert facts.plain is not None
         common = {"mode": "local", "algorithm": self.algorithm, "delta": self.delta,
                   "trusted": "only the user's own device: it keeps the exact statistic and adds the noise",
                   "protects": "the rewards a user gives and which item of a shown list they acted on (which "
@@ -396,7 +399,7 @@ class LocalConfig:
                   "neighbours": "one interaction replaced: another reward, and another item of the same shown "
                                 "list (L2 sensitivity 2 of r x)",
                   "statistics": [self._report_statistic()],
-                  "statement": render(self.statement_facts(shuffler=shuffler))}
+                  "statement": render(facts), "plain": render_plain(facts.plain, facts.parties)}
         if self.user_level:
             return {**common, **self._user_guarantee()}
         if self.algorithm == "tree":
@@ -471,7 +474,28 @@ class LocalConfig:
             release = (f"each report m = r x + N(0, {self.sigma:.3g}^2 I) is ({eps:g}, {delta:g})-LDP (Gaussian DP "
                        f"mu = {mu:.3g}, L2 sensitivity 2); each interaction is in one report")
             composition = f"a user's k reports compose to mu sqrt(k) (k = 4: epsilon {gdp_epsilon(2 * mu, delta):.3g})"
-        return StatementFacts(release=release, parties=parties, composition=composition, scope=scope, limit=limit)
+        return StatementFacts(release=release, parties=parties, composition=composition, scope=scope, limit=limit,
+                              plain=self._plain())
+
+    def _plain(self) -> Plain:
+        """The page's words (the page is the device): where the answers stay, and what the bound covers."""
+        where = ("Local mode: this page is your device. It keeps your listens and skips, adds the noise itself (from "
+                 "your browser's cryptographic random numbers) and sends only the noisy report"
+                 + (f", at most {self.cap} reports per epoch" if self.user_level else "")
+                 + "; the server, Kafka and Redis never see a raw answer.")
+        if self.user_level:
+            return Plain(where=where, covers="everything you did in an epoch — every listen, every skip, which items "
+                                             "you picked", observer="the shuffled batches" if self.shuffled else
+                         "what the server sees", epsilon=self.epsilon, delta=self.delta,
+                         total="The ε above adds this up over your whole history.")
+        if self.shuffled:
+            return Plain(where=where, covers="any one answer of yours", observer="each report",
+                         epsilon=self.epsilon0, delta=0.0)
+        if self.algorithm == "tree":
+            return Plain(where=where, covers="any one of your answers — whether you listened or skipped",
+                         observer="everything this browser ever reports", epsilon=self.epsilon, delta=self.delta)
+        return Plain(where=where, covers="any one answer of yours", observer="each report", epsilon=self.epsilon,
+                     delta=self.delta, total="Your reports add up: the ε above grows with each one.")
 
     def _user_guarantee(self) -> dict[str, Any]:
         """User level: what a device's whole history gets (the fields of the global mode's user-level statement)."""
