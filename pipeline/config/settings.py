@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from models.local.config import DEFAULT_VARIANT, VARIANTS
 from models.mechanisms import MECHANISMS
 from models.mechanisms.participation import B_CLIP, ITEM_CLIP
 
@@ -66,8 +67,8 @@ MODELS = ("hierarchy", "flat")
 #: ``user_cap`` when unset, by model: chosen on held-out windows of LastFM, the synthetic population and a synthetic
 #: tagged catalog (docs/hierarchy.md for the hierarchy, docs/privacy.md for the flat model).
 DEFAULT_CAPS = {"hierarchy": 1, "flat": 8}
-#: Local mode's protocol when none is set: the variant measured to learn (docs/local-live.md).
-LOCAL_DEFAULT = {"local_algorithm": "round", "shuffle_batch": 150, "local_codewords": 64, "user_cap": 2}
+#: Local mode's protocol when none is set: the variant measured to learn (``shuffled-items``, docs/local-protocol.md).
+LOCAL_DEFAULT = VARIANTS[DEFAULT_VARIANT].settings
 CAP_POLICIES = ("ignore", "reject")
 #: Mechanisms with a multi-participation sensitivity bound (models.mechanisms.participation).
 USER_LEVEL_MECHANISMS = ("blt-exact", "blt-zcdp", "gaussian-exact", "gaussian-zcdp")
@@ -110,7 +111,7 @@ class Settings:
         (``sites`` sites, each adding the noise to its own users' statistics and
         sharing only its releases; see :mod:`pipeline.modes.federated.federation`) or ``"local"``
         (each user's device adds the noise and sends only reports; see
-        :mod:`pipeline.modes.local.localmode` and ``docs/local-mode.md``).
+        :mod:`pipeline.modes.local.localmode` and ``docs/local-protocol.md``).
     local_algorithm
         Local mode: ``"tree"`` (each device releases its own ``b_u`` through its own
         continual-release mechanism, LDP-CoLin / LDP-GOBLin) or ``"round"`` (one noisy
@@ -125,7 +126,7 @@ class Settings:
     local_codewords
         Local mode with shuffling at user level: ``K > 0`` sends each listen as its codeword in a public codebook
         of ``K`` codewords of the catalog's features, with a blanket of fake codewords, in population-wide
-        batches of ``shuffle_batch`` distinct users (docs/local-live.md); ``0``: Laplace reports per unit.
+        batches of ``shuffle_batch`` distinct users (docs/local-protocol.md); ``0``: Laplace reports per unit.
     local_item_term
         With codewords, ``1``: the codebook is the catalog itself (``local_codewords`` = its number of items, at most
         4096), so a message names the item listened to, and the analyzer also releases the messages' estimated
@@ -240,7 +241,7 @@ class Settings:
         belongs to one site, a public rule, so their site's ledger is their whole history). Local mode (default
         ``"user"`` too): each device makes at most ``user_cap`` reports per epoch (``tree_ticks * tick_seconds``
         seconds), calibrates its noise to them and stops at ``user_budget`` (:class:`models.local.LocalConfig`,
-        docs/local-userlevel.md).
+        docs/local-protocol.md).
     privacy_relation
         The neighbouring relation (:data:`RELATIONS`). ``"add-remove"`` (unset: the default with the hierarchy in
         global mode): two streams differ by everything one user did in an epoch, taking part at all included —
@@ -526,7 +527,7 @@ class Settings:
     def _resolve_local(self) -> None:
         """Local mode's protocol when unset: the variant that learns (:data:`LOCAL_DEFAULT`) — per-round reports,
         population-wide shuffled batches of at least 150 distinct users, listens as codewords of a public codebook of
-        64 through a blanket of fakes, 2 reports per device and epoch (docs/local-live.md); the batch grows to the
+        64 through a blanket of fakes, 2 reports per device and epoch (docs/local-protocol.md); the batch grows to the
         smallest the blanket can calibrate at the settings' epsilon. A synthetic world of fewer users than a batch
         keeps the per-user tree (nothing to hide among). Outside local mode: the device settings' old values (no
         shuffler, no codewords), which nothing reads."""
@@ -827,10 +828,10 @@ _HELP = {
     "user_cap": "user level: release ticks per epoch one user contributes to (default: 1 with the hierarchy, 8 with "
                 "the flat model; local mode: reports per epoch of a device)",
     "local_codewords": "local mode with shuffling at user level: K > 0 sends listens as codewords of a public "
-                       "codebook of K with a blanket of fakes, population-wide batches (docs/local-live.md)",
+                       "codebook of K with a blanket of fakes, population-wide batches (docs/local-protocol.md)",
     "local_item_term": "local mode with codewords: 1 makes the codebook the catalog itself (--local-codewords = its "
                        "number of items, at most 4096): messages name items, and their histogram is also served as "
-                       "the item term at no extra privacy cost (docs/local-live.md)",
+                       "the item term at no extra privacy cost (docs/local-protocol.md)",
     "shuffle_batch": "local mode with --local-algorithm round: n > 0 shuffles batches of n distinct users' reports; "
                      "--epsilon is then the central guarantee of a batch",
     "fed_schedule": "federated mode: share every release tick ('tick') or at ticks 1, 2, 4, ... ('doubling')",
