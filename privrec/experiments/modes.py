@@ -482,7 +482,7 @@ def _population(cfg: ModesConfig, jobs: int) -> dict[str, Any]:
         vals = [r["gain"] for r in rows if r["n_users"] == size and r["gain"] is not None]
         gains.append(float(np.mean(vals)) if vals else None)
     conf = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(pc).items()}
-    return {"n_users": list(pc.sizes), "gain": gains, "epsilon": pc.epsilon, "mode": "local-shuffled-vectors",
+    return {"n_users": list(pc.sizes), "gain": gains, "epsilon": pc.epsilon, "mode": "local-shuffled-items",
             "what": "share of the non-private gain kept: (reward - random) / (non-private - random), same events",
             "runs": sorted(rows, key=lambda r: r["n_users"]), "config": conf,
             "target": {"what": "local + shuffling keeps >= 50 % of the non-private gain at 100,000 users",
