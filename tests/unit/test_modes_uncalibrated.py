@@ -86,3 +86,28 @@ def test_a_value_error_that_is_not_the_calibrations_still_ends_the_run(tmp_path:
                       rows=("broken",))
     with pytest.raises(ValueError, match="a bug, not a calibration"):
         run_modes(cfg, tmp_path, jobs=1, progress=False)
+
+
+def test_modes_quick_runs_every_cell_of_its_grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``privrec experiment modes --quick``'s whole grid — every row, every epsilon, the synthetic world, LastFM (a
+    stand-in here), the scaling and population axes — at the smallest sizes that exercise each: every cell ends in a
+    value or a reason why it was not calibrated, never a crash (the grid's n/c cells once ended the run)."""
+    def numeric_users(n: int, data_dir: str | None) -> dict[str, Any]:  # LastFM's user ids are numbers
+        arrays = _lastfm_stand_in(n, data_dir)
+        return {**arrays, "users": np.array([u[1:] for u in arrays["users"]])}
+
+    monkeypatch.setattr(modes, "_lastfm_arrays", numeric_users)
+    out = tmp_path / "modes"
+    rc = main(["experiment", "modes", "--quick", "--out", str(out), "--runs", "1", "--horizon", "200", "--tick",
+               "100", "--lastfm-events", "300", "--scaling-users", "3", "--population", "400", "--jobs", "1",
+               "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    doc = _strict_json((out / "modes.json").read_text())
+    assert set(doc["modes"]) == {r.name for r in ROWS}
+    for name, m in doc["modes"].items():
+        for value, why in zip(m["lastfm_ratio"], m.get("lastfm_uncalibrated") or [None] * 5, strict=True):
+            assert (value is None) != (why is None), f"{name}: LastFM cell with neither a value nor a reason"
+        if name not in modes.NEEDS_POOLED_UNITS:
+            assert all(isinstance(r, float) for r in m["regret"]), name
+    assert doc["scaling"]["n_users"] == [3] and doc["population"]["n_users"] == [400]
