@@ -256,6 +256,10 @@ ROWS: list[Row] = [
         _local_population),
 ]
 
+#: Rows renamed to their variant's name draw the noise of their former name, so every figure published under it
+#: stays reproducible bit for bit (a cell's noise seed derives from its row's name).
+_SEED_NAMES = {"local-shuffled-vectors": "local-shuffle", "local-shuffled-items": "local-shuffle-pop"}
+
 #: Rows that cannot run on the synthetic world: there each user is their own unit, so a unit's batch can never
 #: hold several distinct users (nothing to hide among).
 NEEDS_POOLED_UNITS = {"local-shuffled-vectors", "local-shuffled-items"}
@@ -309,7 +313,7 @@ def _execute(job: _Job) -> _Result:
     cfg: ModesConfig = _CTX["cfg"]
     row = next(r for r in ROWS if r.name == job.row)
     t0 = time.perf_counter()
-    seed = derive_seed("modes-noise", job.dataset, job.run, job.row, job.epsilon)
+    seed = derive_seed("modes-noise", job.dataset, job.run, _SEED_NAMES.get(job.row, job.row), job.epsilon)
     lf = _CTX.get("lastfm")
     if job.dataset == "lastfm":
         policy = _policy(row, job.epsilon, seed, cfg, "lastfm", lf["n_units"], lf["d"])
