@@ -28,8 +28,8 @@ from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from models.mechanisms.base import TreeState, noise_std
 from models.mechanisms.participation import USER_LEVEL_MECHANISMS
 
-__all__ = ["ALGORITHMS", "UNITS", "LocalConfig", "LocalConfigError", "DEVICE_MECHANISMS", "REPORT_SENSITIVITY", "DEFAULT_CAP",
-           "DEFAULT_EPOCH_SECONDS"]
+__all__ = ["ALGORITHMS", "UNITS", "LocalConfig", "LocalConfigError", "DEVICE_MECHANISMS", "REPORT_SENSITIVITY",
+           "DEFAULT_CAP", "DEFAULT_EPOCH_SECONDS", "LocalVariant", "VARIANTS", "DEFAULT_VARIANT", "variant_of"]
 
 #: L2 sensitivity of one interaction's ``r x`` under *replace* neighbours (another reward, and another item of the
 #: list — the user's choice is protected): ``||r x - r' x'|| <= 2`` for ``||x|| <= 1``, ``r in [0, 1]``.
@@ -384,7 +384,7 @@ class LocalConfig:
         """The local guarantee in plain words (``/budget`` and the page state it).
 
         ``shuffler`` (shuffled reports): ``"worker"``, the shuffler runs in the operator's worker; ``"separate"``, it
-        is a service of its own and devices seal each report to the analyzer (docs/local-shuffler.md). The
+        is a service of its own and devices seal each report to the analyzer (docs/local-parties.md). The
         ``statement`` is :func:`models.accounting.statement.render` of this calibration's facts
         (:meth:`statement_facts`), and ``plain`` the same in the page's words
         (:func:`models.accounting.statement.render_plain`); the guarantee against each party, as data, is the pipeline's
@@ -624,5 +624,81 @@ def _shuffle_parties(batch: str, epsilon0: float | None, shuffler: str) -> tuple
                 Party("anyone who sees only the shuffled batches (the released statistics, the analysts)", batch))
     return (Party("the operator of the analyzer (and of this server)", batch,
                   "while the shuffler, a separate service that sees who reports but no content (reports are sealed "
-                  "to the analyzer's key; docs/local-shuffler.md), is honest"),
+                  "to the analyzer's key; docs/local-parties.md), is honest"),
             Party("the shuffler's and the analyzer's operators colluding", local))
+
+
+@dataclass(frozen=True)
+class LocalVariant:
+    """One named local-mode protocol: what a device reports and who mixes it (docs/local-protocol.md's table).
+
+    Parameters
+    ----------
+    name
+        The one name the CLI, the code, the experiments (row ``local-<name>``) and the docs use.
+    about
+        One line: what a device sends, and the guarantee's kind.
+    algorithm, shuffle_batch, codewords, cap
+        The :class:`LocalConfig` fields (and pipeline settings ``local_algorithm``, ``shuffle_batch``,
+        ``local_codewords``, ``user_cap``) the variant sets; ``cap`` ``None``: the unit's default cap.
+        ``shuffle_batch`` is the smallest batch: a run may need a larger one for its epsilon.
+    research
+        ``True``: kept for comparison (measured to learn little or nothing on LastFM); ``False``: the default.
+    """
+
+    name: str
+    about: str
+    algorithm: str
+    shuffle_batch: int = 0
+    codewords: int = 0
+    cap: int | None = None
+    research: bool = True
+
+    @property
+    def settings(self) -> dict[str, int | str]:
+        """The pipeline settings this variant stands for (``privrec up --local-variant NAME`` sets them)."""
+        out: dict[str, int | str] = {"local_algorithm": self.algorithm, "shuffle_batch": self.shuffle_batch,
+                                     "local_codewords": self.codewords}
+        if self.cap is not None:
+            out["user_cap"] = self.cap
+        return out
+
+    def config(self, *, d: int, epsilon: float, delta: float = 1e-5, unit: str = "user", cap: int | None = None,
+               shuffle_batch: int | None = None, **kw: Any) -> LocalConfig:
+        """The devices' :class:`LocalConfig` of this variant (``cap`` / ``shuffle_batch``: override the table's)."""
+        cap = cap if cap is not None else self.cap if self.cap is not None else DEFAULT_CAP
+        batch = self.shuffle_batch if shuffle_batch is None else shuffle_batch
+        return LocalConfig(algorithm=self.algorithm, d=d, epsilon=epsilon, delta=delta, shuffle_batch=batch, unit=unit,
+                           cap=cap, codewords=self.codewords, **kw)
+
+
+#: The local mode's variants, by name (one name each, everywhere). ``shuffled-items`` learns and is the default.
+VARIANTS: dict[str, LocalVariant] = {v.name: v for v in (
+    LocalVariant("shuffled-items", "each listen as the codeword of its item (a public codebook of 64) through a blanket "
+                                   "of fake messages, in population-wide shuffled batches of >= 150 distinct users, "
+                                   "2 reports per device and epoch; central (epsilon, delta) against the analyzer",
+                 algorithm="round", shuffle_batch=150, codewords=64, cap=2, research=False),
+    LocalVariant("shuffled-vectors", "a pure epsilon0-LDP Laplace report r x per interaction, shuffled in batches of "
+                                     "distinct users of one model unit; central (epsilon, delta) per batch",
+                 algorithm="round", shuffle_batch=200),
+    LocalVariant("round", "a Gaussian report r x + N(0, sigma^2 I) per interaction, no shuffler; "
+                          "(epsilon, delta)-LDP against everyone", algorithm="round"),
+    LocalVariant("tree", "each device releases its own b_u through its own continual-release tree (LDP-CoLin); "
+                         "(epsilon, delta)-LDP against everyone", algorithm="tree"),
+)}
+DEFAULT_VARIANT = "shuffled-items"
+
+
+def variant_of(config: LocalConfig) -> str:
+    """The name of ``config``'s variant (:data:`VARIANTS`), whatever its batch size, cap or codebook size.
+
+    >>> variant_of(VARIANTS["shuffled-items"].config(d=4, epsilon=2.0))
+    'shuffled-items'
+    >>> variant_of(LocalConfig(algorithm="round", d=4, epsilon=2.0, shuffle_batch=3))
+    'shuffled-vectors'
+    """
+    if config.codewords:
+        return "shuffled-items"
+    if config.shuffled:
+        return "shuffled-vectors"
+    return config.algorithm

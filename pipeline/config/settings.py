@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from models.local.config import DEFAULT_VARIANT, VARIANTS
 from models.mechanisms import MECHANISMS
 from models.mechanisms.participation import B_CLIP, ITEM_CLIP, USER_LEVEL_MECHANISMS
 
@@ -77,8 +78,8 @@ MODELS = ("hierarchy", "flat")
 #: ``user_cap`` when unset, by model: chosen on held-out windows of LastFM, the synthetic population and a synthetic
 #: tagged catalog (docs/hierarchy.md for the hierarchy, docs/privacy.md for the flat model).
 DEFAULT_CAPS = {"hierarchy": 1, "flat": 8}
-#: Local mode's protocol when none is set: the variant measured to learn (docs/local-live.md).
-LOCAL_DEFAULT = {"local_algorithm": "round", "shuffle_batch": 150, "local_codewords": 64, "user_cap": 2}
+#: Local mode's protocol when none is set: the variant measured to learn (``shuffled-items``, docs/local-protocol.md).
+LOCAL_DEFAULT = VARIANTS[DEFAULT_VARIANT].settings
 CAP_POLICIES = ("ignore", "reject")
 #: Site graphs of the federated mode (or a path to an edge-list file: one "i j" pair per line).
 TOPOLOGIES = ("star", "ring", "complete")
@@ -155,7 +156,7 @@ class Settings:
         "global", group="model", model=True, choices=MODES,
         help="trust model: global (the server adds the noise), federated (sites keep their users' raw data and "
              "share only releases, see pipeline.modes.federated) or local (each user's device adds the noise and "
-             "sends only reports, docs/local-mode.md)")
+             "sends only reports, docs/local-protocol.md)")
     model: str | None = setting(
         None, group="model", model=True, choices=MODELS, example="hierarchy",
         help="the serving model: hierarchy (the default for linucb over units at user level in global mode: public "
@@ -277,7 +278,7 @@ class Settings:
               "an epoch is (epsilon, delta)-DP (models.mechanisms.participation). Federated mode: each site folds "
               "its own users' ticks, caps them and keeps their ledger and lifetime budget. Local mode: each device "
               "makes at most user_cap reports per epoch (tree_levels and tick_seconds), calibrates its noise to them "
-              "and stops at user_budget (models.local.LocalConfig, docs/local-userlevel.md).")
+              "and stops at user_budget (models.local.LocalConfig, docs/local-protocol.md).")
     privacy_relation: str | None = setting(
         None, group="model", model=True, choices=RELATIONS,
         help="add-remove (the default with the hierarchy in global mode: whether a user took part at all is "
@@ -324,7 +325,7 @@ class Settings:
         help="local mode: tree (each device releases its own b_u through its own continual-release mechanism, "
              "LDP-CoLin / LDP-GOBLin) or round (one noisy r x per interaction, the LDP bandits paper's reduction); "
              "unset in local mode: round with population-wide shuffled codewords, the variant that learns "
-             "(docs/local-live.md), or tree for a synthetic world too small to fill a batch")
+             "(docs/local-protocol.md), or tree for a synthetic world too small to fill a batch")
     local_mechanism: str = setting(
         "blt-exact", group="local", model=True,
         help="local mode, tree: the devices' continual-release mechanism (any mechanism name without user-: a "
@@ -340,12 +341,12 @@ class Settings:
         None, group="local", model=True, example="0", example_set=True,
         help="local mode with shuffling at user level: K > 0 sends each listen as its codeword in a public codebook "
              "of K codewords of the catalog's features, with a blanket of fake codewords, in population-wide "
-             "batches (0: Laplace reports per unit; docs/local-live.md)")
+             "batches (0: Laplace reports per unit; docs/local-protocol.md)")
     local_item_term: int = setting(
         0, group="local", model=True, choices=(0, 1),
         help="local mode with codewords: 1 makes the codebook the catalog itself (--local-codewords = its number of "
              "items, at most 4096): messages name items, and their histogram is also served as the item term at no "
-             "extra privacy cost (docs/local-live.md)")
+             "extra privacy cost (docs/local-protocol.md)")
 
     # --- federated mode ------------------------------------------------------------------------------------------
     sites: int = setting(
@@ -550,7 +551,7 @@ class Settings:
     def _resolve_local(self) -> None:
         """Local mode's protocol when unset: the variant that learns (:data:`LOCAL_DEFAULT`) — per-round reports,
         population-wide shuffled batches of at least 150 distinct users, listens as codewords of a public codebook of
-        64 through a blanket of fakes, 2 reports per device and epoch (docs/local-live.md); the batch grows to the
+        64 through a blanket of fakes, 2 reports per device and epoch (docs/local-protocol.md); the batch grows to the
         smallest the blanket can calibrate at the settings' epsilon. A synthetic world of fewer users than a batch
         keeps the per-user tree (nothing to hide among). Outside local mode: the device settings' old values (no
         shuffler, no codewords), which nothing reads."""

@@ -114,7 +114,7 @@ COMPONENTS: dict[str, Any] = {"securitySchemes": _SECURITY_SCHEMES, "schemas": {
         "type": "object", "required": ["schema", "user", "rec_id", "version", "algorithm"],
         "additionalProperties": False,
         "description": "a local-mode device's noisy report on a shown list (models.local.LocalReport.to_json(); "
-                       "docs/local-mode.md); it names the list, not the item, and the server adds the list itself",
+                       "docs/local-protocol.md); it names the list, not the item, and the server adds the list itself",
         "properties": {"schema": {"type": "string", "enum": ["privrec.LocalReport/2"]},
                        "user": _ID, "rec_id": _ID,
                        "version": {"type": "integer", "minimum": 1},
@@ -123,7 +123,7 @@ COMPONENTS: dict[str, Any] = {"securitySchemes": _SECURITY_SCHEMES, "schemas": {
                        "m": {"type": "array", "items": _NUM, "description": "round: one noisy r x"},
                        "epoch": {"type": "integer", "minimum": 0,
                                  "description": "user level: the device's epoch of the report, floor(t / "
-                                                "epoch_seconds) (docs/local-userlevel.md)"}},
+                                                "epoch_seconds) (docs/local-protocol.md)"}},
     },
     "Accepted": {
         "type": "object", "required": ["accepted", "event_id", "learning"],
@@ -203,7 +203,7 @@ COMPONENTS: dict[str, Any] = {"securitySchemes": _SECURITY_SCHEMES, "schemas": {
                        "algorithm": _STR, "d": _INT, "epsilon": _NUM, "delta": _NUM, "schema": _STR,
                        "esa": {"type": "object", "description": "a separate shuffler: where devices POST their "
                                "sealed envelopes ('shuffler') and the analyzer's P-256 key ('public_key', base64 "
-                               "of the uncompressed point); docs/local-shuffler.md"}},
+                               "of the uncompressed point); docs/local-parties.md"}},
     },
 }}
 

@@ -5,7 +5,7 @@ first LastFM events as ``privrec experiment modes`` does (:func:`privrec.experim
 policy picks one item of each event's pool of 25; reward 1 iff it is the logged one; ratio = reward / (events /
 25)) with the local mode's real devices (:class:`models.local.LocalUCB`, ``tree``, user level, epsilon 2, cap 8)
 and variants of the server's model (:class:`ProbeUCB`), then prints one JSON line per variant. ``--floor`` prints
-the back-of-the-envelope bounds of :func:`ldp_floor` instead. Findings: docs/local-fixes.md.
+the back-of-the-envelope bounds of :func:`ldp_floor` instead. Findings: docs/local-measurements.md.
 
 Variants (:data:`VARIANTS`): the exploration bonus (``alpha``), the noise ridge (``kappa``), the model's mean
 dropped (``theta0``: the bonus alone), a public prior mean of theta (:func:`public_prior`: the catalog's mean

@@ -5,7 +5,7 @@
 (:func:`privrec.experiments.modes.lastfm_reward`: one item picked of each event's pool of 25; ratio = reward /
 (events / 25)) with the live codeword model of local mode (:class:`models.local.policy.LocalItemUCB`: listens as
 codewords of a 64-word public codebook through a blanket, population-wide shuffled batches of 150 distinct users,
-user level, cap 2, central epsilon 2, delta 1e-5; the settings of docs/local-live.md) and the serving solve's public
+user level, cap 2, central epsilon 2, delta 1e-5; the settings of docs/local-protocol.md) and the serving solve's public
 prior (:func:`models.streaming.solve.public_prior`, worth ``strength`` pseudo-observations), beside
 
 * the non-private twin of the same model (exact listens, no batch, no cap) with the same prior, and
@@ -32,7 +32,7 @@ from models.streaming.solve import public_prior
 
 __all__ = ["run", "slice_events", "main"]
 
-#: The live codeword model's settings (docs/local-live.md).
+#: The live codeword model's settings (docs/local-protocol.md).
 BATCH, CAP, CODEWORDS, EPSILON, DELTA = 150, 2, 64, 2.0, 1e-5
 
 

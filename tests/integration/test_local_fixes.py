@@ -1,4 +1,4 @@
-"""Local mode's fixes of issue 21's review (docs/local-fixes.md), against a real redis-server.
+"""Local mode's fixes of issue 21's review (docs/notes/local-fixes.md), against a real redis-server.
 
 * The analyzer (:class:`pipeline.modes.local.localmode.BatchIngestProcessor`, a real analyzer key) given a sealed
   batch with one tampered content commits nothing of that batch: no vector, and none of its shown items in the

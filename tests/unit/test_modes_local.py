@@ -132,22 +132,22 @@ def test_the_json_has_the_issues_shape_with_local_rows_and_scaling(tmp_path: Pat
     eps = (2.0, 10.0)
     cfg = ModesConfig(epsilons=eps, runs=1, horizon=300, tick=100, d=6, n_users=4, lastfm_events=600,
                       lastfm_runs=1, lastfm_tick=50, shuffle_batch=5, scaling_users=(3, 6),
-                      rows=("global", "local-tree", "local-round", "local-shuffle"), local_unit="event")
+                      rows=("global", "local-tree", "local-round", "local-shuffled-vectors"), local_unit="event")
     doc = run_modes(cfg, tmp_path, jobs=1, progress=False)
     assert json.loads((tmp_path / "modes.json").read_text()) == json.loads(json.dumps(doc))
     assert doc["epsilons"] == [2.0, 10.0]
-    assert set(doc["modes"]) == {"global", "local-tree", "local-round", "local-shuffle"}
+    assert set(doc["modes"]) == {"global", "local-tree", "local-round", "local-shuffled-vectors"}
     for name, m in doc["modes"].items():
         assert len(m["regret"]) == len(m["lastfm_ratio"]) == 2
         assert all(isinstance(v, float) and v >= 0 for v in m["lastfm_ratio"])
-        if name == "local-shuffle":  # every synthetic user is their own unit: no batch of distinct users forms
+        if name == "local-shuffled-vectors":  # every synthetic user is their own unit: no batch of distinct users forms
             assert m["regret"] == [None, None]
         else:
             assert all(isinstance(v, float) and math.isfinite(v) for v in m["regret"])
         if name.startswith("local"):
             assert len(m["lastfm_applied_fraction"]) == len(m["lastfm_batches"]) == 2
     assert doc["modes"]["local-tree"]["lastfm_applied_fraction"] == [1.0, 1.0]
-    shuffle = doc["modes"]["local-shuffle"]
+    shuffle = doc["modes"]["local-shuffled-vectors"]
     assert all(0.0 < f < 1.0 for f in shuffle["lastfm_applied_fraction"])  # open batches wait: staleness
     assert all(b >= 1 for b in shuffle["lastfm_batches"])
     sc = doc["scaling"]
@@ -159,7 +159,7 @@ def test_the_json_has_the_issues_shape_with_local_rows_and_scaling(tmp_path: Pat
     assert lt["papers_global"] == 0.79 and isinstance(lt["met"], bool) and lt["shuffle_batch"] == 5
     assert lt["untrained_ratio"] == doc["lastfm_untrained_ratio"] > 0
     md = (tmp_path / "modes.md").read_text()
-    assert "local-shuffle" in md and "never refreshes" in md and "N = 6" in md
+    assert "local-shuffled-vectors" in md and "never refreshes" in md and "N = 6" in md
     assert (tmp_path / "modes.png").stat().st_size > 0
 
 
@@ -181,7 +181,7 @@ def test_population_axis_in_modes_json(tmp_path: Path) -> None:
 
 def test_population_row_reaches_the_model_and_states_its_target(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """local-shuffle-pop on a stand-in for LastFM with 400 users: population-wide batches of distinct users fill
+    """local-shuffled-items on a stand-in for LastFM with 400 users: population-wide batches of distinct users fill
     (every capped report but the last open batch's reaches the model), and modes.json states the 2.0x target."""
     lf = _fake_lastfm(n_events=1_200)
     rng = np.random.default_rng(4)
@@ -189,10 +189,10 @@ def test_population_row_reaches_the_model_and_states_its_target(tmp_path: Path,
     lf["units"] = np.array([0 if int(u[1:]) < 300 else 1 for u in lf["users"]], dtype=np.int64)
     monkeypatch.setattr(modes, "_lastfm_arrays", lambda n, data_dir: lf)
     cfg = ModesConfig(epsilons=(2.0,), runs=1, horizon=200, tick=100, d=6, n_users=2, lastfm_events=1_200,
-                      lastfm_runs=1, lastfm_tick=50, scaling_users=(), rows=("local-shuffle-pop",),
+                      lastfm_runs=1, lastfm_tick=50, scaling_users=(), rows=("local-shuffled-items",),
                       population_batch=150, population_cap=2, population_codewords=8)
     doc = run_modes(cfg, tmp_path, jobs=1, progress=False)
-    m = doc["modes"]["local-shuffle-pop"]
+    m = doc["modes"]["local-shuffled-items"]
     assert m["regret"] == [None]  # no synthetic row: the synthetic world has no item ids
     reported = sum(min(2, c) for c in np.unique(lf["users"], return_counts=True)[1])
     applied = m["lastfm_applied_fraction"][0] * 1_200

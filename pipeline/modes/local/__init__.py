@@ -1,7 +1,7 @@
 """Local mode: devices add the noise; no exact per-user value ever reaches the server.
 
 The devices run :mod:`models.local`; the page's device side is ``pipeline/apps/static/local.js``.
-Documented in ``docs/local-mode.md``.
+Documented in ``docs/local-protocol.md``.
 
 Modules
 -------

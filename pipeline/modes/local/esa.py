@@ -16,7 +16,7 @@ with a failed content counts **not at all** (its other contents are dead letters
 shown items come as one multiset, unlinked from the contents on purpose (a content next to its list would
 re-identify it: the web server knows which list it showed to whom), so the analyzer cannot tell which items were
 the failed content's, and adding them all would put a failed report's list into the Gram with no vector
-(docs/local-fixes.md).
+(docs/local-parties.md).
 """
 
 from __future__ import annotations
@@ -132,10 +132,10 @@ def separate_shuffler(environ: os._Environ[str] | dict[str, str] | None = None) 
 
 
 def parties(config: LocalConfig, *, separate: bool) -> dict[str, Any]:
-    """The guarantee of one shuffled report against each party (``/budget``'s local statement, docs/local-shuffler.md).
+    """The guarantee of one shuffled report against each party (``/budget``'s local statement, docs/local-parties.md).
 
     Laplace reports: ``epsilon0`` per report locally, ``(epsilon, delta)`` per batch centrally. Codewords
-    (docs/local-live.md): no local guarantee (``epsilon`` ``None``), and centrally ``(epsilon, delta)`` for any
+    (docs/local-protocol.md): no local guarantee (``epsilon`` ``None``), and centrally ``(epsilon, delta)`` for any
     ``cap`` batches of a device together, the blanket's exact analysis (``"analysis": "blanket"``).
 
     ``separate``: the shuffler runs as its own service (:mod:`pipeline.modes.local.shuffler_service`) and the reports are

@@ -53,7 +53,7 @@ ESA = web.AppKey("esa", object)
 #: Why ``/feedback`` and ``/listen`` answer 400 in local mode.
 RAW_REFUSED = ("this stack runs in local mode: the server never receives a raw reward. Build a noisy report on the "
                "device (models.local.LocalClient, or the web page) and POST it to /report; GET /local/config gives "
-               "the calibration (docs/local-mode.md)")
+               "the calibration (docs/local-protocol.md)")
 
 
 def local_statement(config: LocalConfig) -> dict[str, Any]:
@@ -203,7 +203,7 @@ async def report(request: web.Request) -> web.Response:
     if esa is not None:  # the web server must never see a report next to its user: the shuffler is a party apart
         return _error(400, None, f"this stack's shuffler is a separate service: seal the report's content to the "
                                  f"analyzer's key and POST the envelope to {esa['shuffler']} (GET /local/config: "
-                                 f"'esa'; docs/local-shuffler.md)")
+                                 f"'esa'; docs/local-parties.md)")
     raw = await request.read()
     try:
         rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
