@@ -321,7 +321,7 @@ class Settings:
 
     # --- local mode ----------------------------------------------------------------------------------------------
     local_algorithm: str | None = setting(
-        None, group="local", model=True, choices=LOCAL_ALGORITHMS, example="tree", example_set=True,
+        None, group="local", model=True, choices=LOCAL_ALGORITHMS,
         help="local mode: tree (each device releases its own b_u through its own continual-release mechanism, "
              "LDP-CoLin / LDP-GOBLin) or round (one noisy r x per interaction, the LDP bandits paper's reduction); "
              "unset in local mode: round with population-wide shuffled codewords, the variant that learns "
@@ -334,11 +334,11 @@ class Settings:
         1023, group="local", model=True,
         help="local mode, tree: reports per epoch of a device's mechanism")
     shuffle_batch: int | None = setting(
-        None, group="local", model=True, example="0", example_set=True,
+        None, group="local", model=True,
         help="local mode, round: n > 0 shuffles batches of n distinct users' reports, stripped of who sent them "
              "(0: no shuffler); epsilon is then the central guarantee of a batch (Feldman, McMillan & Talwar)")
     local_codewords: int | None = setting(
-        None, group="local", model=True, example="0", example_set=True,
+        None, group="local", model=True,
         help="local mode with shuffling at user level: K > 0 sends each listen as its codeword in a public codebook "
              "of K codewords of the catalog's features, with a blanket of fake codewords, in population-wide "
              "batches (0: Laplace reports per unit; docs/local-protocol.md)")
