@@ -38,6 +38,8 @@ def partition_of(user: str, partitions: int) -> int:
 
 #: Key kinds serving may read.
 PUBLIC_KINDS = ("released", "model")
+#: Release ticks kept in :attr:`PublicKeys.tick_log`.
+TICK_LOG_LENGTH = 1000
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,12 @@ class PublicKeys:
     def stack_repairs(self) -> str:
         """Hash: repairs of the embedded broker and redis-server by the supervisor, per service (operations data)."""
         return self._key("ops", "ops", "repairs")
+
+    @property
+    def tick_log(self) -> str:
+        """List: the leader's last :data:`TICK_LOG_LENGTH` release ticks, newest first, each a JSON object of its
+        wall times and what it folded (operations data: ``privrec bench population`` reads it)."""
+        return self._key("ops", "ops", "ticks")
 
     def retired_logs(self, partition: int) -> str:
         """Hash: per broker identity whose log is gone, the partition's next offset to count in that log when it
