@@ -96,6 +96,13 @@ class PublicKeys:
         """Hash: per user of the partition, participations per epoch (user-level privacy; public arrival data)."""
         return self._key("ledger", f"p{partition}", "participation")
 
+    def ledger_classes(self, partition: int) -> str:
+        """Hash: per class ``epoch:k:past`` of the partition's participation records, how many users it holds
+        (:attr:`pipeline.config.ledger.LedgerRecord.class_field`; kept by the fold with the records it writes, so
+        the ledger's figures read a few classes instead of every user). Absent until the first fold that sees it
+        missing builds it; readers then count the participation hash itself."""
+        return self._key("ledger", f"p{partition}", "classes")
+
     def ledger_summary(self, partition: int) -> str:
         """Hash: user-level counters of the partition (``at_cap:<epoch>``, ``dropped``, ``folded``)."""
         return self._key("ledger", f"p{partition}", "summary")

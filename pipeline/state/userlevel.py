@@ -37,6 +37,7 @@ B(k) / B(cap))`` (Gaussian DP composes over epochs; ``mu`` is what a capped user
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,7 @@ from models.mechanisms.participation import B_CLIP, ITEM_CLIP, clip_scale
 from models.streaming.hierarchy import HierarchyLayout, add_contribution
 
 from ..config.keys import PublicKeys
-from ..config.ledger import LedgerRecord, LifetimeBudget
+from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts
 from .trusted import TrustedKeys
 
 __all__ = ["PENDING_SCRIPT", "Contribution", "encode_contribution", "decode_contribution", "Folder",
@@ -115,6 +116,11 @@ class UserLevelKeys:
     def participation(self) -> str:
         """Public ledger: per user, participations per epoch (``LedgerRecord`` JSON)."""
         return PublicKeys(self.ns).ledger_participation(self.partition)
+
+    @property
+    def classes(self) -> str:
+        """Public ledger: users per class of their participation record (``epoch:k:past``)."""
+        return PublicKeys(self.ns).ledger_classes(self.partition)
 
     @property
     def summary(self) -> str:
@@ -200,6 +206,7 @@ class Folder:
                     users = [k.decode()[2:] for k in pending]
                     records_raw = pipe.hmget(keys.participation, users)
                     out = self._plan(pending, stats_raw, users, records_raw, version, epoch)
+                    classes = self._class_changes(pipe, keys, records_raw, users, out["records"])
                     pipe.multi()
                     if out["stats"]:
                         pipe.hset(stats_key, mapping=out["stats"])
@@ -210,12 +217,32 @@ class Folder:
                     for name, value in out["counts"].items():
                         if value:
                             pipe.hincrby(keys.summary, name, value)
+                    for name, value in classes.items():
+                        pipe.hincrby(keys.classes, name, value)
                     pipe.incr(keys.foldgen)
                     pipe.execute()
                     return out["summary"]
                 except redis.WatchError:  # ingest wrote pending meanwhile: read it again
                     continue
         raise RuntimeError(f"partition {partition}: the fold lost {retries} races with ingest in a row")
+
+    @staticmethod
+    def _class_changes(pipe: Any, keys: UserLevelKeys, records_raw: Sequence[bytes | None], users: Sequence[str],
+                       records: dict[str, str]) -> dict[str, int]:
+        """What the fold's new ``records`` change in the partition's class counts (``ledger_classes``): -1 for each
+        rewritten record's old class, +1 for its new one. When the class counts are missing (a namespace from before
+        them, or its first fold), they are counted from the whole participation hash first, in the same transaction
+        (once: the fold writes them from then on)."""
+        changes: Counter[str] = Counter()
+        if not pipe.exists(keys.classes):
+            changes.update(class_counts(pipe.hvals(keys.participation)))
+        old = dict(zip(users, records_raw))
+        for user, new in records.items():
+            before = old.get(user)
+            if before is not None:
+                changes[LedgerRecord.loads(before).class_field] -= 1
+            changes[LedgerRecord.loads(new).class_field] += 1
+        return {name: n for name, n in changes.items() if n}
 
     def _plan(self, pending: dict[bytes, bytes], stats_raw: dict[bytes, bytes], users: Sequence[str],
               records_raw: Sequence[bytes | None], version: int, epoch: int) -> dict[str, Any]:

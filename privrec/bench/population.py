@@ -27,8 +27,8 @@ next), measured at rest (the waves' events released, two more ticks done):
 * ``/recommend`` latency (p50/p99) for users never seen before, ``/budget`` (public and the operator's view),
   ``/budget/history`` and ``/dashboard``.
 
-Across sizes: ``redis_marginal_bytes_per_user`` is the slope of ``used_memory`` at rest between the two largest
-sizes (per user; per event: over the events those users sent). Headline figures: ``redis_marginal_bytes_per_user``,
+Across sizes: ``redis_marginal_bytes_per_user`` is the slope of ``used_memory`` at rest (less the shown lists of the
+bench's own ``/recommend`` requests) between the two largest sizes (per user; per event: over the events those users sent). Headline figures: ``redis_marginal_bytes_per_user``,
 ``ingest_ratio`` (at the largest size), ``tick_p99_s`` (ticks folding about 10k users; else the fit at 10k
 users and the largest N, said in ``tick_p99_basis``) and ``lost_events`` (produced minus released, exactly).
 Writes ``population.json`` and ``population.png`` (cost against N).
@@ -215,7 +215,10 @@ class _Observer:
             if self.r.type(key) == b"hash":
                 k["fields"] += int(self.r.hlen(key))
         info = self.r.info("memory")
+        recs = kinds.get("recs:<rec_id>", {}).get("bytes", 0)
         return {"used_memory": int(info["used_memory"]), "used_memory_dataset": int(info["used_memory_dataset"]),
+                # the shown lists of the bench's own /recommend requests (a TTL of a day) are not the population's
+                "used_memory_population": int(info["used_memory"]) - recs,
                 "by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1]["bytes"]))}
 
 
@@ -377,6 +380,7 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                            "consume_json_events_per_s": round(producer.produced / consume_s),
                            "released": obs.released(), "capped_events": obs.capped(),
                            "used_memory": mem["used_memory"], "used_memory_dataset": mem["used_memory_dataset"],
+                           "used_memory_population": mem["used_memory_population"],
                            "memory_by_kind": mem["by_kind"],
                            "worker_rss_mb": _rss_mb(worker.pid), "web_rss_mb": _rss_mb(stack.web.pid),
                            "ticks_at_size": tick_bands([t for t in ticks if t["population"] == users]),
@@ -401,9 +405,9 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
     fit = _fit(ticks)
     bands = tick_bands(ticks)
     big = rows[-1]
-    mem_rows = [{"users": doc["empty"] and 0, "used_memory": doc["empty"]["used_memory"], "events": 0}] + rows
-    per_user = marginal(mem_rows, "used_memory")
-    per_event = marginal(mem_rows, "used_memory", per="events")
+    mem_rows = [{"users": 0, "used_memory_population": doc["empty"]["used_memory"], "events": 0}] + rows
+    per_user = marginal(mem_rows, "used_memory_population")
+    per_event = marginal(mem_rows, "used_memory_population", per="events")
     at10k = bands.get("10000")
     doc["tick_fit"] = fit
     doc["tick_bands"] = bands
