@@ -12,8 +12,8 @@ distribution of the users' spent epsilon.
 
 from __future__ import annotations
 
+import collections
 import math
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -63,14 +63,14 @@ def serve_metrics(metrics: WorkerMetrics, port: int = 0, addr: str = "127.0.0.1"
     return f"http://{addr}:{server.server_port}/metrics"
 
 
-def ledger_classes(get_all: Callable[[str], dict[bytes, bytes]], namespace: str, partitions: int) -> Counter[str]:
+def ledger_classes(get_all: Callable[[str], dict[bytes, bytes]], namespace: str, partitions: int) -> collections.Counter[str]:
     """Users per class of their participation record (:attr:`~pipeline.config.ledger.LedgerRecord.class_field`),
     over every partition: the partition's class counts where the fold keeps them, else counted from its
     participation hash (a namespace before them, or local mode, which keeps none)."""
     from .ledger import class_counts
 
     keys = PublicKeys(namespace)
-    total: Counter[str] = Counter()
+    total: collections.Counter[str] = collections.Counter()  # (prometheus_client's Counter is a metric)
     for p in range(partitions):
         kept = get_all(keys.ledger_classes(p))
         if kept:
@@ -94,7 +94,7 @@ def ledger_figures(get_all: Callable[[str], dict[bytes, bytes]], namespace: str,
     from .ledger import LedgerRecord, spent_mu, weighted_upper_median
 
     keys = PublicKeys(namespace)
-    spent: Counter[float] = Counter()
+    spent: collections.Counter[float] = collections.Counter()
     users = at_cap = at_budget = 0
     dropped = over_budget = 0
     for name, n in ledger_classes(get_all, namespace, partitions).items():
