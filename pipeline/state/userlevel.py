@@ -30,7 +30,9 @@ done: each partition's fold is atomic, and ``last_version`` keeps a user to one 
 The ledger (public: who arrived when is public, DESIGN §2): per user ``{"epoch", "k", "last_version",
 "past"}`` in ``{ns}:ledger:{ns:p<P>}:participation`` (``past`` = the sum over closed epochs of
 ``B(k_e) / B(cap)``), and per partition counters in ``{ns}:ledger:{ns:p<P>}:summary``
-(``at_cap:<epoch>``, ``dropped``, ``folded``, ``over_budget``). A user's spent budget is ``mu_user = mu * sqrt(past +
+(``at_cap:<epoch>``, ``dropped``, ``folded``, ``over_budget``), and how many users each record class holds in
+``{ns}:ledger:{ns:p<P>}:classes`` (``epoch:k:past``, written by the fold in the same transaction as the records, so
+the ledger's figures cost the few classes, not every user). A user's spent budget is ``mu_user = mu * sqrt(past +
 B(k) / B(cap))`` (Gaussian DP composes over epochs; ``mu`` is what a capped user gets per epoch).
 """
 
@@ -157,8 +159,8 @@ def decode_contribution(raw: bytes, d: int) -> Contribution:
     gram = a[2:2 + d * d].reshape(d, d).copy()
     b = a[2 + d * d:2 + d * d + d].copy()
     n = int(a[2 + d * d + d])
-    pairs = a[3 + d * d + d:3 + d * d + d + 2 * n].reshape(n, 2)
-    return Contribution(unit, count, gram, b, {int(k): float(v) for k, v in pairs})
+    pairs = a[3 + d * d + d:3 + d * d + d + 2 * n].tolist()  # Python floats: no numpy scalar per item
+    return Contribution(unit, count, gram, b, {int(k): v for k, v in zip(pairs[::2], pairs[1::2])})
 
 
 class Folder:
@@ -206,7 +208,9 @@ class Folder:
                     users = [k.decode()[2:] for k in pending]
                     records_raw = pipe.hmget(keys.participation, users)
                     out = self._plan(pending, stats_raw, users, records_raw, version, epoch)
-                    classes = self._class_changes(pipe, keys, records_raw, users, out["records"])
+                    classes = out["classes"]
+                    if not pipe.exists(keys.classes):  # none kept yet (a namespace from before them): count them once
+                        classes.update(class_counts(pipe.hvals(keys.participation)))
                     pipe.multi()
                     if out["stats"]:
                         pipe.hset(stats_key, mapping=out["stats"])
@@ -218,31 +222,14 @@ class Folder:
                         if value:
                             pipe.hincrby(keys.summary, name, value)
                     for name, value in classes.items():
-                        pipe.hincrby(keys.classes, name, value)
+                        if value:
+                            pipe.hincrby(keys.classes, name, value)
                     pipe.incr(keys.foldgen)
                     pipe.execute()
                     return out["summary"]
                 except redis.WatchError:  # ingest wrote pending meanwhile: read it again
                     continue
         raise RuntimeError(f"partition {partition}: the fold lost {retries} races with ingest in a row")
-
-    @staticmethod
-    def _class_changes(pipe: Any, keys: UserLevelKeys, records_raw: Sequence[bytes | None], users: Sequence[str],
-                       records: dict[str, str]) -> dict[str, int]:
-        """What the fold's new ``records`` change in the partition's class counts (``ledger_classes``): -1 for each
-        rewritten record's old class, +1 for its new one. When the class counts are missing (a namespace from before
-        them, or its first fold), they are counted from the whole participation hash first, in the same transaction
-        (once: the fold writes them from then on)."""
-        changes: Counter[str] = Counter()
-        if not pipe.exists(keys.classes):
-            changes.update(class_counts(pipe.hvals(keys.participation)))
-        old = dict(zip(users, records_raw))
-        for user, new in records.items():
-            before = old.get(user)
-            if before is not None:
-                changes[LedgerRecord.loads(before).class_field] -= 1
-            changes[LedgerRecord.loads(new).class_field] += 1
-        return {name: n for name, n in changes.items() if n}
 
     def _plan(self, pending: dict[bytes, bytes], stats_raw: dict[bytes, bytes], users: Sequence[str],
               records_raw: Sequence[bytes | None], version: int, epoch: int) -> dict[str, Any]:
@@ -257,8 +244,21 @@ class Folder:
         remove: list[bytes] = []
         records: dict[str, str] = {}
         summary = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
+        # users per record class (LedgerRecord.class_field): -1 for each rewritten record's old class, +1 for its new
+        classes: Counter[str] = Counter()
+        old_class: dict[str, str] = {}
+
+        def write(user: str, record: LedgerRecord) -> None:
+            records[user] = record.dumps()
+            if user in old_class:
+                classes[old_class[user]] -= 1
+            classes[record.class_field] += 1
+
         for field_name, user, raw_rec in zip(list(pending), users, records_raw):
-            rec = LedgerRecord.loads(raw_rec).at(epoch, self.ratio)
+            stored = LedgerRecord.loads(raw_rec)
+            if raw_rec is not None:
+                old_class[user] = stored.class_field
+            rec = stored.at(epoch, self.ratio)
             if rec.last_version >= version:
                 summary["waiting"] += 1  # already in this release: the events wait for the next one
                 continue
@@ -266,13 +266,13 @@ class Folder:
             remove.append(field_name)
             if rec.k >= self.cap:
                 summary["dropped"] += c.count  # at the cap: served and logged, not learned from
-                records[user] = LedgerRecord(rec.epoch, rec.k, rec.last_version, rec.past).dumps()
+                write(user, LedgerRecord(rec.epoch, rec.k, rec.last_version, rec.past))
                 continue
             if self.budget is not None and not self.budget.allows(rec, epoch):
                 summary["over_budget"] += c.count  # past the lifetime budget: served and logged, not learned from
-                records[user] = rec.dumps()
+                write(user, rec)
                 continue
-            scale = clip_scale(float(np.linalg.norm(c.b)), self.b_clip)
+            scale = clip_scale(math.sqrt(float(c.b @ c.b)), self.b_clip)  # np.linalg.norm's sum, bit for bit
             stats.gram[c.unit] += c.gram
             stats.b[c.unit] += scale * c.b
             stats.count[c.unit] += c.count
@@ -285,7 +285,7 @@ class Folder:
             if hvec is not None and self.hierarchy is not None and features is not None:
                 add_contribution(hvec, self.hierarchy[0], c.unit, c.items, features)
             k = rec.k + 1
-            records[user] = LedgerRecord(epoch, k, version, rec.past).dumps()
+            write(user, LedgerRecord(epoch, k, version, rec.past))
             summary["folded"] += 1
             if k == self.cap:
                 summary["at_cap"] += 1
@@ -300,5 +300,6 @@ class Folder:
             out_stats[HIERARCHY_FIELD.decode()] = hvec.astype("<f8").tobytes()
         counts = {f"at_cap:{epoch}": summary["at_cap"], "dropped": summary["dropped"], "folded": summary["folded"],
                   "over_budget": summary["over_budget"]}
-        return {"stats": out_stats, "remove": remove, "records": records, "counts": counts, "summary": summary}
+        return {"stats": out_stats, "remove": remove, "records": records, "counts": counts, "summary": summary,
+                "classes": classes}
 
