@@ -339,7 +339,8 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
             items = list(load_catalog(settings).arm_ids)
             doc["settings"] = {**settings.model_config(), "tick_seconds": settings.tick_seconds,
                                "user_cap": settings.user_cap, "relation": settings.relation,
-                               "model": "hierarchy" if settings.hierarchy else "flat", "privacy_unit": settings.privacy_unit,
+                               "model": "hierarchy" if settings.hierarchy else "flat",
+                               "privacy_unit": "user" if settings.user_level else "event",
                                "partitions": settings.partitions, "catalog": "generated directory: "
                                f"{N_ITEMS} items, d = {D}, {N_UNITS} units, users hashed to units"}
             obs = _Observer(stack.redis_url, stack.namespace, settings.partitions)
