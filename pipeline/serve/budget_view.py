@@ -6,6 +6,11 @@ participations. A user's spent budget is ``mu_at_cap * sqrt(past + B(k) / B(cap)
 ``(epsilon, delta)`` (:func:`pipeline.state.userlevel.spent_mu`); the statement's ``user_budget`` bounds it for life
 (:class:`pipeline.config.ledger.LifetimeBudget`). Nothing here reads a trusted key (:func:`serving_isolation` asks
 Redis whether it could).
+
+``/budget``'s mode-specific part is a *view* per trust mode, ``view(query) -> fields`` over one
+:class:`BudgetQuery`: :func:`global_view` here, the federated and the local ones beside their modes
+(:func:`pipeline.modes.federated.federated_serving.federated_view`, :func:`pipeline.modes.local.local_http.local_view`);
+the web app plugs them in by mode (``pipeline.apps.web.BUDGET_VIEWS``).
 """
 
 from __future__ import annotations
@@ -14,15 +19,66 @@ import asyncio
 import json
 import math
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from models.accounting import gdp_epsilon
+from models.accounting import DpEvent, gdp_epsilon, group_guarantee
 
 from ..config.keys import PublicKeys, partition_of
 from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts, spent_mu, weighted_upper_median
 
-__all__ = ["ratio_of", "user_budget", "user_interactions", "learning", "ledger_overview", "spent_summary",
+__all__ = ["BudgetQuery", "global_view", "user_view", "ratio_of", "user_budget", "user_interactions", "learning", "ledger_overview", "spent_summary",
            "release_history", "serving_isolation"]
+
+
+@dataclass(frozen=True)
+class BudgetQuery:
+    """One ``GET /budget[?user=U]``, as every mode's view reads it.
+
+    ``r``: the (web role's) async Redis client; ``app``: the web application (a mode's own keys: the site router,
+    the local calibration); ``keys``: the served model's public keys; ``statement`` and ``event``: the served
+    release's privacy statement and accounting event; ``epoch``: the served release's epoch; ``user``: the user
+    asked about (already authorized and known to the catalog), or ``None``; ``figures``: whether participation
+    figures (exact counts, the ledger) may be answered (always under replace; the operator only under add/remove).
+    """
+
+    r: Any
+    app: Mapping[Any, Any]
+    partitions: int
+    delta: float
+    keys: PublicKeys
+    statement: dict[str, Any]
+    event: DpEvent
+    epoch: int
+    user: str | None
+    figures: bool
+
+
+async def user_view(q: BudgetQuery, keys: PublicKeys, epoch: int) -> dict[str, Any]:
+    """``/budget?user=``'s ``user`` in global and federated mode, from the ledger under ``keys`` (the user's site's
+    in federated mode) at ``epoch``: user level, their spent budget (:func:`user_budget`); event level, group
+    privacy over their ``k`` interactions so far."""
+    assert q.user is not None
+    k = await user_interactions(q.r, keys, q.partitions, q.user)
+    if q.statement.get("unit") == "user":
+        return {**await user_budget(q.r, keys, q.partitions, q.user, q.statement, epoch), "interactions": k}
+    g = group_guarantee(q.event, k, q.delta)
+    return {"user": q.user, "interactions": k, "unit": "event",
+            "epsilon": g.epsilon if math.isfinite(g.epsilon) else None, "delta": g.delta, "valid": g.valid,
+            "note": g.note, "bound": "group privacy over all of this user's interactions so far (k times one "
+                                     "interaction's sensitivity)"}
+
+
+async def global_view(q: BudgetQuery) -> dict[str, Any]:
+    """Global mode's part of ``/budget``: the user's guarantee (:func:`user_view`) and, at user level, the ledger's
+    overview (:func:`ledger_overview`) when figures may be answered."""
+    out: dict[str, Any] = {}
+    if q.user is not None:
+        out["user"] = await user_view(q, q.keys, q.epoch)
+    if q.statement.get("unit") == "user" and q.figures:
+        out["ledger"] = await ledger_overview(q.r, q.keys, q.partitions, q.statement, q.epoch)
+    return out
 
 
 def ratio_of(statement: dict[str, Any]) -> Any:
