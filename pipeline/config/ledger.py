@@ -26,10 +26,20 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["LedgerRecord", "LifetimeBudget", "spent_mu", "with_budget"]
+__all__ = ["LedgerRecord", "LifetimeBudget", "spent_mu", "with_budget", "class_counts", "weighted_upper_median"]
+
+
+def class_counts(records: Iterable[bytes | str]) -> Counter[str]:
+    """How many of ``records`` (stored :class:`LedgerRecord` JSON) each class holds (:attr:`LedgerRecord.class_field`).
+
+    >>> class_counts([LedgerRecord(0, 1, 3).dumps(), LedgerRecord(0, 1, 7).dumps(), LedgerRecord(0, 2, 7).dumps()])
+    Counter({'0:1:0.0': 2, '0:2:0.0': 1})
+    """
+    return Counter(LedgerRecord.loads(raw).class_field for raw in records)
 
 
 @dataclass
@@ -47,6 +57,24 @@ class LedgerRecord:
 
     def dumps(self) -> str:
         return json.dumps({"epoch": self.epoch, "k": self.k, "last_version": self.last_version, "past": self.past})
+
+    @property
+    def class_field(self) -> str:
+        """The record's *class*: ``epoch:k:past``, all that a user's figures depend on (spent budget, at the cap, at
+        the budget; never ``last_version``). The ledger keeps how many users each class holds
+        (:attr:`pipeline.config.keys.PublicKeys.ledger_classes`), so its figures cost the number of classes, not of
+        users.
+
+        >>> LedgerRecord(2, 1, 40, 0.5).class_field, LedgerRecord.of_class("2:1:0.5")
+        ('2:1:0.5', LedgerRecord(epoch=2, k=1, last_version=0, past=0.5))
+        """
+        return f"{self.epoch}:{self.k}:{self.past!r}"
+
+    @classmethod
+    def of_class(cls, field: bytes | str) -> LedgerRecord:
+        """A record of the class ``field`` (``last_version`` 0: a class does not keep it)."""
+        epoch, k, past = (field.decode() if isinstance(field, bytes) else field).split(":")
+        return cls(int(epoch), int(k), 0, float(past))
 
     def at(self, epoch: int, ratio: Callable[[int], float]) -> LedgerRecord:
         """The record as of ``epoch`` (closing the record's epoch into ``past`` when it is older)."""
@@ -105,3 +133,20 @@ def with_budget(statement: dict[str, object], epsilon: float, delta: float) -> d
     enforced = math.isfinite(epsilon) and bool(statement.get("mu_at_cap")) and bool(statement.get("private"))
     return {**statement, "user_budget": {"epsilon": epsilon if math.isfinite(epsilon) else None, "delta": delta,
                                          "mu": gdp_mu(epsilon, delta) if enforced else None}}
+
+
+def weighted_upper_median(values: list[tuple[float, int]]) -> float:
+    """The element at index ``len // 2`` of the sorted multiset ``values`` (value, count), 0.0 if empty.
+
+    >>> weighted_upper_median([(1.0, 2), (3.0, 1)]), sorted([1.0, 1.0, 3.0])[3 // 2]
+    (1.0, 1.0)
+    >>> weighted_upper_median([(1.0, 1), (3.0, 1)]), weighted_upper_median([])
+    (3.0, 0.0)
+    """
+    total = sum(n for _, n in values)
+    seen = 0
+    for v, n in values:
+        seen += n
+        if seen > total // 2:
+            return v
+    return 0.0

@@ -263,8 +263,11 @@ class ReleaseStage:
         self.recover()
         c = self.catalog
         fold: dict[str, int] = {}
+        t_fold = time.perf_counter()
         if self.folder is not None:  # user level: this tick's per-user contributions, clipped and capped
             fold = self.folder.fold(self.settings.partitions, self.store.pending_version() + 1)
+        #: what this tick folded and its wall time (the leader's tick log, pipeline.release.timers)
+        self.last_fold = {**fold, "fold_s": round(time.perf_counter() - t_fold, 6)}
         if self.settings.hierarchy:
             return self._tick_hierarchy(fold, force)
         stats, item_sums, offsets = self.store.snapshot_items(self.settings.partitions, c.n_units, c.d, self.n_items)
@@ -330,11 +333,13 @@ class ReleaseStage:
         s = self.settings
         st = self.statement
         epoch = (version - 1) // s.tree_ticks
+        t0 = time.perf_counter()
         figures = ledger_figures(self.client.hgetall, s.namespace, s.partitions, epoch=epoch, cap=s.user_cap,
                                  mu_cap=st.get("mu_at_cap"), delta=s.delta,
                                  ratio=self.participation_ratio if st.get("private") else None,
                                  budget=None if self.folder is None else self.folder.budget)
         self.last_figures = figures
+        getattr(self, "last_fold", {})["figures_s"] = round(time.perf_counter() - t0, 6)
         finite = [v for v in (figures["spent_max"], figures["spent_median"])]
         return json.dumps({"version": version, "epoch": epoch, "cap": s.user_cap,
                            "epsilon_at_cap": st.get("epsilon"), "delta": s.delta, "mu_at_cap": st.get("mu_at_cap"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from models.accounting import DpEvent, gdp_epsilon, group_guarantee
 
 from ..config.keys import PublicKeys, partition_of
-from ..config.ledger import LedgerRecord, LifetimeBudget, spent_mu
+from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts, spent_mu, weighted_upper_median
 
 __all__ = ["BudgetQuery", "global_view", "user_view", "ratio_of", "user_budget", "user_interactions", "learning", "ledger_overview", "spent_summary",
            "release_history", "serving_isolation"]
@@ -196,37 +197,48 @@ async def ledger_overview(r: Any, keys: PublicKeys, partitions: int, statement: 
     cap = int(statement.get("cap", 0))
     delta = float(statement.get("delta", 0.0) or 0.0)
     mu_cap = statement.get("mu_at_cap")
-    parts = await asyncio.gather(*(r.hgetall(keys.ledger_participation(p)) for p in range(partitions)))
+    kept = await asyncio.gather(*(r.hgetall(keys.ledger_classes(p)) for p in range(partitions)))
     summaries = await asyncio.gather(*(r.hgetall(keys.ledger_summary(p)) for p in range(partitions)))
-    spent: list[float] = []
+    classes: Counter[str] = Counter()
+    for p, part in enumerate(kept):  # the fold's class counts, else (before them) the partition's records counted
+        if part:
+            classes.update({name.decode(): int(n) for name, n in part.items() if int(n)})
+        else:
+            classes.update(class_counts(await r.hvals(keys.ledger_participation(p))))
+    spent: Counter[float] = Counter()
     at_cap = at_budget = 0
     budget = LifetimeBudget.of(statement, ratio)
-    for part in parts:
-        for raw in part.values():
-            rec = LedgerRecord.loads(raw).at(epoch, ratio or (lambda k: 1.0))
-            if rec.k >= cap > 0:
-                at_cap += 1
-            if budget is not None and budget.exhausted(rec, epoch):
-                at_budget += 1
-            if ratio is not None and mu_cap:
-                e = _epsilon(spent_mu(rec, epoch, float(mu_cap), ratio), delta)
-                spent.append(math.inf if e is None else e)
-    return {"users": sum(len(p) for p in parts), "users_at_cap": at_cap, "cap": cap,
+    for name, n in classes.items():  # a user's figures depend only on their record's class: once per class
+        rec = LedgerRecord.of_class(name).at(epoch, ratio or (lambda k: 1.0))
+        if rec.k >= cap > 0:
+            at_cap += n
+        if budget is not None and budget.exhausted(rec, epoch):
+            at_budget += n
+        if ratio is not None and mu_cap:
+            e = _epsilon(spent_mu(rec, epoch, float(mu_cap), ratio), delta)
+            spent[math.inf if e is None else e] += n
+    return {"users": sum(classes.values()), "users_at_cap": at_cap, "cap": cap,
             "capped_events": sum(int(s.get(b"dropped", b"0")) for s in summaries),
             "user_budget": None if budget is None else budget.epsilon, "users_at_budget": at_budget,
             "budget_events": sum(int(s.get(b"over_budget", b"0")) for s in summaries), **spent_summary(spent)}
 
 
-def spent_summary(spent: list[float]) -> dict[str, Any]:
+def spent_summary(spent: list[float] | Counter[float]) -> dict[str, Any]:
     """``spent_max``, ``spent_median`` and ``spent_histogram`` (10 bins) of the users' spent epsilons (the finite
-    ones; local mode's ledger overview uses it too)."""
-    finite = sorted(v for v in spent if math.isfinite(v))
-    edges = _edges(finite)
+    ones): a list with one value per user, or a ``Counter`` of users per value (local mode's ledger overview uses
+    it too).
+
+    >>> spent_summary([1.0, 1.0, 3.0]) == spent_summary(Counter({1.0: 2, 3.0: 1}))
+    True
+    """
+    counted = spent if isinstance(spent, Counter) else Counter(spent)
+    finite = sorted((v, n) for v, n in counted.items() if math.isfinite(v) and n > 0)
+    edges = _edges([v for v, _ in finite])
     counts = [0] * (len(edges) - 1)
-    for v in finite:
+    for v, n in finite:
         i = min(len(counts) - 1, max(0, next((j for j in range(len(counts)) if v < edges[j + 1]), len(counts) - 1)))
-        counts[i] += 1
-    return {"spent_max": finite[-1] if finite else 0.0, "spent_median": finite[len(finite) // 2] if finite else 0.0,
+        counts[i] += n
+    return {"spent_max": finite[-1][0] if finite else 0.0, "spent_median": weighted_upper_median(finite),
             "spent_histogram": {"edges": edges, "counts": counts}}
 
 
