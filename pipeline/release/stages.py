@@ -54,7 +54,7 @@ from ..config.settings import Settings
 from ..state.trusted import TrustedStore
 from ..state.userlevel import Folder
 
-__all__ = ["ReleaseStage", "SolveStage", "projection", "privacy_statement", "hierarchy_statement", "hierarchy_layout",
+__all__ = ["ReleaseStage", "SolveStage", "unchanged", "persist_and_publish", "projection", "privacy_statement", "hierarchy_statement", "hierarchy_layout",
            "is_hierarchy"]
 
 
@@ -476,6 +476,26 @@ def _baseline_statement(settings: Settings, policy: PerUserLinUCB) -> dict[str, 
     return out
 
 
+def unchanged(store: TrustedStore, count: int, *, force: bool = False) -> bool:
+    """Whether the last persisted release already covers ``count`` interactions (then a tick releases nothing;
+    ``force``: never). The release sequence's *compare*, shared by every mode's release stage."""
+    last = None if force else store.r.hget(store.keys.pending, "count")
+    return last is not None and int(last) == count
+
+
+def persist_and_publish(store: TrustedStore, state: Any, released: ReleasedStats | ReleasedHierarchy, event: str,
+                        offsets: list[int], items: Any = None, ledger: str | None = None, **counts: int | None
+                        ) -> int:
+    """The release sequence's *persist* then *publish* (a crash in between: :meth:`ReleaseStage.recover` publishes
+    it), shared by every mode's release stage; returns the release's version. The arguments are
+    :meth:`pipeline.state.trusted.TrustedStore.persist_release`'s."""
+    store.persist_release(state, released, event, offsets, items, ledger, **counts)
+    faults.point("release-persisted")
+    store.publish()
+    faults.point("release-published")
+    return released.version
+
+
 @dataclass
 class ReleaseStage:
     """Leader-only: one call of :meth:`tick` is one release."""
@@ -601,8 +621,7 @@ class ReleaseStage:
         if self.settings.hierarchy:
             return self._tick_hierarchy(fold, force)
         stats, item_sums, offsets = self.store.snapshot_items(self.settings.partitions, c.n_units, c.d, self.n_items)
-        last = self.client.hget(self.store.keys.pending, "count")
-        if not force and last is not None and int(last) == int(stats.count.sum()):
+        if unchanged(self.store, int(stats.count.sum()), force=force):
             if fold.get("over_budget") or fold.get("dropped"):  # no release, but the ledger's counters moved
                 self._ledger_entry(max(1, self.store.pending_version()), fold)  # (the metrics' figures)
             return None
@@ -616,11 +635,7 @@ class ReleaseStage:
         event = json.dumps(event_to_dict(released.event))
         items = self._release_items(item_sums, int(stats.count.sum())) if self.n_items else None
         ledger = None if self.folder is None else self._ledger_entry(version, fold)
-        self.store.persist_release(state, released, event, offsets, items, ledger)
-        faults.point("release-persisted")
-        self.store.publish()
-        faults.point("release-published")
-        return version
+        return persist_and_publish(self.store, state, released, event, offsets, items, ledger)
 
     def _tick_hierarchy(self, fold: dict[str, int], force: bool) -> int | None:
         """The hierarchy's release: the weighted blocks' exact sum over partitions, one step of its mechanism
@@ -630,8 +645,7 @@ class ReleaseStage:
         count = int(stats.count.sum())
         # add/remove: one release per tick whatever arrived (the schedule is public; skipping a tick with nothing
         # new would publish whether anyone took part in it)
-        last = None if force or s.add_remove else self.client.hget(self.store.keys.pending, "count")
-        if last is not None and int(last) == count:
+        if unchanged(self.store, count, force=force or s.add_remove):
             if fold.get("over_budget") or fold.get("dropped"):
                 self._ledger_entry(max(1, self.store.pending_version()), fold)
             return None
@@ -649,12 +663,8 @@ class ReleaseStage:
         ledger = None if self.folder is None else self._ledger_entry(version, fold)
         # add/remove: the released hash carries the release's own noisy count; the exact one is the operator's
         public_count = max(0, round(released.count)) if s.add_remove else None
-        self.store.persist_release(state, released, json.dumps(event), offsets, None, ledger, count=count,
+        return persist_and_publish(self.store, state, released, json.dumps(event), offsets, None, ledger, count=count,
                                    public_count=public_count)
-        faults.point("release-persisted")
-        self.store.publish()
-        faults.point("release-published")
-        return version
 
     def _ledger_entry(self, version: int, fold: dict[str, int]) -> str:
         """What the release's user-level ledger says (persisted and published with the release)."""

@@ -25,7 +25,8 @@ from models.ground.items import ReleasedItems
 from pipeline.config.settings import Settings, SettingsError
 from pipeline.data.catalog import load_catalog
 from pipeline.modes.local.local_http import catalog_codebook
-from pipeline.modes.local.localmode import BatchIngestProcessor, LocalReleaseStage, local_config
+from pipeline.modes.local.ingest import BatchIngestProcessor, local_config
+from pipeline.modes.local.release import LocalReleaseStage
 from pipeline.release.stages import SolveStage
 from pipeline.serve.serving import Recommender
 

@@ -1,6 +1,6 @@
 """Local mode's fixes of issue 21's review (docs/local-fixes.md), against a real redis-server.
 
-* The analyzer (:class:`pipeline.modes.local.localmode.BatchIngestProcessor`, a real analyzer key) given a sealed
+* The analyzer (:class:`pipeline.modes.local.ingest.BatchIngestProcessor`, a real analyzer key) given a sealed
   batch with one tampered content commits nothing of that batch: no vector, and none of its shown items in the
   partition's Gram; every content is a dead letter naming why; the next whole batch counts.
 * The separate shuffler (:class:`pipeline.modes.local.shuffler_service.ShufflerService`), connected as its own ACL
@@ -31,7 +31,7 @@ from pipeline.config.keys import PublicKeys, partition_of
 from pipeline.config.settings import Settings
 from pipeline.data.catalog import SyntheticCatalog
 from pipeline.modes.local.local_http import local_ledger_overview, local_user_budget
-from pipeline.modes.local.localmode import BatchIngestProcessor
+from pipeline.modes.local.ingest import BatchIngestProcessor
 from pipeline.modes.local.shuffler_service import ShufflerService
 from pipeline.serve.budget_view import user_interactions
 
@@ -68,20 +68,20 @@ def test_a_batch_with_a_tampered_content_adds_nothing_to_the_committed_sums(redi
     reasons = sorted(d.reason for d in done.dead)
     assert sum("authentication failed" in r for r in reasons) == 1
     assert sum("not counted: 1 of the 3 contents" in r for r in reasons) == 2
-    shard = proc.shard(0)
-    assert int(shard.stats.count[0]) == 0
-    np.testing.assert_array_equal(shard.stats.gram[0], np.zeros((4, 4)))  # no list of the batch, failed or not
-    np.testing.assert_array_equal(shard.stats.b[0], np.zeros(4))
+    shard, _ = proc.shard(0)
+    assert int(shard.count[0]) == 0
+    np.testing.assert_array_equal(shard.gram[0], np.zeros((4, 4)))  # no list of the batch, failed or not
+    np.testing.assert_array_equal(shard.b[0], np.zeros(4))
 
     good, lists, vecs = batch(2, tamper=False)
     done = proc.process(0, [(1, good)])
     assert done.dead == []
     proc.forget(0)  # read back what was committed
-    shard = proc.shard(0)
-    X = np.stack([proc.context(a) for s in lists for a in s])
-    np.testing.assert_allclose(shard.stats.gram[0], X.T @ X, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(shard.stats.b[0], np.sum(vecs, axis=0), rtol=0, atol=1e-12)
-    assert int(shard.stats.count[0]) == 3
+    shard, _ = proc.shard(0)
+    X = proc.analyzer.contexts([a for s in lists for a in s])
+    np.testing.assert_allclose(shard.gram[0], X.T @ X, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(shard.b[0], np.sum(vecs, axis=0), rtol=0, atol=1e-12)
+    assert int(shard.count[0]) == 3
 
 
 def test_the_separate_shuffler_mirrors_its_ledger_to_the_public_keys_under_its_acl(
