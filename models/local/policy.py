@@ -37,7 +37,7 @@ from .aggregate import clip_context
 from .analyzer import Analyzer, AnalyzerState, Batches, DeadLetter, Reports, merge, released_stats
 from .client import LocalClient, MemoryStorage, ReportRefused
 from .config import LocalConfig
-from .shuffle import ShuffledBatch, Shuffler
+from .shuffle import POPULATION, ShuffledBatch, Shuffler
 
 __all__ = ["LocalUCB", "LocalItemUCB"]
 
@@ -53,14 +53,15 @@ class LocalUCB:
     """LinUCB per unit over the sums of the users' local reports (see the module docstring).
 
     ``select(unit, X)`` / ``update(unit, x, r, user=...)`` like the other policies; ``user``
-    (default: the unit) names the device. Seeds of the devices derive from ``seed``.
+    (default: the unit) names the device. Seeds of the devices derive from ``seed``. ``codebook`` (with
+    ``config.codewords``): the public codebook; devices report listens as codewords, batched population-wide.
     """
 
     per_user = True
 
     def __init__(self, *, d: int, n_units: int, config: LocalConfig, tick: int, seed: int, lambda_: float = 1.0,
                  alpha: float = 0.3, noise_ridge: float = 0.0, prior: FloatArray | None = None,
-                 prior_strength: float = 0.0) -> None:
+                 prior_strength: float = 0.0, codebook: FloatArray | None = None) -> None:
         if config.d != d:
             raise ValueError(f"`config.d` ({config.d}) must equal `d` ({d}).")
         if tick < 1:
@@ -69,7 +70,8 @@ class LocalUCB:
         self.lambda_, self.alpha, self.noise_ridge = lambda_, alpha, noise_ridge
         self.prior, self.prior_strength = prior, prior_strength  # the serving solve's public prior (as the pipeline's)
         self._contexts: list[FloatArray] = []  # reports and shuffled batches name items by index into this list
-        self.analyzer = Analyzer(config, n_units, self._lookup)
+        self.codebook = codebook  # config.codewords: the public codebook (devices report listens as codewords)
+        self.analyzer = Analyzer(config, n_units, self._lookup, codebook)
         #: The server's sums (:class:`~models.local.analyzer.AnalyzerState`, one partition).
         self.state: AnalyzerState = self.analyzer.init_state()
         #: What the analyzer refused (the devices here are honest: a refusal is a twin that disagrees with the server).
@@ -105,7 +107,8 @@ class LocalUCB:
             if self.shuffler is None:
                 self.fold(Reports([(self.reports, rep, unit)], now=_RUN_CLOCK()))
             else:
-                self.fold(Batches([(b.seq, b) for b in self.shuffler.add(rep, unit=unit)]))
+                label = POPULATION if self.config.codewords else unit  # codewords: population-wide batches
+                self.fold(Batches([(b.seq, b) for b in self.shuffler.add(rep, unit=label, messages=rep.messages)]))
             self.reports += 1
         if (self.reports + self.refused) % self.tick == 0:
             self._solve()
@@ -115,7 +118,8 @@ class LocalUCB:
         dev = self._clients.get(name)
         if dev is None:
             dev = self._clients[name] = LocalClient(name, self.config, MemoryStorage(),
-                                                    seed=int(self._rng.integers(2**62)), clock=_RUN_CLOCK)
+                                                    seed=int(self._rng.integers(2**62)), clock=_RUN_CLOCK,
+                                                    codebook=self.codebook)
         return dev
 
     def _lookup(self, items: list[str]) -> FloatArray:
