@@ -36,7 +36,7 @@ True
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -106,7 +106,7 @@ class AnalyzerState:
 
     # -- codec: the worker's Redis hash, field by field (``g:<u>``, ``b:<u>``, ``n:<u>``, ``v:<u>``, ``s:<u>``,
     # ``l:<user>``, ``e:<user>``, ``i:sums``, ``i:var``, ``i:n``); arrays are little-endian float64 bytes
-    def to_mapping(self, units: Sequence[int] | None = None, users: Sequence[str] | None = None,
+    def to_mapping(self, units: Iterable[int] | None = None, users: Iterable[str] | None = None,
                    with_items: bool = True) -> dict[str, bytes | str]:
         """The hash fields of ``units`` and ``users`` (default: all) and, ``with_items``, the item sums."""
         out: dict[str, bytes | str] = {}

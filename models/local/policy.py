@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -122,7 +123,7 @@ class LocalUCB:
                                                     codebook=self.codebook)
         return dev
 
-    def _lookup(self, items: list[str]) -> FloatArray:
+    def _lookup(self, items: Sequence[str]) -> FloatArray:
         """The analyzer's view of the twin's catalog: the contexts the reports' items name, clipped."""
         return np.stack([clip_context(self._contexts[int(i)]) for i in items])
 

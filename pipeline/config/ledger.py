@@ -24,7 +24,6 @@ budget; the user's later events are counted as ``over_budget`` (not learned (bud
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -7,6 +7,10 @@ folds, commits and releases them, and (b) to the offline twin (:class:`models.lo
 experiment modes`` runs), whose server side opens them with the same key and folds them. The released ``b`` (and
 Gram and counts) must be equal bit for bit: the devices' seeds are the only noise, and both sides run
 :class:`models.local.analyzer.Analyzer` and :func:`models.local.analyzer.merge`.
+
+Against a real redis-server, the worker's analyzer (:class:`pipeline.modes.local.ingest.BatchIngestProcessor`, a real
+analyzer key) given a sealed batch with one tampered content commits nothing of that batch: no vector, and none of
+its shown items in the partition's Gram; every content is a dead letter naming why; the next whole batch counts.
 """
 
 from __future__ import annotations
@@ -15,17 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis
 
-from models.local import LocalClient, LocalUCB, MemoryStorage
+from models.local import LocalClient, LocalConfig, LocalReport, LocalUCB, MemoryStorage
 from models.local.esa import SealedBatch, SealedShuffler, open_batch, seal_report
 from models.local.seal import AnalyzerKey
 from models.local.shuffle import POPULATION
 from models.streaming import ReleasedStats
 from pipeline import services
 from pipeline.config.settings import Settings
-from pipeline.data.catalog import load_catalog
+from pipeline.data.catalog import SyntheticCatalog, load_catalog
 from pipeline.modes.local.esa import KEY_ENV
-from pipeline.modes.local.ingest import local_config
+from pipeline.modes.local.ingest import BatchIngestProcessor, local_config
 from pipeline.modes.local.local_http import catalog_codebook
 
 from pipeline_support import open_stack, wait_for
@@ -100,3 +105,46 @@ def test_the_twin_and_the_live_worker_release_bit_identical_b(tmp_path: Path, re
     assert np.array_equal(live.count, offline.count) and live.noise_std == offline.noise_std
     assert np.abs(offline.b_tilde).max() > 1.0  # the batches moved b (not a comparison of two empty releases)
 
+
+def test_a_batch_with_a_tampered_content_adds_nothing_to_the_committed_sums(redis_client: redis.Redis) -> None:
+    catalog = SyntheticCatalog(n_users=1, d=4, n_arms=12)
+    cfg = LocalConfig(algorithm="round", d=4, epsilon=2.0, shuffle_batch=3)
+    key = AnalyzerKey.generate()
+    proc = BatchIngestProcessor(redis_client, "fix", catalog, cfg, key)
+    arms = [str(a) for a in range(12)]  # the synthetic catalog's arm ids
+    rng = np.random.default_rng(5)
+
+    def batch(seq: int, tamper: bool) -> tuple[bytes, list[tuple[str, ...]], list[np.ndarray]]:
+        sh = SealedShuffler(cfg)
+        sh.seq = {0: seq - 1}
+        lists = [tuple(arms[3 * i + j] for j in range(3)) for i in range(3)]
+        vecs = [rng.normal(size=4) for _ in range(3)]
+        envs = [seal_report(LocalReport(str(i), seq, "round", f"r{seq}-{i}", v), key.public_bytes()).with_shown(s)
+                for i, (s, v) in enumerate(zip(lists, vecs))]
+        (b,) = [out for e in envs for out in sh.add_envelope(e, unit=0)]
+        blobs = list(b.sealed)
+        if tamper:  # one content's GCM tag changed in transit
+            i = blobs.index(envs[1].sealed)
+            blobs[i] = blobs[i][:-1] + bytes([blobs[i][-1] ^ 1])
+        return SealedBatch(0, seq, b.items, blobs, b.epsilon, b.delta).to_json(), lists, vecs
+
+    bad, _, _ = batch(1, tamper=True)
+    done = proc.process(0, [(0, bad)])
+    assert len(done.dead) == 3
+    reasons = sorted(d.reason for d in done.dead)
+    assert sum("authentication failed" in r for r in reasons) == 1
+    assert sum("not counted: 1 of the 3 contents" in r for r in reasons) == 2
+    shard, _ = proc.shard(0)
+    assert int(shard.count[0]) == 0
+    np.testing.assert_array_equal(shard.gram[0], np.zeros((4, 4)))  # no list of the batch, failed or not
+    np.testing.assert_array_equal(shard.b[0], np.zeros(4))
+
+    good, lists, vecs = batch(2, tamper=False)
+    done = proc.process(0, [(1, good)])
+    assert done.dead == []
+    proc.forget(0)  # read back what was committed
+    shard, _ = proc.shard(0)
+    X = proc.analyzer.contexts([a for s in lists for a in s])
+    np.testing.assert_allclose(shard.gram[0], X.T @ X, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(shard.b[0], np.sum(vecs, axis=0), rtol=0, atol=1e-12)
+    assert int(shard.count[0]) == 3
