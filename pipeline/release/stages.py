@@ -54,8 +54,8 @@ from ..state.userlevel import Folder
 from .statements import (HIERARCHY_MECHANISM, ITEM_MECHANISM, hierarchy_statement, privacy_statement,
                          user_level_statement)
 
-__all__ = ["ReleaseStage", "SolveStage", "projection", "hierarchy_layout", "is_hierarchy", "HIERARCHY_MECHANISM",
-           "ITEM_MECHANISM"]
+__all__ = ["ReleaseStage", "SolveStage", "unchanged", "persist_and_publish", "projection", "hierarchy_layout",
+           "is_hierarchy", "HIERARCHY_MECHANISM", "ITEM_MECHANISM"]
 
 
 def projection(algorithm: str, W: Any) -> tuple[str, Any]:
@@ -271,8 +271,7 @@ class ReleaseStage:
         if self.settings.hierarchy:
             return self._tick_hierarchy(fold, force)
         stats, item_sums, offsets = self.store.snapshot_items(self.settings.partitions, c.n_units, c.d, self.n_items)
-        last = self.client.hget(self.store.keys.pending, "count")
-        if not force and last is not None and int(last) == int(stats.count.sum()):
+        if unchanged(self.store, int(stats.count.sum()), force=force):
             if fold.get("over_budget") or fold.get("dropped"):  # no release, but the ledger's counters moved
                 self._ledger_entry(max(1, self.store.pending_version()), fold)  # (the metrics' figures)
             return None
@@ -286,11 +285,7 @@ class ReleaseStage:
         event = json.dumps(event_to_dict(released.event))
         items = self._release_items(item_sums, int(stats.count.sum())) if self.n_items else None
         ledger = None if self.folder is None else self._ledger_entry(version, fold)
-        self.store.persist_release(state, released, event, offsets, items, ledger)
-        faults.point("release-persisted")
-        self.store.publish()
-        faults.point("release-published")
-        return version
+        return persist_and_publish(self.store, state, released, event, offsets, items, ledger)
 
     def _tick_hierarchy(self, fold: dict[str, int], force: bool) -> int | None:
         """The hierarchy's release: the weighted blocks' exact sum over partitions, one step of its mechanism
@@ -300,8 +295,7 @@ class ReleaseStage:
         count = int(stats.count.sum())
         # add/remove: one release per tick whatever arrived (the schedule is public; skipping a tick with nothing
         # new would publish whether anyone took part in it)
-        last = None if force or s.add_remove else self.client.hget(self.store.keys.pending, "count")
-        if last is not None and int(last) == count:
+        if unchanged(self.store, count, force=force or s.add_remove):
             if fold.get("over_budget") or fold.get("dropped"):
                 self._ledger_entry(max(1, self.store.pending_version()), fold)
             return None
@@ -319,12 +313,8 @@ class ReleaseStage:
         ledger = None if self.folder is None else self._ledger_entry(version, fold)
         # add/remove: the released hash carries the release's own noisy count; the exact one is the operator's
         public_count = max(0, round(released.count)) if s.add_remove else None
-        self.store.persist_release(state, released, json.dumps(event), offsets, None, ledger, count=count,
+        return persist_and_publish(self.store, state, released, json.dumps(event), offsets, None, ledger, count=count,
                                    public_count=public_count)
-        faults.point("release-persisted")
-        self.store.publish()
-        faults.point("release-published")
-        return version
 
     def _ledger_entry(self, version: int, fold: dict[str, int]) -> str:
         """What the release's user-level ledger says (persisted and published with the release)."""

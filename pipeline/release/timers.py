@@ -35,7 +35,7 @@ class ReleaseTicker:
     def __init__(self, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None,
                  release: Callable[..., Any] = ReleaseStage) -> None:
         self.settings, self.catalog, self.metrics = settings, catalog, metrics
-        self._release = release  # the mode's release stage (local mode: pipeline.modes.local.localmode.LocalReleaseStage)
+        self._release = release  # the mode's release stage (local mode: pipeline.modes.local.release.LocalReleaseStage)
         self._stages: tuple[Any, SolveStage] | None = None
         self._client: Any = None
 

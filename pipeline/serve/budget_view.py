@@ -103,7 +103,7 @@ async def user_interactions(r: Any, keys: PublicKeys, partitions: int, user: str
     """``/budget?user=``'s ``interactions``: the user's counted events or reports, summed over the partitions'
     public ``ledger_users`` hashes. Written by the ingest (events, and local mode's reports without a shuffler)
     and, in local mode with a shuffler, by the shuffler (reports it accepted; the analyzer's batches name no
-    user): :class:`pipeline.modes.local.localmode.ShufflerTask`, :mod:`pipeline.modes.local.shuffler_service`."""
+    user): :mod:`pipeline.modes.local.shuffler_service`."""
     counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(partitions)))
     return sum(int(c) for c in counts if c is not None)
 

@@ -29,6 +29,7 @@ from numpy.typing import NDArray
 from models.ground.linalg import ucb_scores_blas
 from models.local import LocalConfig, LocalUCB
 from models.local.aggregate import clip_context
+from models.local.analyzer import Reports
 from models.local.client import ReportRefused
 
 __all__ = ["ProbeUCB", "VARIANTS", "public_prior", "ldp_floor", "run_variant", "main"]
@@ -95,13 +96,13 @@ class ProbeUCB(LocalUCB):
             self.refused += 1
         else:
             dev.acknowledge(rep.version)
-            self.aggregate.apply(dataclasses.replace(rep, shown=(shown,)), unit=unit, X=x)
+            self.fold(Reports([(self.reports, dataclasses.replace(rep, shown=(shown,)), unit)]))
             self.reports += 1
         if (self.reports + self.refused) % self.tick == 0:
             self._solve()
 
     def _solve(self) -> None:
-        a, d = self.aggregate, self.d
+        a, d = self.state, self.d
         var = a.var
         B = a.b.copy()
         if self.james_stein:
@@ -166,7 +167,7 @@ def run_variant(name: str, lf: dict[str, Any], seed: int) -> dict[str, float]:
     t0 = time.perf_counter()
     reward = lastfm_reward(pol, lf["units"], lf["pools"], lf["features"], lf["correct"], lf["users"])
     return {"ratio": reward / (len(lf["units"]) / lf["pool_size"]), "seconds": time.perf_counter() - t0,
-            "refused": pol.refused / max(1, pol.reports + pol.refused), "noise_std_max": pol.aggregate.noise_std()}
+            "refused": pol.refused / max(1, pol.reports + pol.refused), "noise_std_max": pol.state.noise_std()}
 
 
 def ldp_floor(lf: dict[str, Any], epsilon: float = 2.0, delta: float = 1e-5, seeds: int = 100) -> dict[str, Any]:

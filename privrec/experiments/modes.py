@@ -346,9 +346,9 @@ def _local_stats(policy: Any) -> dict[str, float] | None:
     if not isinstance(policy, LocalUCB) or not policy.reports:
         return None
     batches = sum(policy.shuffler.seq.values()) if policy.shuffler is not None else 0
-    return {"applied_fraction": float(policy.aggregate.count.sum()) / policy.reports, "batches": float(batches),
+    return {"applied_fraction": float(policy.state.count.sum()) / policy.reports, "batches": float(batches),
             "refused_fraction": policy.refused / (policy.reports + policy.refused),
-            "noise_std": policy.aggregate.noise_std(), "devices": float(len(policy._clients))}
+            "noise_std": policy.state.noise_std(), "devices": float(len(policy._clients))}
 
 
 def untrained_lastfm_reward(lf: dict[str, Any], seed: int, cfg: ModesConfig) -> float:

@@ -13,6 +13,7 @@ import pytest
 from models.ground.environment import SyntheticEnvironment
 from models.local import LocalConfig, LocalReport, LocalUCB
 from models.local.aggregate import clip_context
+from models.local.analyzer import Batches, Reports
 from models.streaming import UnitStats
 from privrec.experiments import modes
 from privrec.experiments.modes import ROWS, ModesConfig, _policy, run_modes
@@ -42,20 +43,22 @@ def test_a_local_row_learns_below_random_play_at_epsilon_10(name: str) -> None:
 
 
 def _spy(policy: LocalUCB) -> list[tuple[LocalReport, int, np.ndarray]]:
+    """Every report the twin's server folds, with its unit and its shown context (as the analyzer sees them)."""
     seen: list[tuple[LocalReport, int, np.ndarray]] = []
-    apply = policy.aggregate.apply
+    fold = policy.fold
 
-    def recording(report: LocalReport, *, unit: int, X: np.ndarray) -> None:
-        seen.append((report, unit, X))
-        apply(report, unit=unit, X=X)
+    def recording(batch: Reports | Batches) -> None:
+        if isinstance(batch, Reports):
+            seen.extend((rep, unit, policy.analyzer.contexts(list(rep.shown))[0]) for _, rep, unit in batch.entries)
+        fold(batch)
 
-    policy.aggregate.apply = recording  # type: ignore[method-assign]
+    policy.fold = recording  # type: ignore[method-assign]
     return seen
 
 
 @pytest.mark.parametrize("algorithm", ["tree", "round"])
 def test_the_simulation_sums_minus_the_devices_noise_are_the_exact_statistics(algorithm: str) -> None:
-    """The simulated server (LocalAggregate fed by real LocalClients inside LocalUCB) holds the exact per-unit
+    """The simulated server (the worker's Analyzer fed by real LocalClients inside LocalUCB) holds the exact per-unit
     statistics plus the devices' noise, nothing else: removing each device's noise (tree: its latest report
     minus its exact b_u; round: each report minus r x) leaves UnitStats.add of the same interactions."""
     d, n_units = 4, 3
@@ -77,16 +80,16 @@ def test_the_simulation_sums_minus_the_devices_noise_are_the_exact_statistics(al
     noise = np.zeros((n_units, d))
     if algorithm == "tree":
         for user, dev in pol._clients.items():
-            latest = pol.aggregate.latest[user][1]
+            latest = pol.state.latest[user][1]
             assert latest is not None
             noise[unit_of[user]] += latest - dev.exact_b
     else:
         for (rep, unit, x), r in zip(seen, rewards):
             noise[unit] += rep.vector - r * clip_context(x)
-    np.testing.assert_array_equal(pol.aggregate.count, exact.count)
-    np.testing.assert_allclose(pol.aggregate.gram, exact.gram, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(pol.aggregate.b - noise, exact.b, rtol=0, atol=1e-9)
-    assert np.abs(pol.aggregate.b - exact.b).max() > 0.1  # the reports were noisy
+    np.testing.assert_array_equal(pol.state.count, exact.count)
+    np.testing.assert_allclose(pol.state.gram, exact.gram, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(pol.state.b - noise, exact.b, rtol=0, atol=1e-9)
+    assert np.abs(pol.state.b - exact.b).max() > 0.1  # the reports were noisy
     assert len(seen) == 120 and pol.solves == 120 // 7
 
 
@@ -99,13 +102,13 @@ def test_with_shuffling_only_completed_batches_reach_the_sums() -> None:
     x = np.array([0.6, 0.0, 0.8])
     for user in ("a", "b", "c", "a"):       # unit 0: three distinct users, "a" waits for the next batch
         pol.update(0, x, 1.0, user=user)
-    assert pol.aggregate.count.tolist() == [0, 0] and pol.reports == 4
+    assert pol.state.count.tolist() == [0, 0] and pol.reports == 4
     assert modes._local_stats(pol) == {"applied_fraction": 0.0, "batches": 0.0, "noise_std": 0.0, "devices": 3.0,
                                        "refused_fraction": 0.0}
     pol.update(0, x, 1.0, user="d")         # the fourth distinct user closes unit 0's first batch
-    assert pol.aggregate.count.tolist() == [n, 0]
-    np.testing.assert_allclose(pol.aggregate.gram[0], n * np.outer(x, x))
-    assert pol.aggregate.var[0] == pytest.approx(n * 2 * cfg.laplace_scale ** 2)  # Laplace variance 2 s^2
+    assert pol.state.count.tolist() == [n, 0]
+    np.testing.assert_allclose(pol.state.gram[0], n * np.outer(x, x))
+    assert pol.state.var[0] == pytest.approx(n * 2 * cfg.laplace_scale ** 2)  # Laplace variance 2 s^2
     for user in ("e", "f", "g"):            # another unit's users never fill unit 0's batch
         pol.update(1, x, 0.0, user=user)
     stats = modes._local_stats(pol)

@@ -5,7 +5,8 @@ Documented in ``docs/local-protocol.md``.
 
 Modules
 -------
-localmode     the server side in the worker: report ingest, the shuffler, the release of the sums
-              of reports
+localmode     the worker's wiring: the analyzer's ingest and the release timer
+ingest        the analyzer's thin ingest adapters (reports, shuffled batches) and its shards in Redis
+release       the release of the partitions' sums, through the global release sequence
 local_http    the HTTP side: ``GET /local/config``, ``POST /report``, the refusal of raw rewards
 """

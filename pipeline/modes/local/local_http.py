@@ -3,7 +3,7 @@
 Serving code: it imports only public things (the catalog, the public key layout, the device
 calibration of :mod:`models.local`), never the trusted store. A report is checked here as far as
 the web process can (the schema, the user, the shown list it answers, one report per list) and
-produced to ``ldp-reports``; the worker checks the version (:mod:`pipeline.modes.local.localmode`).
+produced to ``ldp-reports``; the worker checks the version (:mod:`pipeline.modes.local.ingest`).
 
 The lifetime budget (``user_budget``) in local mode: a device's reports compose, so a user may send at most
 :func:`report_limit` of them; the server counts each user's reports (atomically, :func:`budget_counter`, a key
@@ -11,7 +11,7 @@ of the web's own ``recs`` kind, no expiry) and refuses the ones past the limit w
 silently lost: the count minus the limit is the user's reports "not learned (budget)".
 
 At user level (local mode's default) the device enforces the cap per epoch and the budget itself; the worker
-checks both again from each report's version and epoch (:mod:`pipeline.modes.local.localmode`), and ``/budget`` states each
+checks both again from each report's version and epoch (:mod:`pipeline.modes.local.ingest`), and ``/budget`` states each
 user's guarantee in the fields of the global mode's user level (:func:`local_user_budget`,
 :func:`local_ledger_overview`), from the public ledger the worker writes.
 """

@@ -13,7 +13,7 @@ list they answer and their report's content sealed to the analyzer's key. The sh
    at user level it mirrors the user's ledger record (epoch, reports in it, last version) to the public ledger
    keys ``{ns}:ledger:{ns:p<P>}:participation``, and each refusal for the cap, an epoch or the budget to
    ``…:summary`` (``dropped`` / ``over_budget``), as the worker's report ingest does
-   (:meth:`pipeline.modes.local.localmode._LocalIngestBase._mirror_ledger`): participations are public, and
+   (:meth:`pipeline.modes.local.ingest.LocalIngest._mirror_ledger`): participations are public, and
    ``/budget`` and the dashboard read them there. At every level it mirrors the user's count of accepted
    envelopes to ``{ns}:ledger:{ns:p<P>}:users`` (``/budget?user=``'s ``interactions`` / ``reports``: the key the
    report ingest counts in without a shuffler). Its ACL user may write exactly those three kinds of keys;
@@ -53,7 +53,7 @@ from models.local.shuffle import POPULATION
 from ...data.catalog import Catalog, UnknownUserError, load_catalog
 from ...config.keys import PublicKeys, partition_of
 from .local_http import report_limit
-from .localmode import BeyondLimit, check_user_level
+from models.local.analyzer import BeyondLimit, check_user_level
 from ...config.ledger import LedgerRecord
 from ...config.kafkaconn import client_kwargs
 from ...data.records import TOPICS
