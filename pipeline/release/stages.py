@@ -143,6 +143,29 @@ def item_term(items: ReleasedItems, weight: float) -> tuple[float, np.ndarray]:
     return weight / (1.0 + (items.noise_std / ITEM_NOISE_SCALE) ** 2), pop
 
 
+def unchanged(store: TrustedStore, count: int, *, force: bool = False) -> bool:
+    """Whether the last persisted release already covers ``count`` interactions (then a tick releases nothing;
+    ``force``: never). The release sequence's *compare*, shared by every mode's release stage."""
+    last = None if force else store.r.hget(store.keys.pending, "count")
+    return last is not None and int(last) == count
+
+
+def persist_and_publish(store: TrustedStore, state: Any, released: ReleasedStats | ReleasedHierarchy, event: str,
+                        offsets: list[int], items: Any = None, ledger: str | None = None, **counts: int | None
+                        ) -> int:
+    """The release sequence's *persist* then *publish* (a crash in between: :meth:`ReleaseStage.recover` publishes
+    it), shared by every mode's release stage; returns the release's version. The arguments are
+    :meth:`pipeline.state.trusted.TrustedStore.persist_release`'s."""
+    store.persist_release(state, released, event, offsets, items, ledger, **counts)
+    faults.point("release-persisted")
+    store.publish()
+    faults.point("release-published")
+    return released.version
+
+
+@dataclass
+
+
 @dataclass
 class ReleaseStage:
     """Leader-only: one call of :meth:`tick` is one release."""
