@@ -14,3 +14,5 @@ faults        fault points for the fault tests (a process kills itself at a name
 
 Nothing here imports another ``pipeline`` package or the web framework.
 """
+
+__all__ = ["acl", "faults", "kafkaconn", "keys", "ledger", "metrics", "redisconn", "settings"]

@@ -7,3 +7,5 @@ stages            the release and solve stages as plain classes: mechanism state
 timers            the leader-only tick: one release per ``tick_seconds``, then a solve
 baseline_release  the same for the per-unit baselines (Shariff & Sheffet, DGS)
 """
+
+__all__ = ["baseline_release", "stages", "timers"]

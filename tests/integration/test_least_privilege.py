@@ -302,7 +302,7 @@ def test_local_mode_refuses_a_users_reports_past_the_lifetime_budget(tmp_path: P
     budget_eps = gdp_epsilon(2.5 * mu, 1e-5)  # a tree device's k reports cost k * mu: 2 fit, the 3rd does not
     state = tmp_path / "stack"
     # event level: the budget above is counted in event-level reports (user level, local mode's default since
-    # issue 21, has a device ledger of its own: tests/unit/test_local_userlevel.py)
+    # issue 21, has a device ledger of its own: tests/component/test_local_userlevel.py)
     ops.up(Settings(mode="local", namespace="lr", user_budget=budget_eps, privacy_unit="event", **WORLD), state,
            timeout=90,
            supervise=False, loglevel="WARNING")

@@ -9,3 +9,5 @@ localmode     the server side in the worker: report ingest, the shuffler, the re
               of reports
 local_http    the HTTP side: ``GET /local/config``, ``POST /report``, the refusal of raw rewards
 """
+
+__all__ = ["esa", "local_http", "localmode", "shuffler_service"]
