@@ -22,9 +22,8 @@ from kafka import KafkaConsumer, TopicPartition
 
 from models.local import LocalClient, LocalConfig, LocalReport, MemoryStorage, ReportRefused
 from models.streaming import ReleasedStats
-from privrec.bench.serve import LocalStack, local_stack
 
-from pipeline_support import wait_for
+from stacks import LocalStack, wait_for, web_stack
 
 CAP = 3
 WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40",
@@ -35,7 +34,7 @@ WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    with local_stack(tmp_path_factory.mktemp("local-user") / "stack", settings=WORLD) as st:
+    with web_stack(tmp_path_factory.mktemp("local-user") / "stack", settings=WORLD) as st:
         yield st
 
 
@@ -133,7 +132,7 @@ def test_the_shuffler_checks_the_cap_too(tmp_path: Path) -> None:
     """With shuffling the reports go to the shuffler, not to the report ingest: it checks the cap and the epoch
     the same way (dead letters with the reason) and writes the public ledger that /budget reads."""
     settings = {**WORLD, "PRIVREC_SHUFFLE_BATCH": "2"}
-    with local_stack(tmp_path / "st", settings=settings) as st:
+    with web_stack(tmp_path / "st", settings=settings) as st:
         cfg = _config(st)
         assert cfg.shuffled and cfg.user_level
         dev = LocalClient("1", cfg, MemoryStorage(), seed=3)
