@@ -91,8 +91,10 @@ def test_bench_all_quick(tmp_path: Path) -> None:
     assert [p for p in tmp_path.iterdir() if p.suffix == ".json"], "no JSON result written"
 
 
+@pytest.mark.slow
 def test_experiment_table1_quick(tmp_path: Path) -> None:
-    """``privrec experiment table1 --quick --out DIR``, as the README shows it."""
+    """``privrec experiment table1 --quick --out DIR``, as the README shows it: 2–3 minutes, so ``slow``; the default
+    run has table1 on tiny settings (``tests/unit/test_cli_experiment.py``)."""
     proc = _privrec("experiment", "table1", "--quick", "--no-progress", "--out", str(tmp_path), cwd=tmp_path,
                     timeout=1200)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
