@@ -105,7 +105,7 @@ def _assert_web_refused_trusted_state(stack: dict[str, Any], namespaces: list[st
 
 
 @pytest.fixture
-def up_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Path, dict[str, Any]]]:
+def mode_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Path, dict[str, Any]]]:
     settings = Settings(namespace="lp", **WORLD, **request.param)
     state = tmp_path / "stack"
     with up_stack(settings, state, timeout=90, supervise=False, loglevel="WARNING"):
@@ -114,10 +114,10 @@ def up_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[P
         yield state, stack
 
 
-@pytest.mark.parametrize("up_stack", [{}, {"mode": "local"}, {"mode": "federated", "privacy_unit": "event"}],
+@pytest.mark.parametrize("mode_stack", [{}, {"mode": "local"}, {"mode": "federated", "privacy_unit": "event"}],
                          ids=["global", "local", "federated"], indirect=True)
-def test_every_mode_runs_least_privilege_by_default(up_stack: tuple[Path, dict[str, Any]]) -> None:
-    state, stack = up_stack
+def test_every_mode_runs_least_privilege_by_default(mode_stack: tuple[Path, dict[str, Any]]) -> None:
+    state, stack = mode_stack
     settings = stack["settings"]
     creds = acl.load_credentials(state)
     assert creds is not None
