@@ -70,15 +70,17 @@ def test_bench_serve(tmp_path: Path) -> None:
                       "--events", "50", "--no-peers", "--out", str(tmp_path), cwd=tmp_path), tmp_path / "serve.json")
 
 
+@pytest.mark.timeout(1500)
 @pytest.mark.xfail(strict=True, reason=(
-    "`privrec experiment modes --quick` crashes on a cell of its own grid (issue 33); helper `localname` fixes it, "
-    "then this mark goes"))
+    "issue 33: `privrec experiment modes --quick` crashes on a cell of its own grid (as reported; not reproduced "
+    "by this branch: 15 minutes on a loaded machine did not finish); helper `localname` fixes it, then this mark "
+    "goes"))
 def test_experiment_modes_quick(tmp_path: Path) -> None:
-    """``privrec experiment modes --quick`` exactly as the docs show it (its grid is the point: a cell of it
-    crashed and no test noticed)."""
+    """``privrec experiment modes --quick`` exactly as the docs show it (its whole grid is the point: a cell of it
+    crashed and no test noticed; the same command with one run of 2,000 events finishes in 2 minutes)."""
     lastfm_data_or_skip()
     _written(_privrec("experiment", "modes", "--quick", "--no-progress", "--out", str(tmp_path), cwd=tmp_path,
-                      timeout=1200), tmp_path / "modes.json")
+                      timeout=1400), tmp_path / "modes.json")
 
 
 @pytest.mark.slow
