@@ -6,8 +6,9 @@
   state and secret seed, persisted (:class:`FileStorage`) so that a restarted client re-sends a
   pending report as it was and never redraws released noise.
 - ``config`` — :class:`LocalConfig`, the public calibration every device of a namespace uses.
-- ``aggregate`` — :class:`LocalAggregate`, the server's sums of reports per model unit (no exact
-  per-user value ever enters it), and the public noise level of the sum.
+- ``analyzer`` — :class:`Analyzer`, the server's one fold of reports (or shuffled batches) into sums per model
+  unit (no exact per-user value ever enters it), its state and codec; the worker and the offline twin run it.
+- ``aggregate`` — the analyzer's primitives (the context clip, the version check, the sums' noise level).
 - ``shuffle`` — :class:`Shuffler`, batches of one report per distinct user, stripped and shuffled.
 - ``policy`` — :class:`LocalUCB`, the offline twin (devices + the server's sums + LinUCB per unit) that
   ``privrec experiment modes`` runs.
@@ -15,7 +16,8 @@
 Nothing here imports Kafka, Redis or faust: a device can run it alone.
 """
 
-from .aggregate import LocalAggregate, StaleReport
+from .aggregate import StaleReport
+from .analyzer import Analyzer, AnalyzerState
 from .client import FileStorage, LocalClient, MemoryStorage, ReportRefused, Storage
 from .config import ALGORITHMS, LocalConfig
 from .policy import LocalUCB
@@ -23,4 +25,4 @@ from .reports import SCHEMA, LocalReport, ReportError, parse_report
 from .shuffle import ShuffledBatch, Shuffler
 
 __all__ = ["ALGORITHMS", "LocalConfig", "LocalClient", "ReportRefused", "Storage", "FileStorage", "MemoryStorage", "LocalReport",
-           "ReportError", "parse_report", "SCHEMA", "LocalAggregate", "StaleReport", "Shuffler", "ShuffledBatch", "LocalUCB"]
+           "ReportError", "parse_report", "SCHEMA", "Analyzer", "AnalyzerState", "StaleReport", "Shuffler", "ShuffledBatch", "LocalUCB"]

@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 
 from models.accounting.conversions import check_delta, check_epsilon, gdp_epsilon, gdp_mu
+from models.accounting.statement import Party, Plain, StatementFacts, render, render_plain
 from models.mechanisms import MECHANISMS, Mechanism, make_mechanism
 from models.mechanisms.base import TreeState, noise_std
+from models.mechanisms.participation import USER_LEVEL_MECHANISMS
 
-__all__ = ["ALGORITHMS", "UNITS", "LocalConfig", "DEVICE_MECHANISMS", "REPORT_SENSITIVITY", "DEFAULT_CAP",
-           "DEFAULT_EPOCH_SECONDS"]
+__all__ = ["ALGORITHMS", "UNITS", "LocalConfig", "LocalConfigError", "DEVICE_MECHANISMS", "REPORT_SENSITIVITY",
+           "DEFAULT_CAP", "DEFAULT_EPOCH_SECONDS", "LocalVariant", "VARIANTS", "DEFAULT_VARIANT", "variant_of"]
 
 #: L2 sensitivity of one interaction's ``r x`` under *replace* neighbours (another reward, and another item of the
 #: list — the user's choice is protected): ``||r x - r' x'|| <= 2`` for ``||x|| <= 1``, ``r in [0, 1]``.
@@ -49,6 +51,15 @@ DEFAULT_CAP = 8
 DEFAULT_EPOCH_SECONDS = float((1 << 14) - 1)
 
 _ZERO = np.zeros(1)
+
+
+class LocalConfigError(ValueError):
+    """A :class:`LocalConfig` parameter is invalid; ``parameter`` names it as spelled in the signature."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
 _MECH_CACHE: dict["LocalConfig", Mechanism] = {}
 _PARTICIPATION: dict["LocalConfig", dict[str, Any]] = {}
 
@@ -111,36 +122,70 @@ class LocalConfig:
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"`algorithm` must be one of {ALGORITHMS}, got {self.algorithm!r}.")
+            raise LocalConfigError("algorithm", f"`algorithm` must be one of {ALGORITHMS}, got {self.algorithm!r}.")
         if not isinstance(self.d, int) or self.d < 1:
-            raise ValueError(f"`d` must be a positive integer, got {self.d!r}.")
-        check_epsilon(self.epsilon)
-        check_delta(self.delta)
+            raise LocalConfigError("d", f"`d` must be a positive integer, got {self.d!r}.")
+        for name, check in (("epsilon", check_epsilon), ("delta", check_delta)):
+            try:
+                check(getattr(self, name))
+            except ValueError as e:
+                raise LocalConfigError(name, str(e)) from None
         if math.isinf(self.epsilon):
-            raise ValueError("`epsilon` must be finite in local mode: a device that adds no noise sends its "
-                             "exact statistic (use the global mode with epsilon = inf for a non-private run).")
+            raise LocalConfigError("epsilon", "`epsilon` must be finite in local mode: a device that adds no noise sends "
+                                              "its exact statistic (use the global mode with epsilon = inf for a "
+                                              "non-private run).")
         if self.mechanism not in DEVICE_MECHANISMS:
-            raise ValueError(f"`mechanism` must be one of {DEVICE_MECHANISMS}, got {self.mechanism!r}.")
+            raise LocalConfigError("mechanism", f"`mechanism` must be one of {DEVICE_MECHANISMS}, got "
+                                                f"{self.mechanism!r}.")
         if not isinstance(self.capacity, int) or self.capacity < 1:
-            raise ValueError(f"`capacity` must be a positive integer, got {self.capacity!r}.")
+            raise LocalConfigError("capacity", f"`capacity` must be a positive integer, got {self.capacity!r}.")
         if not isinstance(self.shuffle_batch, int) or self.shuffle_batch < 0:
-            raise ValueError(f"`shuffle_batch` must be a non-negative integer, got {self.shuffle_batch!r}.")
+            raise LocalConfigError("shuffle_batch", f"`shuffle_batch` must be a non-negative integer, got "
+                                                    f"{self.shuffle_batch!r}.")
         if self.shuffle_batch and self.algorithm != "round":
-            raise ValueError("shuffling applies to per-round reports only (`algorithm` = 'round'): a continual "
-                             "release of b_u is one stream per user, with no batch of one report per user.")
+            raise LocalConfigError("shuffle_batch", "shuffling applies to per-round reports only (`algorithm` = "
+                                                    "'round'): a continual release of b_u is one stream per user, "
+                                                    "with no batch of one report per user.")
         if self.unit not in UNITS:
-            raise ValueError(f"`unit` must be one of {UNITS}, got {self.unit!r}.")
+            raise LocalConfigError("unit", f"`unit` must be one of {UNITS}, got {self.unit!r}.")
         if not isinstance(self.cap, int) or self.cap < 1:
-            raise ValueError(f"`cap` must be a positive integer, got {self.cap!r}.")
+            raise LocalConfigError("cap", f"`cap` must be a positive integer, got {self.cap!r}.")
         if not (self.epoch_seconds > 0 and math.isfinite(self.epoch_seconds)):
-            raise ValueError(f"`epoch_seconds` must be a positive number, got {self.epoch_seconds!r}.")
+            raise LocalConfigError("epoch_seconds", f"`epoch_seconds` must be a positive number, got "
+                                                    f"{self.epoch_seconds!r}.")
         if not self.user_budget > 0:  # NaN fails too
-            raise ValueError(f"`user_budget` must be a positive epsilon or inf, got {self.user_budget!r}.")
+            raise LocalConfigError("user_budget", f"`user_budget` must be a positive epsilon or inf, got "
+                                                  f"{self.user_budget!r}.")
         if isinstance(self.codewords, bool) or not isinstance(self.codewords, int) or not 0 <= self.codewords <= 4096:
-            raise ValueError(f"`codewords` must be an integer in [0, 4096], got {self.codewords!r}.")
+            raise LocalConfigError("codewords", f"`codewords` must be an integer in [0, 4096], got {self.codewords!r}.")
         if self.codewords and not (self.shuffled and self.user_level):
-            raise ValueError("`codewords` needs shuffling (`shuffle_batch` > 0, `algorithm` 'round') at user level: "
-                             "the blanket's guarantee is central, over a batch of distinct users' messages.")
+            raise LocalConfigError("codewords", "`codewords` needs shuffling (`shuffle_batch` > 0, `algorithm` "
+                                                "'round') at user level: the blanket's guarantee is central, over a "
+                                                "batch of distinct users' messages.")
+
+    def check_runnable(self) -> None:
+        """Raise :class:`LocalConfigError` unless devices can report under this calibration, checked before any does.
+
+        ``tree`` at user level needs a device mechanism with a multi-participation bound
+        (:data:`models.mechanisms.participation.USER_LEVEL_MECHANISMS`); ``codewords`` needs batches of
+        ``shuffle_batch`` users large enough for a blanket to make ``cap`` batches ``(epsilon, delta)``-DP
+        (:func:`models.local.items.blanket_reaches`; else the first report would fail).
+        """
+        if self.user_level and self.algorithm == "tree" and self.mechanism not in USER_LEVEL_MECHANISMS:
+            raise LocalConfigError("unit", f"user level on the device needs a device mechanism with a "
+                                           f"multi-participation bound ({', '.join(USER_LEVEL_MECHANISMS)}), got "
+                                           f"{self.mechanism!r}; or use event level")
+        if self.codewords:
+            from .items import MAX_P, blanket_reaches, smallest_batch
+
+            if not blanket_reaches(self.epsilon, self.delta, self.shuffle_batch, compositions=self.cap):
+                need = smallest_batch(self.epsilon, self.delta, self.cap)
+                raise LocalConfigError("shuffle_batch", f"{self.shuffle_batch} distinct users per batch are too few "
+                                                        f"for codewords: no blanket (fakes with probability up to "
+                                                        f"{MAX_P:g}) makes {self.cap} batches (user_cap) of a device "
+                                                        f"({self.epsilon:g}, {self.delta:g})-DP; the smallest "
+                                                        f"workable batch is {need} (or raise epsilon or delta, or "
+                                                        f"lower user_cap).")
 
     # ------------------------------------------------------------------ noise of one report
 
@@ -335,55 +380,125 @@ class LocalConfig:
 
     # ------------------------------------------------------------------ what it guarantees
 
-    def guarantee(self) -> dict[str, Any]:
-        """The local guarantee in plain words (``/budget`` and the page state it)."""
+    def guarantee(self, *, shuffler: str = "worker") -> dict[str, Any]:
+        """The local guarantee in plain words (``/budget`` and the page state it).
+
+        ``shuffler`` (shuffled reports): ``"worker"``, the shuffler runs in the operator's worker; ``"separate"``, it
+        is a service of its own and devices seal each report to the analyzer (docs/local-parties.md). The
+        ``statement`` is :func:`models.accounting.statement.render` of this calibration's facts
+        (:meth:`statement_facts`), and ``plain`` the same in the page's words
+        (:func:`models.accounting.statement.render_plain`); the guarantee against each party, as data, is the pipeline's
+        (``pipeline.modes.local.esa.parties``).
+        """
+        facts = self.statement_facts(shuffler=shuffler)
+        assert facts.plain is not None
         common = {"mode": "local", "algorithm": self.algorithm, "delta": self.delta,
                   "trusted": "only the user's own device: it keeps the exact statistic and adds the noise",
                   "protects": "the rewards a user gives and which item of a shown list they acted on (which "
                               "lists were shown and answered is public, as in every mode)",
                   "neighbours": "one interaction replaced: another reward, and another item of the same shown "
                                 "list (L2 sensitivity 2 of r x)",
-                  "statistics": [self._report_statistic()]}
+                  "statistics": [self._report_statistic()],
+                  "statement": render(facts), "plain": render_plain(facts.plain, facts.parties)}
         if self.user_level:
             return {**common, **self._user_guarantee()}
         if self.algorithm == "tree":
-            return {**common, "epsilon": self.epsilon, "valid": True, "mechanism": self.mechanism,
-                    "statement": f"each device releases its own running sum b_u = sum r x through "
-                                 f"'{self.mechanism}' ({MECHANISMS[self.mechanism]}); the whole report stream of a "
-                                 f"user is ({self.epsilon:g}, {self.delta:g})-DP with respect to any one of their "
-                                 f"interactions (local DP, event level); a user with k interactions is covered "
-                                 f"at group level k; everything the server computes is post-processing"}
+            return {**common, "epsilon": self.epsilon, "valid": True, "mechanism": self.mechanism}
         if not self.shuffled:
-            mu = gdp_mu(self.epsilon, self.delta)
-            return {**common, "epsilon": self.epsilon, "valid": True, "noise": "gaussian", "sigma": self.sigma,
-                    "statement": f"each report m = r x + N(0, {self.sigma:.3g}^2 I) is ({self.epsilon:g}, "
-                                 f"{self.delta:g})-LDP (Gaussian DP mu = {mu:.3g}, L2 sensitivity 2); each "
-                                 f"interaction is in one report; a user's k reports compose to mu sqrt(k) "
-                                 f"(k = 4: epsilon {gdp_epsilon(2 * mu, self.delta):.3g})"}
-        e0 = self.epsilon0
+            return {**common, "epsilon": self.epsilon, "valid": True, "noise": "gaussian", "sigma": self.sigma}
         from models.accounting.shuffling import shuffled_epsilon
 
-        g = shuffled_epsilon(e0, self.shuffle_batch, self.delta)
-        return {**common, "epsilon": e0, "delta": 0.0, "valid": True, "noise": "laplace",
+        g = shuffled_epsilon(self.epsilon0, self.shuffle_batch, self.delta)
+        return {**common, "epsilon": self.epsilon0, "delta": 0.0, "valid": True, "noise": "laplace",
                 "laplace_scale": self.laplace_scale, "shuffle_batch": self.shuffle_batch,
                 "central_epsilon": self.epsilon, "central_delta": self.delta,
                 "central_bound": {"epsilon": g.epsilon, "delta": g.delta, "bound": g.bound, "amplified": g.amplified,
-                                  "note": g.note},
-                "against_operator": {"epsilon": e0, "delta": 0.0,
-                                     "why": "the shuffler runs inside the operator's worker and POST /report hands it "
-                                            "each report with its user id: against the operator each report is only "
-                                            "its local guarantee"},
-                "statement": f"each report m = r x + Laplace({self.laplace_scale:.3g})^d is pure {e0:.4g}-LDP "
-                             f"(L1 sensitivity 2 sqrt(d) over every context and reward): that is the guarantee "
-                             f"against the operator of this server, which receives each report with its user id and "
-                             f"runs the shuffler itself; against anyone who sees only the shuffled batches (the "
-                             f"released statistics, the analysts), batches of {self.shuffle_batch} distinct users "
-                             f"stripped of identity make each batch ({self.epsilon:g}, {self.delta:g})-DP centrally "
-                             f"(Feldman, McMillan & Talwar 2021); a user's reports in k batches compose"}
+                                  "note": g.note}}
+
+    def statement_facts(self, *, shuffler: str = "worker") -> StatementFacts:
+        """The facts of this calibration's statement (:meth:`guarantee`'s ``shuffler``): what a report releases,
+        the guarantee against each party, how reports compose, and at user level the epoch's scope and the
+        lifetime budget's stopping rule."""
+        if shuffler not in ("worker", "separate"):
+            raise ValueError(f"`shuffler` must be 'worker' or 'separate', got {shuffler!r}.")
+        eps, delta, cap = self.epsilon, self.delta, self.cap
+        mu = gdp_mu(eps, delta)
+        scope = limit = ""
+        if self.user_level:
+            scope = (f"per epoch of {self.epoch_seconds:g} s a device makes at most {cap} reports, and any {cap} of "
+                     f"its reports together are ({eps:g}, {delta:g})-DP; its whole history composes")
+            n = self.report_limit()
+            limit = "" if n is None else (f"the device stops after {n} reports, its lifetime budget "
+                                          f"({self.user_budget:g}, {delta:g})")
+        parties: tuple[Party, ...] = ()
+        if self.codewords:
+            b = self.blanket
+            release = (f"each report sends its listen as the codeword of the listened item in a public codebook of "
+                       f"{self.codewords}, with a blanket of fake codewords (each with probability {b.p:.4g}; Balcer "
+                       f"& Cheu), shuffled message by message in population-wide batches of {self.shuffle_batch} "
+                       f"distinct users")
+            parties = _shuffle_parties(f"{cap} batches of a device together are ({eps:g}, {delta:g})-DP (exact "
+                                       f"analysis)", None, shuffler)
+            composition = f"n reports spend ceil(n / {cap}) times that"
+        elif self.shuffled:
+            e0 = self.epsilon0
+            release = (f"each report m = r x + Laplace({self.laplace_scale:.3g})^d is pure {e0:.4g}-LDP (L1 "
+                       f"sensitivity 2 sqrt(d) over every context and reward)")
+            if self.user_level:
+                eps_b, delta_b = self.batch_guarantee
+                batch = f"each shuffled batch of {self.shuffle_batch} distinct users is ({eps_b:.4g}, {delta_b:.3g})-DP"
+                composition = (f"a device's reports are in distinct batches, so {cap} of them compose (basic) to "
+                               f"({eps:g}, {delta:g})")
+            else:
+                batch = (f"batches of {self.shuffle_batch} distinct users stripped of identity make each batch "
+                         f"({eps:g}, {delta:g})-DP centrally (Feldman, McMillan & Talwar 2021)")
+                composition = "a user's reports in k batches compose"
+            parties = _shuffle_parties(batch, e0, shuffler)
+        elif self.algorithm == "tree" and self.user_level:
+            release = (f"the device releases its running sum b_u = sum r x through '{self.mechanism}', whose epochs "
+                       f"are blocks of {cap} reports calibrated to their multi-participation sensitivity (factor "
+                       f"{self.participation_factor:.3g} over one report's, at most {cap})")
+            composition = (f"blocks compose in Gaussian DP (mu_block = {mu:.3g}: n reports spend mu_block "
+                           f"sqrt(floor(n/cap) + B(n mod cap)/B(cap)))")
+        elif self.algorithm == "tree":
+            release = (f"each device releases its own running sum b_u = sum r x through '{self.mechanism}' "
+                       f"({MECHANISMS[self.mechanism]}); the whole report stream of a user is ({eps:g}, {delta:g})-DP "
+                       f"with respect to any one of their interactions (local DP, event level)")
+            composition = ("a user with k interactions is covered at group level k; everything the server computes "
+                           "is post-processing")
+        elif self.user_level:
+            release = (f"each report m = r x + N(0, {self.sigma:.3g}^2 I) is Gaussian DP mu = {mu / math.sqrt(cap):.3g} "
+                       f"(L2 sensitivity 2)")
+            composition = f"{cap} reports compose to mu = {mu:.3g}; n reports spend mu sqrt(n / cap)"
+        else:
+            release = (f"each report m = r x + N(0, {self.sigma:.3g}^2 I) is ({eps:g}, {delta:g})-LDP (Gaussian DP "
+                       f"mu = {mu:.3g}, L2 sensitivity 2); each interaction is in one report")
+            composition = f"a user's k reports compose to mu sqrt(k) (k = 4: epsilon {gdp_epsilon(2 * mu, delta):.3g})"
+        return StatementFacts(release=release, parties=parties, composition=composition, scope=scope, limit=limit,
+                              plain=self._plain())
+
+    def _plain(self) -> Plain:
+        """The page's words (the page is the device): where the answers stay, and what the bound covers."""
+        where = ("Local mode: this page is your device. It keeps your listens and skips, adds the noise itself (from "
+                 "your browser's cryptographic random numbers) and sends only the noisy report"
+                 + (f", at most {self.cap} reports per epoch" if self.user_level else "")
+                 + "; the server, Kafka and Redis never see a raw answer.")
+        if self.user_level:
+            return Plain(where=where, covers="everything you did in an epoch — every listen, every skip, which items "
+                                             "you picked", observer="the shuffled batches" if self.shuffled else
+                         "what the server sees", epsilon=self.epsilon, delta=self.delta,
+                         total="The ε above adds this up over your whole history.")
+        if self.shuffled:
+            return Plain(where=where, covers="any one answer of yours", observer="each report",
+                         epsilon=self.epsilon0, delta=0.0)
+        if self.algorithm == "tree":
+            return Plain(where=where, covers="any one of your answers — whether you listened or skipped",
+                         observer="everything this browser ever reports", epsilon=self.epsilon, delta=self.delta)
+        return Plain(where=where, covers="any one answer of yours", observer="each report", epsilon=self.epsilon,
+                     delta=self.delta, total="Your reports add up: the ε above grows with each one.")
 
     def _user_guarantee(self) -> dict[str, Any]:
         """User level: what a device's whole history gets (the fields of the global mode's user-level statement)."""
-        limit = self.report_limit()
         out: dict[str, Any] = {
             "unit": "user", "cap": self.cap, "cap_policy": "device", "epoch_seconds": self.epoch_seconds,
             "epsilon": self.epsilon, "valid": True,
@@ -391,63 +506,26 @@ class LocalConfig:
             "neighbours": "user level, on the device: two report streams of one device differing in everything the "
                           "user did (every reward and every choice; rewards in [0, 1], contexts clipped to norm 1)",
             "user_budget": {"epsilon": self.user_budget if math.isfinite(self.user_budget) else None,
-                            "delta": self.delta, "reports_allowed": limit}}
-        scope = (f"per epoch of {self.epoch_seconds:g} s a device makes at most {self.cap} reports, and any {self.cap} "
-                 f"of its reports together are ({self.epsilon:g}, {self.delta:g})-DP; its whole history composes")
+                            "delta": self.delta, "reports_allowed": self.report_limit()}}
         if self.codewords:
             b = self.blanket
             out.update({"mu_at_cap": None, "noise": "blanket", "codewords": self.codewords, "p": b.p,
                         "shuffle_batch": self.shuffle_batch,
-                        "composition": "exact within cap batches (models.local.items); blocks of cap reports: basic",
-                        "against_operator": {"epsilon_per_report": None, "delta": 0.0,
-                                             "why": "the blanket protocol has no local guarantee: whoever sees a "
-                                                    "device's messages with its identity (the in-worker shuffler's "
-                                                    "operator; the analyzer and a separate shuffler colluding) sees "
-                                                    "its codeword among its fakes"}})
-            out["statement"] = (f"{scope}: each report sends its listen as the codeword of the listened item in a "
-                                f"public codebook of {self.codewords}, with a blanket of fake codewords (each with "
-                                f"probability {b.p:.4g}; Balcer & Cheu), shuffled message by message in population-"
-                                f"wide batches of {self.shuffle_batch} distinct users; {self.cap} batches of a device "
-                                f"together are ({self.epsilon:g}, {self.delta:g})-DP against everyone who sees only "
-                                f"the shuffled messages (exact analysis); n reports spend ceil(n / {self.cap}) times "
-                                f"that; against whoever sees a device's messages with its identity there is no local "
-                                f"guarantee")
+                        "composition": "exact within cap batches (models.local.items); blocks of cap reports: basic"})
         elif self.shuffled:
             eps_b, delta_b = self.batch_guarantee
             out.update({"mu_at_cap": None, "noise": "laplace", "laplace_scale": self.laplace_scale,
                         "epsilon0": self.epsilon0, "shuffle_batch": self.shuffle_batch,
                         "central_per_batch": {"epsilon": eps_b, "delta": delta_b},
-                        "composition": "basic: k batches, k times each batch's (epsilon, delta)",
-                        "against_operator": {"epsilon_per_report": self.epsilon0, "delta": 0.0,
-                                             "why": "the shuffler runs inside the operator's worker and sees each "
-                                                    "report with its user id: k reports are k epsilon0-LDP"}})
-            out["statement"] = (f"{scope}: each report is pure {self.epsilon0:.4g}-LDP (Laplace, L1 sensitivity "
-                                f"2 sqrt(d)), shuffled in batches of {self.shuffle_batch} distinct users, each batch "
-                                f"({eps_b:.4g}, {delta_b:.3g})-DP centrally; a device's reports are in distinct "
-                                f"batches, so {self.cap} of them compose (basic) to ({self.epsilon:g}, {self.delta:g}); "
-                                f"against the operator (who runs the shuffler) each report is only its local "
-                                f"{self.epsilon0:.4g}-LDP")
+                        "composition": "basic: k batches, k times each batch's (epsilon, delta)"})
         elif self.algorithm == "tree":
             out.update({"mu_at_cap": gdp_mu(self.epsilon, self.delta), "mechanism": self.mechanism,
                         "sensitivity": {"rule": "multi-participation sensitivity sqrt(B(cap)) of the device's "
                                                 "mechanism over a block of cap reports (models.mechanisms.participation)",
                                         "factor_vs_one_tick": self.participation_factor,
                                         "group_bound_factor": self.cap}})
-            out["statement"] = (f"{scope}: the device releases its running sum b_u = sum r x through "
-                                f"'{self.mechanism}', whose epochs are blocks of {self.cap} reports calibrated to "
-                                f"their multi-participation sensitivity (factor {self.participation_factor:.3g} over one "
-                                f"report's, at most {self.cap}); blocks compose in Gaussian DP (mu_block = "
-                                f"{gdp_mu(self.epsilon, self.delta):.3g}: n reports spend mu_block sqrt(floor(n/cap) + "
-                                f"B(n mod cap)/B(cap)))")
         else:
-            mu = gdp_mu(self.epsilon, self.delta)
-            out.update({"mu_at_cap": mu, "noise": "gaussian", "sigma": self.sigma})
-            out["statement"] = (f"{scope}: each report m = r x + N(0, {self.sigma:.3g}^2 I) is Gaussian DP mu = "
-                                f"{mu / math.sqrt(self.cap):.3g} (L2 sensitivity 2), so {self.cap} reports compose "
-                                f"to mu = {mu:.3g}; n reports spend mu sqrt(n / cap)")
-        if limit is not None:
-            out["statement"] += (f"; the device stops after {limit} reports, its lifetime budget ({self.user_budget:g}, "
-                                 f"{self.delta:g})")
+            out.update({"mu_at_cap": gdp_mu(self.epsilon, self.delta), "noise": "gaussian", "sigma": self.sigma})
         return out
 
     def _report_statistic(self) -> dict[str, Any]:
@@ -533,3 +611,94 @@ def _participation(config: LocalConfig, what: str) -> Any:
     return hit[what]
 
 
+
+
+def _shuffle_parties(batch: str, epsilon0: float | None, shuffler: str) -> tuple[Party, ...]:
+    """The parties of a shuffled protocol's statement: ``batch``, the central guarantee of the shuffled batches;
+    ``epsilon0``, each report's local guarantee (``None``: none, the blanket); ``shuffler``, who runs the shuffler."""
+    local = (f"each report is only its local {epsilon0:.4g}-LDP" if epsilon0 is not None else
+             "there is no local guarantee (a device's codeword is among its own fakes)")
+    if shuffler == "worker":
+        return (Party("the operator of this server, which receives each report with its user id and runs the "
+                      "shuffler itself", local),
+                Party("anyone who sees only the shuffled batches (the released statistics, the analysts)", batch))
+    return (Party("the operator of the analyzer (and of this server)", batch,
+                  "while the shuffler, a separate service that sees who reports but no content (reports are sealed "
+                  "to the analyzer's key; docs/local-parties.md), is honest"),
+            Party("the shuffler's and the analyzer's operators colluding", local))
+
+
+@dataclass(frozen=True)
+class LocalVariant:
+    """One named local-mode protocol: what a device reports and who mixes it (docs/local-protocol.md's table).
+
+    Parameters
+    ----------
+    name
+        The one name the CLI, the code, the experiments (row ``local-<name>``) and the docs use.
+    about
+        One line: what a device sends, and the guarantee's kind.
+    algorithm, shuffle_batch, codewords, cap
+        The :class:`LocalConfig` fields (and pipeline settings ``local_algorithm``, ``shuffle_batch``,
+        ``local_codewords``, ``user_cap``) the variant sets; ``cap`` ``None``: the unit's default cap.
+        ``shuffle_batch`` is the smallest batch: a run may need a larger one for its epsilon.
+    research
+        ``True``: kept for comparison (measured to learn little or nothing on LastFM); ``False``: the default.
+    """
+
+    name: str
+    about: str
+    algorithm: str
+    shuffle_batch: int = 0
+    codewords: int = 0
+    cap: int | None = None
+    research: bool = True
+
+    @property
+    def settings(self) -> dict[str, int | str]:
+        """The pipeline settings this variant stands for (``privrec up --local-variant NAME`` sets them)."""
+        out: dict[str, int | str] = {"local_algorithm": self.algorithm, "shuffle_batch": self.shuffle_batch,
+                                     "local_codewords": self.codewords}
+        if self.cap is not None:
+            out["user_cap"] = self.cap
+        return out
+
+    def config(self, *, d: int, epsilon: float, delta: float = 1e-5, unit: str = "user", cap: int | None = None,
+               shuffle_batch: int | None = None, **kw: Any) -> LocalConfig:
+        """The devices' :class:`LocalConfig` of this variant (``cap`` / ``shuffle_batch``: override the table's)."""
+        cap = cap if cap is not None else self.cap if self.cap is not None else DEFAULT_CAP
+        batch = self.shuffle_batch if shuffle_batch is None else shuffle_batch
+        return LocalConfig(algorithm=self.algorithm, d=d, epsilon=epsilon, delta=delta, shuffle_batch=batch, unit=unit,
+                           cap=cap, codewords=self.codewords, **kw)
+
+
+#: The local mode's variants, by name (one name each, everywhere). ``shuffled-items`` learns and is the default.
+VARIANTS: dict[str, LocalVariant] = {v.name: v for v in (
+    LocalVariant("shuffled-items", "each listen as the codeword of its item (a public codebook of 64) through a blanket "
+                                   "of fake messages, in population-wide shuffled batches of >= 150 distinct users, "
+                                   "2 reports per device and epoch; central (epsilon, delta) against the analyzer",
+                 algorithm="round", shuffle_batch=150, codewords=64, cap=2, research=False),
+    LocalVariant("shuffled-vectors", "a pure epsilon0-LDP Laplace report r x per interaction, shuffled in batches of "
+                                     "distinct users of one model unit; central (epsilon, delta) per batch",
+                 algorithm="round", shuffle_batch=200),
+    LocalVariant("round", "a Gaussian report r x + N(0, sigma^2 I) per interaction, no shuffler; "
+                          "(epsilon, delta)-LDP against everyone", algorithm="round"),
+    LocalVariant("tree", "each device releases its own b_u through its own continual-release tree (LDP-CoLin); "
+                         "(epsilon, delta)-LDP against everyone", algorithm="tree"),
+)}
+DEFAULT_VARIANT = "shuffled-items"
+
+
+def variant_of(config: LocalConfig) -> str:
+    """The name of ``config``'s variant (:data:`VARIANTS`), whatever its batch size, cap or codebook size.
+
+    >>> variant_of(VARIANTS["shuffled-items"].config(d=4, epsilon=2.0))
+    'shuffled-items'
+    >>> variant_of(LocalConfig(algorithm="round", d=4, epsilon=2.0, shuffle_batch=3))
+    'shuffled-vectors'
+    """
+    if config.codewords:
+        return "shuffled-items"
+    if config.shuffled:
+        return "shuffled-vectors"
+    return config.algorithm

@@ -43,10 +43,10 @@ from numpy.typing import NDArray
 from .config import LocalConfig
 from .reports import (MAX_ABS, MAX_SHOWN, LocalReport, ReportError, _string,  # the reports' field rules
                       _version_and_epoch)
-from .seal import SealError, b64decode, b64encode, check_sealed, seal
-from .shuffle import Shuffler, _Open
+from .seal import AnalyzerKey, SealError, b64decode, b64encode, check_sealed, seal
+from .shuffle import ShuffledBatch, Shuffler, _Open
 
-__all__ = ["MESSAGE_SCHEMA", "message_content", "parse_message", "CONTENT_SCHEMA", "ENVELOPE_SCHEMA", "SEALED_BATCH_SCHEMA", "MAX_SEALED_BYTES", "Envelope", "SealedBatch",
+__all__ = ["is_sealed_batch", "OpenedBatch", "open_batch", "MESSAGE_SCHEMA", "message_content", "parse_message", "CONTENT_SCHEMA", "ENVELOPE_SCHEMA", "SEALED_BATCH_SCHEMA", "MAX_SEALED_BYTES", "Envelope", "SealedBatch",
            "SealedShuffler", "report_content", "seal_report", "parse_envelope", "parse_content"]
 
 CONTENT_SCHEMA = "privrec.ReportContent/1"
@@ -312,3 +312,55 @@ class SealedShuffler(Shuffler):
         self.seq[unit] = self.seq.get(unit, 0) + 1
         eps, delta, bound = self.guarantee()
         return SealedBatch(unit, self.seq[unit], items, sealed, eps, delta, bound, msgs, self.analysis)
+
+
+def is_sealed_batch(raw: bytes) -> bool:
+    """Whether ``raw`` is a :class:`SealedBatch` (else a plain :class:`~models.local.shuffle.ShuffledBatch`)."""
+    return SEALED_BATCH_SCHEMA.encode() in raw[:200]
+
+
+@dataclass(frozen=True)
+class OpenedBatch:
+    """A sealed batch opened: the batch the analyzer adds (``None`` if any content failed) and the dead letters
+    (sealed bytes, reason)."""
+
+    batch: ShuffledBatch | None
+    failed: list[tuple[bytes, str]]
+
+
+def open_batch(raw: bytes, key: AnalyzerKey, config: LocalConfig) -> OpenedBatch:
+    """Open every content of a sealed batch (``ValueError`` if the batch itself is malformed) — the analyzer's side.
+
+    All or nothing: if a content fails, no content and no shown item of the batch counts (each content is a dead
+    letter: the failed ones with their reason, the others naming the batch's failures). With codewords each
+    message is opened on its own: one that does not open or names no codeword is a dead letter (its sealed bytes
+    and the reason), the rest count.
+    """
+    sealed = SealedBatch.parse(raw)
+    vectors: list[list[float]] = []
+    failed: list[tuple[bytes, str]] = []
+    for blob in sealed.sealed:
+        try:
+            if not blob:
+                raise SealError("sealed: not base64")
+            vectors.append(parse_content(key.open(blob), d=config.d, algorithm=config.algorithm).tolist())
+        except SealError as e:
+            failed.append((blob, f"sealed report: {e}"))
+        except ReportError as e:
+            failed.append((blob, f"sealed report: opened, but its content is malformed: {e}"))
+    if failed:  # its shown items cannot be told apart from the others' (they are unlinked on purpose): drop it all
+        why = (f"sealed report: not counted: {len(failed)} of the {sealed.n} contents of batch {sealed.seq} of unit "
+               f"{sealed.unit} did not open, and the batch's shown items are not linked to its contents, so the "
+               f"whole batch is dropped (a failed report's list must not enter the Gram)")
+        bad = {blob for blob, _ in failed}
+        opened = [blob for blob in sealed.sealed if blob not in bad]
+        return OpenedBatch(None, failed + [(blob, why) for blob in opened])
+    messages: list[int] = []
+    if config.codewords:
+        for blob in sealed.msgs:
+            try:
+                messages.append(parse_message(key.open(blob), codewords=config.codewords))
+            except (SealError, ReportError) as e:
+                failed.append((blob, f"sealed message: {e}"))
+    return OpenedBatch(ShuffledBatch(sealed.unit, sealed.seq, sealed.items, vectors, sealed.epsilon, sealed.delta,
+                                     sealed.bound, analysis=sealed.analysis, messages=messages), failed)

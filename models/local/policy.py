@@ -1,9 +1,10 @@
 """The local mode's offline twin: every user runs :class:`~models.local.LocalClient`, the server sums.
 
 :class:`LocalUCB` is what ``privrec experiment modes`` runs for the local rows: a device per user
-(their own exact statistic and noise; the real client code), the server's :class:`LocalAggregate`
-(or, with shuffling, the :class:`Shuffler` in front of it), and LinUCB per model unit solved from the
-released sums every ``tick`` reports, with the ridge ``lambda + kappa * noise_std`` of the sums (the
+(their own exact statistic and noise; the real client code), the server's analyzer — the fold the worker
+runs, :class:`~models.local.analyzer.Analyzer` (with shuffling, the :class:`Shuffler` in front of it) — and
+LinUCB per model unit solved from the released sums (:func:`~models.local.analyzer.released_stats`, as the
+worker's release) every ``tick`` reports, with the ridge ``lambda + kappa * noise_std`` of the sums (the
 pipeline's :func:`models.streaming.solve`, post-processing of public values). Shuffled reports count
 only once their batch is complete. At user level a device refuses interactions past its cap or budget
 (:class:`~models.local.client.ReportRefused`, counted in ``refused``); a run is one epoch.
@@ -14,7 +15,7 @@ only once their batch is complete. At user level a device refuses interactions p
 >>> X = np.eye(2)
 >>> k = pol.select(0, X)
 >>> pol.update(0, X[k], 1.0, user="a"); pol.update(0, X[k], 1.0, user="b")
->>> int(pol.aggregate.count.sum()), pol.solves
+>>> int(pol.state.count.sum()), pol.solves
 (2, 1)
 """
 
@@ -22,21 +23,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
-from models.accounting import NoNoiseEvent
 from models.ground.items import popularity_feature
 from models.ground.linalg import ucb_scores, ucb_scores_blas
 from models.policies.popularity import argmax_random
 from models.streaming import ReleasedStats, solve
 from models.streaming.hierarchy import ReleasedHierarchy, prior_direction, solve_hierarchy
 
-from .aggregate import LocalAggregate, clip_context
+from .aggregate import clip_context
+from .analyzer import Analyzer, AnalyzerState, Batches, DeadLetter, Reports, merge, released_stats
 from .client import LocalClient, MemoryStorage, ReportRefused
 from .config import LocalConfig
-from .shuffle import Shuffler
+from .shuffle import POPULATION, ShuffledBatch, Shuffler
 
 __all__ = ["LocalUCB", "LocalItemUCB"]
 
@@ -52,14 +54,15 @@ class LocalUCB:
     """LinUCB per unit over the sums of the users' local reports (see the module docstring).
 
     ``select(unit, X)`` / ``update(unit, x, r, user=...)`` like the other policies; ``user``
-    (default: the unit) names the device. Seeds of the devices derive from ``seed``.
+    (default: the unit) names the device. Seeds of the devices derive from ``seed``. ``codebook`` (with
+    ``config.codewords``): the public codebook; devices report listens as codewords, batched population-wide.
     """
 
     per_user = True
 
     def __init__(self, *, d: int, n_units: int, config: LocalConfig, tick: int, seed: int, lambda_: float = 1.0,
                  alpha: float = 0.3, noise_ridge: float = 0.0, prior: FloatArray | None = None,
-                 prior_strength: float = 0.0) -> None:
+                 prior_strength: float = 0.0, codebook: FloatArray | None = None) -> None:
         if config.d != d:
             raise ValueError(f"`config.d` ({config.d}) must equal `d` ({d}).")
         if tick < 1:
@@ -67,11 +70,16 @@ class LocalUCB:
         self.d, self.n_units, self.config, self.tick = d, n_units, config, tick
         self.lambda_, self.alpha, self.noise_ridge = lambda_, alpha, noise_ridge
         self.prior, self.prior_strength = prior, prior_strength  # the serving solve's public prior (as the pipeline's)
-        self.aggregate = LocalAggregate(config, n_units=n_units)
+        self._contexts: list[FloatArray] = []  # reports and shuffled batches name items by index into this list
+        self.codebook = codebook  # config.codewords: the public codebook (devices report listens as codewords)
+        self.analyzer = Analyzer(config, n_units, self._lookup, codebook)
+        #: The server's sums (:class:`~models.local.analyzer.AnalyzerState`, one partition).
+        self.state: AnalyzerState = self.analyzer.init_state()
+        #: What the analyzer refused (the devices here are honest: a refusal is a twin that disagrees with the server).
+        self.dead_letters: list[DeadLetter] = []
         self.shuffler = Shuffler(config) if config.shuffled else None
         self._rng = np.random.default_rng(seed)
         self._clients: dict[str, LocalClient] = {}
-        self._contexts: list[FloatArray] = []  # shuffled batches name items by index into this list
         self.reports = 0
         #: Interactions a device did not report (user level: past its cap per epoch or its lifetime budget).
         self.refused = 0
@@ -98,10 +106,10 @@ class LocalUCB:
             dev.acknowledge(rep.version)
             rep = dataclasses.replace(rep, shown=(item,))  # the server adds the list it showed (one item here)
             if self.shuffler is None:
-                self.aggregate.apply(rep, unit=unit, X=x)
+                self.fold(Reports([(self.reports, rep, unit)], now=_RUN_CLOCK()))
             else:
-                for batch in self.shuffler.add(rep, unit=unit):
-                    self.aggregate.apply_batch(batch, np.stack([self._contexts[int(i)] for i in batch.items]))
+                label = POPULATION if self.config.codewords else unit  # codewords: population-wide batches
+                self.fold(Batches([(b.seq, b) for b in self.shuffler.add(rep, unit=label, messages=rep.messages)]))
             self.reports += 1
         if (self.reports + self.refused) % self.tick == 0:
             self._solve()
@@ -111,13 +119,35 @@ class LocalUCB:
         dev = self._clients.get(name)
         if dev is None:
             dev = self._clients[name] = LocalClient(name, self.config, MemoryStorage(),
-                                                    seed=int(self._rng.integers(2**62)), clock=_RUN_CLOCK)
+                                                    seed=int(self._rng.integers(2**62)), clock=_RUN_CLOCK,
+                                                    codebook=self.codebook)
         return dev
 
+    def _lookup(self, items: Sequence[str]) -> FloatArray:
+        """The analyzer's view of the twin's catalog: the contexts the reports' items name, clipped."""
+        return np.stack([clip_context(self._contexts[int(i)]) for i in items])
+
+    def fold(self, batch: Reports | Batches) -> None:
+        """The server's step: ``batch`` folded into :attr:`state` by the worker's analyzer (refusals kept)."""
+        self.state, dead = self.analyzer.step(self.state, batch)
+        self.dead_letters += dead
+
+    def fold_batch(self, batch: ShuffledBatch, contexts: FloatArray) -> None:
+        """Fold one shuffled batch (opened) whose shown items have ``contexts`` (one row each; public): the items
+        the batch names are registered with the twin under fresh indices, so a sealed batch the live worker also
+        reads folds here exactly as there."""
+        first = len(self._contexts)
+        self._contexts += [np.asarray(x, dtype=np.float64) for x in contexts]
+        renamed = dataclasses.replace(batch, items=[str(first + i) for i in range(len(contexts))])
+        self.fold(Batches([(batch.seq, renamed)]))
+
+    def released(self, version: int | None = None) -> ReleasedStats:
+        """What the server releases from :attr:`state`: the worker's release (one partition, ``linucb``)."""
+        total = merge([self.state], n_units=self.n_units, d=self.d, population=bool(self.config.codewords))
+        return released_stats(total, "linucb", np.eye(self.n_units), self.solves + 1 if version is None else version)
+
     def _solve(self) -> None:
-        a = self.aggregate
-        released = ReleasedStats("linucb", np.eye(self.n_units), a.gram.copy(), a.b.reshape(-1).copy(),
-                                 a.count.copy(), self.solves + 1, NoNoiseEvent(), a.noise_std())
+        released = self.released()
         self.theta, self.M = solve(released, lambda_=self.lambda_, noise_ridge=self.noise_ridge, prior=self.prior,
                                    prior_strength=self.prior_strength)
         self.solves += 1

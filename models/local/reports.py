@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["SCHEMA", "LocalReport", "ReportError", "parse_report", "MAX_ABS"]
+__all__ = ["SCHEMA", "LocalReport", "ReportError", "parse_report", "MAX_ABS", "MAX_ID_CHARS"]
 
 SCHEMA = "privrec.LocalReport/2"
 #: Largest accepted magnitude of a report coordinate (noise at epsilon >= 0.01 stays far below it).
@@ -102,7 +102,12 @@ class LocalReport:
         return json.dumps(self.to_dict(), separators=(",", ":")).encode()
 
 
-def _string(body: dict[str, Any], key: str, limit: int = 200) -> str:
+#: The longest ``user`` or ``rec_id`` a report may carry: the stack's id limit
+#: (``pipeline.data.records.MAX_ID_CHARS``; a test pins the two equal, models cannot import the pipeline).
+MAX_ID_CHARS = 128
+
+
+def _string(body: dict[str, Any], key: str, limit: int = MAX_ID_CHARS) -> str:
     v = body.get(key)
     if not isinstance(v, str) or not v or len(v) > limit:
         raise ReportError(key, f"must be a non-empty string of at most {limit} characters, got {v!r:.60}")
@@ -153,7 +158,7 @@ def parse_report(raw: bytes | str | dict[str, Any], *, d: int, algorithm: str | 
     user, rec_id = _string(body, "user"), _string(body, "rec_id")
     shown = body.get("shown", [])
     if not isinstance(shown, list) or len(shown) > MAX_SHOWN or not all(
-            isinstance(a, str) and a and len(a) <= 200 for a in shown):
+            isinstance(a, str) and a and len(a) <= MAX_ID_CHARS for a in shown):
         raise ReportError("shown", f"must be a list of at most {MAX_SHOWN} item id strings (added by the server)")
     version, epoch = _version_and_epoch(body)
     alg = body.get("algorithm")

@@ -47,7 +47,7 @@ from .base import Mechanism
 
 __all__ = ["B_CLIP", "ITEM_CLIP", "clip_scale", "replace_sensitivity", "toeplitz_autocorrelation", "toeplitz_bound", "tree_bound", "exact_participation_bound",
            "tree_matrix", "toeplitz_matrix", "participation_bound", "participation_factor",
-           "UnsupportedMechanismError"]
+           "UnsupportedMechanismError", "USER_LEVEL_MECHANISMS"]
 
 FloatArray = NDArray[np.float64]
 
@@ -58,6 +58,9 @@ FloatArray = NDArray[np.float64]
 #: sensitivity 1) earned slightly less on held-out LastFM events at every user-level epsilon (docs/privacy.md, "Privacy
 #: guarantees"), so the default calibrates to the true difference.
 B_CLIP = 1.0
+#: Registry names of the mechanisms whose multi-participation bound is known (:func:`participation_factor`):
+#: the ones that can protect a user's whole epoch (a ``user-`` prefix mixes the same mechanism over users).
+USER_LEVEL_MECHANISMS = ("blt-exact", "blt-zcdp", "gaussian-exact", "gaussian-zcdp")
 #: The default clip of one unit's per-tick vector of item rewards (nonnegative: replace sensitivity ``sqrt(2)``).
 ITEM_CLIP = 1.0
 

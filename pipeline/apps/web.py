@@ -43,6 +43,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -54,23 +55,22 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from models.accounting import event_from_dict, group_guarantee
+from models.accounting import event_from_dict
 
 from ..serve.appkeys import CATALOG, KEYS, LOG_PRODUCER, MODEL_KEYS, PRODUCER, RECOMMENDER, REDIS, SETTINGS, TOKENS
 from ..serve.auth import Tokens, bearer
 from ..data.catalog import Catalog, UnknownArmError, UnknownUserError, load_catalog
+from ..serve.httpio import BodyError, Field, check_id, error as _error, read_body
 from ..serve.httpstats import RequestStats
-from ..modes.federated.federated_serving import (SiteRouter, federated_budget, interactions_topic, model_namespaces,
-                                                 site_epoch)
+from ..modes.federated.federated_serving import SiteRouter, federated_view, interactions_topic, model_namespaces
 from ..modes.federated.federation import site_namespace
-from ..serve.budget_view import (LEARNED, learning, ledger_overview, release_history, serving_isolation, user_budget,
-                                user_interactions)
+from ..serve.budget_view import (LEARNED, BudgetQuery, global_view, learning, ledger_overview, release_history,
+                                serving_isolation)
 from ..config.keys import PublicKeys, partition_of
 from ..config.kafkaconn import PRODUCE_TIMEOUT_MS, client_kwargs
 from ..config.redisconn import connect, connect_async
 from ..serve.items_live import add_routes as add_items_routes
-from ..modes.local.local_http import (add_routes as add_local_routes, budget_counter, local_budget, local_ledger_overview,
-                         refuse_raw_reward, with_contexts)
+from ..modes.local.local_http import add_routes as add_local_routes, local_view, refuse_raw_reward, with_contexts
 from ..serve.openapi import add_routes as add_openapi_routes
 from ..serve.outbox import OUTBOX, BrokerUnavailable, accept, observe_outbox, outbox_metrics, start_forwarding, stop_forwarding
 from ..data.records import TOPICS
@@ -83,28 +83,6 @@ __all__ = ["create_web_app", "main"]
 log = logging.getLogger("privrec.web")
 STATIC = Path(__file__).parent / "static"
 REC_TTL_SECONDS = 24 * 3600
-
-
-def _error(status: int, parameter: str | None, message: str) -> web.Response:
-    return web.json_response({"error": {"parameter": parameter, "message": message}}, status=status)
-
-
-async def _json_object(request: web.Request, shape: str) -> dict[str, Any] | web.Response:
-    """The request's body as a JSON object, or the 400 naming ``body`` and the object's ``shape``."""
-    try:
-        body = await request.json()
-    except (ValueError, RecursionError):  # not JSON, not UTF-8, a 5,000-digit integer, nesting too deep
-        body = None
-    return body if isinstance(body, dict) else _error(400, "body", f"must be a JSON object {shape}")
-
-
-def _utf8(text: str) -> bool:
-    """Whether ``text`` encodes to UTF-8 (a JSON body may hold a lone surrogate, ``"\\ud800"``; no Redis key can)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class _Metrics:
@@ -248,6 +226,8 @@ async def _observe(request: web.Request, handler: Any) -> web.StreamResponse:
     endpoint = request.path if request.path in ("/recommend", "/feedback", "/budget", "/healthz") else "other"
     try:
         resp = await handler(request)
+    except BodyError as exc:  # a JSON body breaking its route's rules (pipeline.serve.httpio.read_body)
+        resp = exc.response()
     except web.HTTPException as exc:
         resp = _error(exc.status, None, exc.reason or "error")
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError,
@@ -278,6 +258,7 @@ async def recommend(request: web.Request) -> web.Response:
     user = q.get("user")
     if not user:
         return _error(400, "user", "is required, e.g. /recommend?user=2&k=10")
+    check_id(user, "user")  # the ids of a query follow a body's rules (pipeline.serve.httpio)
     k_raw = q.get("k", "10")
     try:
         k = int(k_raw)
@@ -288,6 +269,8 @@ async def recommend(request: web.Request) -> web.Response:
         candidates = [p.strip() for p in q["candidates"].split(",")]
         if not all(candidates):
             return _error(400, "candidates", "must be a comma-separated list of item ids without empty entries")
+        for c in candidates:
+            check_id(c, "candidates")
     app = request.app  # (a property: read once)
     rec: Recommender | SiteRouter = app[RECOMMENDER]
     try:
@@ -309,31 +292,20 @@ async def recommend(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(out), content_type="application/json")
 
 
+#: ``POST /feedback``'s body (:mod:`pipeline.serve.httpio`).
+_FEEDBACK = (Field("rec_id", "id", what="the rec_id string of a /recommend response"),
+             Field("item", "id", what="an item id string"), Field("reward", "reward"))
+#: ``POST /listen``'s body: no other field.
+_LISTEN = (Field("user", "id", what="a user id string"), Field("item", "id", what="an item id string"),
+           Field("reward", "reward", required=False, default=1.0))
+
+
 async def feedback(request: web.Request) -> web.Response:
     refused = refuse_raw_reward(request)  # local mode: raw rewards never reach the server
     if refused is not None:
         return refused
-    body = await _json_object(request, '{"rec_id", "item", "reward"}')
-    if isinstance(body, web.Response):
-        return body
-    for f in ("rec_id", "item", "reward"):
-        if f not in body:
-            return _error(400, f, "is required")
+    body = await read_body(request, _FEEDBACK)
     rec_id, item, reward = body["rec_id"], body["item"], body["reward"]
-    if not isinstance(rec_id, str) or not rec_id or not _utf8(rec_id):
-        return _error(400, "rec_id", "must be the rec_id string of a /recommend response")
-    if not isinstance(item, str) or not item:
-        return _error(400, "item", "must be an item id string")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-        return _error(400, "reward", f"must be a finite number in [0, 1], got {reward!r}")
-    try:
-        reward = float(reward)  # an integer too large for a float raises OverflowError
-    except OverflowError:
-        return _error(400, "reward", "must be a finite number in [0, 1], got an integer too large for a float")
-    if not math.isfinite(reward):
-        return _error(400, "reward", f"must be a finite number in [0, 1], got {reward!r}")
-    if not 0.0 <= reward <= 1.0:
-        return _error(400, "reward", f"must be in [0, 1], got {reward!r}")
     keys: PublicKeys = request.app[KEYS]
     r = request.app[REDIS]
     raw = await request.app[SHOWN].get(rec_id)  # a list whose write is still pending counts
@@ -379,25 +351,8 @@ async def listen(request: web.Request) -> web.Response:
     refused = refuse_raw_reward(request)
     if refused is not None:
         return refused
-    body = await _json_object(request, '{"user", "item"[, "reward"]}')
-    if isinstance(body, web.Response):
-        return body
-    unknown = sorted(set(body) - {"user", "item", "reward"})
-    if unknown:
-        return _error(400, unknown[0], f"unknown field(s) {unknown}; use user, item, reward")
-    user, item, reward = body.get("user"), body.get("item"), body.get("reward", 1.0)
-    if not isinstance(user, str) or not user:
-        return _error(400, "user", "is required: a user id string")
-    if not isinstance(item, str) or not item:
-        return _error(400, "item", "is required: an item id string")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-        return _error(400, "reward", f"must be a finite number in [0, 1], got {reward!r}")
-    try:
-        reward = float(reward)
-    except OverflowError:
-        return _error(400, "reward", "must be a finite number in [0, 1], got an integer too large for a float")
-    if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
-        return _error(400, "reward", f"must be a finite number in [0, 1], got {reward!r}")
+    body = await read_body(request, _LISTEN, closed=True)
+    user, item, reward = body["user"], body["item"], body["reward"]
     catalog: Catalog = request.app[CATALOG]
     try:
         catalog.unit_of(user)
@@ -423,12 +378,25 @@ async def listen(request: web.Request) -> web.Response:
     return web.json_response({"accepted": True, "event_id": event["event_id"], "learning": learned}, status=202)
 
 
+#: ``/budget``'s part of each trust mode: a view of one :class:`~pipeline.serve.budget_view.BudgetQuery`, plugged
+#: in by the setting ``mode``.
+BUDGET_VIEWS: dict[str, Callable[[BudgetQuery], Awaitable[dict[str, Any]]]] = {
+    "global": global_view, "federated": federated_view, "local": local_view}
+
+
 async def budget(request: web.Request) -> web.Response:
+    """``GET /budget[?user=U]``: the served release's statement and figures (:func:`_release_view`), then the
+    mode's own part (:data:`BUDGET_VIEWS`): the user's guarantee, the ledger, the sites or the devices."""
     user = request.query.get("user")
     if user is not None:  # a per-user view: only for the user themself or the operator
+        check_id(user, "user")
         refused = _authorize(request, user)
         if refused is not None:
             return refused
+        try:
+            request.app[CATALOG].unit_of(user)
+        except UnknownUserError as exc:
+            return _error(404, "user", str(exc))
     s: Settings = request.app[SETTINGS]
     keys: PublicKeys = request.app[MODEL_KEYS][0]
     r = request.app[REDIS]
@@ -436,16 +404,32 @@ async def budget(request: web.Request) -> web.Response:
     if not meta:
         return _error(503, None, "no release has been published yet")
     statement = json.loads(meta.get("privacy", "{}"))
-    event = event_from_dict(json.loads(meta.get("event", '{"kind": "none"}')))
     # add/remove: participation figures (exact counts, the ledger) only to the operator; the rest is calibrated
     figures = statement.get("relation") != "add-remove" or _is_operator(request)
+    out = await _release_view(r, keys, s, meta, statement, figures)
+    query = BudgetQuery(r=r, app=request.app, partitions=s.partitions, delta=s.delta, keys=keys, statement=statement,
+                        event=event_from_dict(json.loads(meta.get("event", '{"kind": "none"}'))),
+                        epoch=out["tree"]["epoch"], user=user, figures=figures)
+    out.update(await BUDGET_VIEWS[s.mode](query))
+    if figures and statement.get("relation") == "add-remove":
+        exact = await r.hget(keys.release_figures, "count")
+        if exact is not None:
+            out["events_released"] = int(exact)
+    out["redis_acl"] = await serving_isolation(r, s.namespace)
+    return web.json_response(out)
+
+
+async def _release_view(r: Any, keys: PublicKeys, s: Settings, meta: dict[str, str], statement: dict[str, Any],
+                        figures: bool) -> dict[str, Any]:
+    """``/budget``'s fields common to every mode: the statement, the served model, the releases and their
+    history (exact counts only where ``figures`` may be answered), and the release tree's clock."""
     history = [{k: v for k, v in e.items() if k != "ledger"}
                for e in await release_history(r, keys, 200, exact=figures)]
     capacity = (1 << s.tree_levels) - 1
     version = int(meta["version"])
     out: dict[str, Any] = {
         "privacy": statement,
-        "model": {"version": int(meta["version"]), "algorithm": meta.get("algorithm"),
+        "model": {"version": version, "algorithm": meta.get("algorithm"),
                   # per-unit widths (Shariff & Sheffet) replace the global alpha
                   "alpha": None if meta.get("width") == "per-unit" else float(meta.get("alpha", "nan")),
                   "lambda": float(meta["lambda"]) if "lambda" in meta else s.lambda_,
@@ -464,51 +448,7 @@ async def budget(request: web.Request) -> web.Response:
     }
     if "trees" in statement:  # per-unit trees (the baselines): their own sizes, not the global tick count
         out["tree"] = statement["trees"]
-    if s.mode == "federated":
-        out["federated"] = await federated_budget(r, s, statement)  # (at user level: each site's ledger)
-    if user is not None:
-        catalog: Catalog = request.app[CATALOG]
-        try:
-            catalog.unit_of(user)
-        except UnknownUserError as exc:
-            return _error(404, "user", str(exc))
-        epoch = out["tree"]["epoch"]
-        if s.mode == "federated":  # the user's interactions are counted at their own site, on its release clock
-            site = request.app[RECOMMENDER].site_of(user)
-            keys = PublicKeys(site_namespace(s.namespace, site))
-            epoch = await site_epoch(r, s, site)
-        k = await user_interactions(r, keys, s.partitions, user)
-        if s.mode == "local":  # the devices' guarantee: what this user's reports cover
-            sent = await r.get(budget_counter(keys, user))
-            record = await r.hget(keys.ledger_participation(partition_of(user, s.partitions)), user)
-            cfg = s.local_config(request.app[CATALOG].d)
-            out["local"] = local_budget(s, cfg, user, k, sent=int(sent or 0), record=record,
-                                        epoch=cfg.epoch_at(time.time()))
-            out["user"] = {"user": user, "interactions": k, **out["local"]["user"]}
-        elif statement.get("unit") == "user":
-            out["user"] = {**await user_budget(r, keys, s.partitions, user, statement, epoch),
-                           "interactions": k}
-        else:
-            g = group_guarantee(event, k, s.delta)
-            out["user"] = {"user": user, "interactions": k, "unit": "event",
-                           "epsilon": g.epsilon if math.isfinite(g.epsilon) else None,
-                           "delta": g.delta, "valid": g.valid, "note": g.note,
-                           "bound": "group privacy over all of this user's interactions so far (k times one "
-                                    "interaction's sensitivity)"}
-    if s.mode == "local" and "local" not in out:
-        cfg = s.local_config(request.app[CATALOG].d)
-        out["local"] = local_budget(s, cfg, None, 0, epoch=cfg.epoch_at(time.time()))
-    if s.mode == "local" and s.user_level:  # the devices' ledger, in the global mode's fields
-        cfg = s.local_config(request.app[CATALOG].d)
-        out["ledger"] = await local_ledger_overview(r, keys, s.partitions, cfg, cfg.epoch_at(time.time()))
-    elif statement.get("unit") == "user" and s.mode != "federated" and figures:  # (federated: per site, above)
-        out["ledger"] = await ledger_overview(r, keys, s.partitions, statement, out["tree"]["epoch"])
-    if figures and statement.get("relation") == "add-remove":
-        exact = await r.hget(keys.release_figures, "count")
-        if exact is not None:
-            out["events_released"] = int(exact)
-    out["redis_acl"] = await serving_isolation(r, s.namespace)
-    return web.json_response(out)
+    return out
 
 
 async def budget_history(request: web.Request) -> web.Response:

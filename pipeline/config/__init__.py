@@ -3,6 +3,7 @@
 Modules
 -------
 settings      every setting, from flags and ``PRIVREC_*`` environment variables, validated
+fields        how a setting is declared (type, default, group, help, model), once; the flags come from it
 keys          names of the Redis keys that may leave the trusted boundary (released and model
               state, the ledger); the trusted keys are built in :mod:`pipeline.state.trusted`
 ledger        the public user-level ledger record and what it says about a user's spent budget
@@ -15,4 +16,4 @@ faults        fault points for the fault tests (a process kills itself at a name
 Nothing here imports another ``pipeline`` package or the web framework.
 """
 
-__all__ = ["acl", "faults", "kafkaconn", "keys", "ledger", "metrics", "redisconn", "settings"]
+__all__ = ["acl", "faults", "fields", "kafkaconn", "keys", "ledger", "metrics", "redisconn", "settings"]

@@ -38,6 +38,8 @@ def partition_of(user: str, partitions: int) -> int:
 
 #: Key kinds serving may read.
 PUBLIC_KINDS = ("released", "model")
+#: Release ticks kept in :attr:`PublicKeys.tick_log`.
+TICK_LOG_LENGTH = 1000
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,13 @@ class PublicKeys:
         """Hash: per user of the partition, participations per epoch (user-level privacy; public arrival data)."""
         return self._key("ledger", f"p{partition}", "participation")
 
+    def ledger_classes(self, partition: int) -> str:
+        """Hash: per class ``epoch:k:past`` of the partition's participation records, how many users it holds
+        (:attr:`pipeline.config.ledger.LedgerRecord.class_field`; kept by the fold with the records it writes, so
+        the ledger's figures read a few classes instead of every user). Absent until the first fold that sees it
+        missing builds it; readers then count the participation hash itself."""
+        return self._key("ledger", f"p{partition}", "classes")
+
     def ledger_summary(self, partition: int) -> str:
         """Hash: user-level counters of the partition (``at_cap:<epoch>``, ``dropped``, ``folded``)."""
         return self._key("ledger", f"p{partition}", "summary")
@@ -106,6 +115,12 @@ class PublicKeys:
     def stack_repairs(self) -> str:
         """Hash: repairs of the embedded broker and redis-server by the supervisor, per service (operations data)."""
         return self._key("ops", "ops", "repairs")
+
+    @property
+    def tick_log(self) -> str:
+        """List: the leader's last :data:`TICK_LOG_LENGTH` release ticks, newest first, each a JSON object of its
+        wall times and what it folded (operations data: ``privrec bench population`` reads it)."""
+        return self._key("ops", "ops", "ticks")
 
     def retired_logs(self, partition: int) -> str:
         """Hash: per broker identity whose log is gone, the partition's next offset to count in that log when it

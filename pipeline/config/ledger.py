@@ -24,35 +24,23 @@ budget; the user's later events are counted as ``over_budget`` (not learned (bud
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["LedgerRecord", "LifetimeBudget", "spent_mu", "with_budget"]
+from models.accounting.ledger import LedgerRecord  # pure: the local analyzer checks the cap with it too
+
+__all__ = ["LedgerRecord", "LifetimeBudget", "spent_mu", "with_budget", "class_counts", "weighted_upper_median"]
 
 
-@dataclass
-class LedgerRecord:
-    """A user's participations: in the current ``epoch`` (``k``), and ``past`` (closed epochs, in units of B(cap))."""
+def class_counts(records: Iterable[bytes | str]) -> Counter[str]:
+    """How many of ``records`` (stored :class:`LedgerRecord` JSON) each class holds (:attr:`LedgerRecord.class_field`).
 
-    epoch: int = 0
-    k: int = 0
-    last_version: int = 0
-    past: float = 0.0
-
-    @classmethod
-    def loads(cls, raw: bytes | str | None) -> LedgerRecord:
-        return cls() if raw is None else cls(**json.loads(raw))
-
-    def dumps(self) -> str:
-        return json.dumps({"epoch": self.epoch, "k": self.k, "last_version": self.last_version, "past": self.past})
-
-    def at(self, epoch: int, ratio: Callable[[int], float]) -> LedgerRecord:
-        """The record as of ``epoch`` (closing the record's epoch into ``past`` when it is older)."""
-        if epoch == self.epoch:
-            return self
-        return LedgerRecord(epoch, 0, self.last_version, self.past + (ratio(self.k) if self.k else 0.0))
+    >>> class_counts([LedgerRecord(0, 1, 3).dumps(), LedgerRecord(0, 1, 7).dumps(), LedgerRecord(0, 2, 7).dumps()])
+    Counter({'0:1:0.0': 2, '0:2:0.0': 1})
+    """
+    return Counter(LedgerRecord.loads(raw).class_field for raw in records)
 
 
 def spent_mu(record: LedgerRecord, epoch: int, mu_cap: float, ratio: Callable[[int], float]) -> float:
@@ -105,3 +93,20 @@ def with_budget(statement: dict[str, object], epsilon: float, delta: float) -> d
     enforced = math.isfinite(epsilon) and bool(statement.get("mu_at_cap")) and bool(statement.get("private"))
     return {**statement, "user_budget": {"epsilon": epsilon if math.isfinite(epsilon) else None, "delta": delta,
                                          "mu": gdp_mu(epsilon, delta) if enforced else None}}
+
+
+def weighted_upper_median(values: list[tuple[float, int]]) -> float:
+    """The element at index ``len // 2`` of the sorted multiset ``values`` (value, count), 0.0 if empty.
+
+    >>> weighted_upper_median([(1.0, 2), (3.0, 1)]), sorted([1.0, 1.0, 3.0])[3 // 2]
+    (1.0, 1.0)
+    >>> weighted_upper_median([(1.0, 1), (3.0, 1)]), weighted_upper_median([])
+    (3.0, 0.0)
+    """
+    total = sum(n for _, n in values)
+    seen = 0
+    for v, n in values:
+        seen += n
+        if seen > total // 2:
+            return v
+    return 0.0

@@ -12,6 +12,7 @@ distribution of the users' spent epsilon.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +24,7 @@ from models.accounting import gdp_epsilon
 from .keys import PublicKeys
 from .ledger import LifetimeBudget
 
-__all__ = ["WorkerMetrics", "serve_metrics", "ledger_figures"]
+__all__ = ["WorkerMetrics", "serve_metrics", "ledger_figures", "ledger_classes"]
 
 
 class WorkerMetrics:
@@ -62,43 +63,60 @@ def serve_metrics(metrics: WorkerMetrics, port: int = 0, addr: str = "127.0.0.1"
     return f"http://{addr}:{server.server_port}/metrics"
 
 
+def ledger_classes(get_all: Callable[[str], dict[bytes, bytes]], namespace: str, partitions: int) -> collections.Counter[str]:
+    """Users per class of their participation record (:attr:`~pipeline.config.ledger.LedgerRecord.class_field`),
+    over every partition: the partition's class counts where the fold keeps them, else counted from its
+    participation hash (a namespace before them, or local mode, which keeps none)."""
+    from .ledger import class_counts
+
+    keys = PublicKeys(namespace)
+    total: collections.Counter[str] = collections.Counter()  # (prometheus_client's Counter is a metric)
+    for p in range(partitions):
+        kept = get_all(keys.ledger_classes(p))
+        if kept:
+            total.update({name.decode(): int(n) for name, n in kept.items() if int(n)})
+        else:
+            total.update(class_counts(get_all(keys.ledger_participation(p)).values()))
+    return total
+
+
 def ledger_figures(get_all: Callable[[str], dict[bytes, bytes]], namespace: str, partitions: int, *,
                    epoch: int, cap: int, mu_cap: float | None, delta: float,
                    ratio: Callable[[int], float] | None, budget: LifetimeBudget | None = None) -> dict[str, Any]:
-    """Users, users at the cap and at the lifetime budget, events not learned from (cap, budget) and every
-    user's spent epsilon, from the public ledger.
+    """Users, users at the cap and at the lifetime budget, events not learned from (cap, budget) and the
+    distribution of the users' spent epsilon (``spent``: epsilon -> users), from the public ledger.
 
     ``get_all(key)`` is a Redis ``HGETALL``; ``ratio(k) = B(k) / B(cap)`` of the mechanism. ``mu_cap`` or
     ``ratio`` ``None``: noise off, and anyone who contributed has an infinite epsilon. ``budget``: the users'
-    lifetime budget (``None``: none enforced, nobody is at it).
+    lifetime budget (``None``: none enforced, nobody is at it). The figures depend on a user's record only through
+    its class (``epoch:k:past``), so they are computed once per class (:func:`ledger_classes`), not per user.
     """
-    from .ledger import LedgerRecord, spent_mu
+    from .ledger import LedgerRecord, spent_mu, weighted_upper_median
 
     keys = PublicKeys(namespace)
-    spent: dict[str, float] = {}
-    epsilon_of: dict[float, float] = {}  # users share few distinct mu (one per tick count): one bisection each
-    at_cap = at_budget = 0
+    spent: collections.Counter[float] = collections.Counter()
+    users = at_cap = at_budget = 0
     dropped = over_budget = 0
+    for name, n in ledger_classes(get_all, namespace, partitions).items():
+        rec = LedgerRecord.of_class(name).at(epoch, ratio or (lambda k: 1.0))
+        users += n
+        if rec.epoch == epoch and rec.k >= cap:
+            at_cap += n
+        if budget is not None and budget.exhausted(rec, epoch):
+            at_budget += n
+        if mu_cap is None or ratio is None:
+            spent[math.inf if (rec.k or rec.past) else 0.0] += n
+        else:
+            mu = spent_mu(rec, epoch, mu_cap, ratio)
+            spent[gdp_epsilon(mu, delta) if mu > 0 else 0.0] += n
     for p in range(partitions):
-        for user, raw in get_all(keys.ledger_participation(p)).items():
-            rec = LedgerRecord.loads(raw).at(epoch, ratio or (lambda k: 1.0))
-            if rec.epoch == epoch and rec.k >= cap:
-                at_cap += 1
-            if budget is not None and budget.exhausted(rec, epoch):
-                at_budget += 1
-            if mu_cap is None or ratio is None:
-                spent[user.decode()] = math.inf if (rec.k or rec.past) else 0.0
-            else:
-                mu = spent_mu(rec, epoch, mu_cap, ratio)
-                if mu not in epsilon_of:
-                    epsilon_of[mu] = gdp_epsilon(mu, delta) if mu > 0 else 0.0
-                spent[user.decode()] = epsilon_of[mu]
         summary = get_all(keys.ledger_summary(p))
         dropped += int(summary.get(b"dropped", b"0"))
         over_budget += int(summary.get(b"over_budget", b"0"))
-    values = sorted(v for v in spent.values() if v > 0)
-    return {"users": len(spent), "users_at_cap": at_cap, "capped_events": dropped, "users_at_budget": at_budget,
-            "budget_events": over_budget, "spent": spent,
-            "spent_max": values[-1] if values else 0.0,
-            "spent_median": values[len(values) // 2] if values else 0.0}
+    values = sorted((v, n) for v, n in spent.items() if v > 0)
+    return {"users": users, "users_at_cap": at_cap, "capped_events": dropped, "users_at_budget": at_budget,
+            "budget_events": over_budget, "spent": dict(spent),
+            "spent_max": values[-1][0] if values else 0.0,
+            "spent_median": weighted_upper_median(values)}
+
 

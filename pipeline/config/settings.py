@@ -5,10 +5,18 @@ Every setting has a flag (``--epsilon``) and an environment variable
 the conventional ``KAFKA_BOOTSTRAP`` and ``REDIS_URL``. Invalid settings fail
 at start with a message naming the setting (:class:`SettingsError`).
 
-The settings that define the model and its privacy (algorithm, mechanism,
-epsilon, delta, tree size, catalog, dimensions, lambda, alpha) are stored in
-Redis when a namespace is first used; a worker started later with different
-values is refused, since mixing them would break the privacy accounting.
+Each setting is declared once, as a field of :class:`Settings` made by
+:func:`pipeline.config.fields.setting`: its type, default, group, help and
+whether it defines the model. The flags (:func:`add_arguments`),
+:data:`MODEL_FIELDS` and the generated files (``privrec settings --write``:
+``deploy/privrec.env.example``, ``deploy/k8s/configmap.yaml``,
+``docs/settings.md``, the table of every setting) all come from that declaration.
+
+The settings that define the model and its privacy (:data:`MODEL_FIELDS`:
+algorithm, mechanism, epsilon, delta, tree size, catalog, dimensions, lambda,
+alpha, ...) are stored in Redis when a namespace is first used; a worker
+started later with different values is refused, since mixing them would break
+the privacy accounting.
 
 Examples
 --------
@@ -31,11 +39,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from models.local.config import DEFAULT_VARIANT, VARIANTS
 from models.mechanisms import MECHANISMS
-from models.mechanisms.participation import B_CLIP, ITEM_CLIP
+from models.mechanisms.participation import B_CLIP, ITEM_CLIP, USER_LEVEL_MECHANISMS
 
-__all__ = ["Settings", "SettingsError", "add_arguments", "MODEL_FIELDS", "DEFAULT_USER_BUDGET", "DEFAULT_MECHANISM", "DEFAULT_NOISE_RIDGE", "ALGORITHMS",
-           "BASELINE_ALGORITHMS"]
+from . import fields as declaration
+from .fields import env_name, setting
+
+__all__ = ["Settings", "SettingsError", "add_arguments", "env_name", "MODEL_FIELDS", "DEFAULT_USER_BUDGET",
+           "DEFAULT_MECHANISM", "DEFAULT_NOISE_RIDGE", "ALGORITHMS", "BASELINE_ALGORITHMS"]
 
 #: The default mechanism: the best measured in `privrec experiment mechanisms` (docs/privacy.md, "Privacy
 #: guarantees"): BLT square-root factorization on the users' own statistics, exact Gaussian-DP accounting.
@@ -66,11 +78,9 @@ MODELS = ("hierarchy", "flat")
 #: ``user_cap`` when unset, by model: chosen on held-out windows of LastFM, the synthetic population and a synthetic
 #: tagged catalog (docs/hierarchy.md for the hierarchy, docs/privacy.md for the flat model).
 DEFAULT_CAPS = {"hierarchy": 1, "flat": 8}
-#: Local mode's protocol when none is set: the variant measured to learn (docs/local-live.md).
-LOCAL_DEFAULT = {"local_algorithm": "round", "shuffle_batch": 150, "local_codewords": 64, "user_cap": 2}
+#: Local mode's protocol when none is set: the variant measured to learn (``shuffled-items``, docs/local-protocol.md).
+LOCAL_DEFAULT = VARIANTS[DEFAULT_VARIANT].settings
 CAP_POLICIES = ("ignore", "reject")
-#: Mechanisms with a multi-participation sensitivity bound (models.mechanisms.participation).
-USER_LEVEL_MECHANISMS = ("blt-exact", "blt-zcdp", "gaussian-exact", "gaussian-zcdp")
 #: Site graphs of the federated mode (or a path to an edge-list file: one "i j" pair per line).
 TOPOLOGIES = ("star", "ring", "complete")
 FED_SCHEDULES = ("tick", "doubling")
@@ -81,6 +91,12 @@ GRAPHS = ("clusters", "users")
 #: Kafka security (pipeline.config.kafkaconn).
 KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+#: The setting behind each parameter of :class:`models.local.LocalConfig` (:meth:`Settings.local_config`), so that
+#: its errors name the setting.
+LOCAL_PARAMETERS = {"algorithm": "local_algorithm", "d": "d", "epsilon": "epsilon", "delta": "delta",
+                    "mechanism": "local_mechanism", "capacity": "local_capacity", "shuffle_batch": "shuffle_batch",
+                    "unit": "privacy_unit", "cap": "user_cap", "epoch_seconds": "tick_seconds",
+                    "user_budget": "user_budget", "codewords": "local_codewords"}
 
 
 class SettingsError(ValueError):
@@ -91,270 +107,310 @@ class SettingsError(ValueError):
         self.setting = name
 
 
-def env_name(name: str) -> str:
-    if name == "kafka":
-        return "KAFKA_BOOTSTRAP"
-    if name == "redis_url":
-        return "REDIS_URL"
-    return "PRIVREC_" + name.rstrip("_").upper()
-
-
 @dataclass(frozen=True)
 class Settings:
-    """All pipeline settings (see the module docstring for sources and checks).
+    """All pipeline settings, each declared once below (see the module docstring for sources and checks).
 
-    Attributes
-    ----------
-    mode
-        Trust model: ``"global"`` (the server adds the noise), ``"federated"``
-        (``sites`` sites, each adding the noise to its own users' statistics and
-        sharing only its releases; see :mod:`pipeline.modes.federated.federation`) or ``"local"``
-        (each user's device adds the noise and sends only reports; see
-        :mod:`pipeline.modes.local.localmode` and ``docs/local-mode.md``).
-    local_algorithm
-        Local mode: ``"tree"`` (each device releases its own ``b_u`` through its own
-        continual-release mechanism, LDP-CoLin / LDP-GOBLin) or ``"round"`` (one noisy
-        ``r x`` per interaction, the LDP bandits paper's reduction).
-    local_mechanism, local_capacity
-        Local mode, ``tree``: the devices' mechanism (default ``blt-exact``) and the
-        reports per epoch of a device's mechanism.
-    shuffle_batch
-        Local mode, ``round``: ``n > 0`` turns the shuffler on — batches of ``n``
-        distinct users' reports per unit, stripped and shuffled; ``epsilon`` is then
-        the central guarantee of a batch (Feldman, McMillan & Talwar).
-    local_codewords
-        Local mode with shuffling at user level: ``K > 0`` sends each listen as its codeword in a public codebook
-        of ``K`` codewords of the catalog's features, with a blanket of fake codewords, in population-wide
-        batches of ``shuffle_batch`` distinct users (docs/local-live.md); ``0``: Laplace reports per unit.
-    local_item_term
-        With codewords, ``1``: the codebook is the catalog itself (``local_codewords`` = its number of items, at most
-        4096), so a message names the item listened to, and the analyzer also releases the messages' estimated
-        histogram as the item sums of the item term (served with ``item_weight`` as in the global mode): the same
-        histogram, post-processing, no extra privacy cost.
-    sites
-        Federated mode: number of sites ``M``; unit ``u`` belongs to site ``u mod M``
-        (public and stable).
-    site
-        Federated mode: which site this worker is (set by ``privrec up`` per worker;
-        ``None`` for the web process and the coordinator).
-    topology
-        Federated mode: ``"star"`` (a coordinator sums the sites' releases and serves
-        everyone), ``"ring"`` or ``"complete"`` (decentralized: each site mixes its
-        neighbours' states and serves its own users), or the path of an edge-list file.
-    fed_schedule
-        Federated mode: when sites share — every release tick (``"tick"``) or at release
-        ticks 1, 2, 4, 8, ... (``"doubling"``, the federated paper's schedule).
-    consensus_kappa
-        Decentralized federated mode: step ``kappa`` of the mixing matrix
-        ``P = I - (kappa / d_max) L`` (in ``(0, 1]``; 0.5 converges on every graph).
-    model
-        The serving model: ``"hierarchy"`` (the default for linucb over model units at user level, global mode:
-        one release of a pooled block, the item counts and, where the population is large enough, each unit's block;
-        served by :func:`models.streaming.hierarchy.solve_hierarchy`, docs/hierarchy.md) or ``"flat"`` (the papers'
-        per-unit ridge regression released through ``mechanism``, with the item term; every other algorithm,
-        mode and graph).
-    hierarchy_shares
-        With the hierarchy: the blocks' shares of ``mu**2`` as ``pool=0.05,items=0.95,units=0`` (unset: the rule of
-        :func:`models.streaming.hierarchy.default_shares`, from the catalog's public size).
-    algorithm
-        ``"linucb"`` (one model per unit), ``"colin"`` or ``"goblin"`` (released
-        through ``mechanism``), or one of the other papers' private LinUCB
-        variants, per-unit LinUCB with their own per-unit mechanism and width
-        (:data:`BASELINE_ALGORITHMS`, ``models.policies.baselines``):
-        ``"ss-gaussian"`` / ``"ss-gaussian-tight"`` (Shariff & Sheffet, joint DP,
-        Gaussian tree over the augmented Gram matrix, paper / exact
-        calibration), ``"ss-wishart"`` (S&S, shifted Wishart tree),
-        ``"dgs-laplace"`` / ``"dgs-gaussian"`` (dynamic global sensitivity:
-        noise on theta; its claimed guarantee is not a proof).
-    mechanism
-        Continual-release mechanism (a name in ``models.mechanisms.MECHANISMS``)
-        of ``linucb`` / ``colin`` / ``goblin``. **Not used by the baselines**
-        (``ss-*``, ``dgs-*``), which bring their own; their stored model config
-        records the baseline's mechanism instead.
-    epsilon, delta
-        Event-level privacy of every released statistic; ``epsilon = inf``
-        switches noise off (the non-private baseline).
-    tick_seconds
-        Release period of the leader timer.
-    tree_levels
-        Levels of each release tree; a tree covers ``2**tree_levels - 1``
-        ticks, then a new epoch starts. Baselines: each unit's tree is sized
-        for ``2**tree_levels - 1`` of that unit's own releases, with the
-        paper's level count for that many leaves.
-    catalog
-        ``"synthetic"`` (the paper's synthetic users and arms), ``"lastfm"``, or the path of a catalog
-        directory (:mod:`producers.catalog`; stored absolute, so every process reads the same one).
-    catalog_units
-        Catalog directory: the number of clusters of its ``edges.csv``, or of units of the public rule
-        ``SHA-256(user) mod catalog_units`` (which also places every user the catalog does not list).
-    data_dir
-        LastFM data directory (``None``: the default next to the repo).
-    graph
-        LastFM: ``"clusters"`` (every user of a friend-graph cluster shares the cluster's model; a dense
-        ``dN x dN`` solve at N = 100) or ``"users"`` (one model per user, 1,892 of them, the friend graph as
-        a sparse relation: CoLin's column-normalised ``A + I``, GOB.Lin's ``I + L``; solved matrix-free by
-        conjugate gradients, :mod:`models.streaming.sparse`; global mode, linucb / colin / goblin).
-    d, n_users, n_arms, world_seed
-        Synthetic catalog: dimension, users, arms and the (public) seed of its
-        construction. LastFM fixes ``d = 25`` and 100 user clusters.
-    lambda_, alpha
-        Ridge weight and exploration width of the serving models. ``ss-*``
-        use Shariff & Sheffet's own per-unit width (Prop. 4) instead of
-        ``alpha``; ``dgs-*`` use the constant ``alpha`` (their papers' practice).
-    noise_ridge
-        ``kappa`` of the noise-scaled ridge (linucb / colin / goblin): serving
-        models are solved with ``lambda_ + kappa * s``, ``s`` the release's
-        noise std (public). Tuned on held-out seeds by ``privrec experiment
-        mechanisms``; ``0`` keeps ``lambda_`` fixed; no effect without noise.
-    prior_strength, prior_reward
-        A public prior mean of every serving model's theta (linucb): ``prior_strength`` pseudo-observations
-        (``0``: off, the ordinary ridge) centred on the catalog's mean context scaled so that it scores
-        ``prior_reward`` (the expected reward of an average recommendation; LastFM's one item of 25: 0.04).
-        Serving models are ``M = (G + (lambda + kappa * noise_std + s) I)^-1``, ``theta = M (b + s theta_0)``
-        (:func:`models.streaming.solve.public_prior`): post-processing of the public catalog, no privacy cost.
-        10,000 was chosen on held-out LastFM events (docs/public-prior.md).
-    item_weight
-        Weight of the *item term* (linucb / colin / goblin): each candidate's score gets
-        ``item_weight / (1 + (s / 2)**2) * pop_a``, where ``pop_a`` is the normalized released reward
-        sum of the item (its positives, released through ``blt-exact`` beside the bandit statistic)
-        and ``s`` that release's noise std (public). ``None``: 1 on every catalog with an ``-exact`` mechanism (the
-        flat model; the hierarchy weighs its item level by the release's own noise), 0 with the others (no exact
-        composition); 0 releases no item sums and gives the bandit the whole budget.
-    listen_weight
-        Weight in ``[0, 1]`` of an organic listen (an ``interactions`` event with ``"kind": "listen"``)
-        in the bandit statistic; it always counts in the item sums. ``None``: 1 with noise, 0.2
-        without (chosen on held-out LastFM events, ``privrec experiment lastfm``).
-    item_share
-        With the item term on, the bandit's share of the budget (of ``mu**2`` in Gaussian DP); the item
-        sums get the rest; together exactly ``(epsilon, delta)``-DP (exact mechanisms only).
-    privacy_unit
-        ``"user"`` (the default for linucb / colin / goblin with a mechanism that has a multi-participation
-        bound — the BLT factorizations and the Gaussian tree; otherwise ``"event"``): each user's interactions within one release
-        tick are summed and clipped (``b`` to norm ``Lx``, the item rewards to norm 1) before they enter the
-        statistics, each user contributes to at most ``user_cap`` ticks per epoch, and the noise is
-        calibrated so that a capped user's whole history in an epoch is ``(epsilon, delta)``-DP (exact
-        multi-participation sensitivity of the mechanism, ``models.mechanisms.participation``); or
-        ``"event"`` (each interaction alone; a user with k interactions gets the group bound). The
-        per-unit baselines (ss-*, dgs-*) are event level only. Federated mode (default ``"user"`` too, the flat
-        model): each site folds its own users' ticks, caps them and keeps their ledger and lifetime budget (a user
-        belongs to one site, a public rule, so their site's ledger is their whole history). Local mode (default
-        ``"user"`` too): each device makes at most ``user_cap`` reports per epoch (``tree_ticks * tick_seconds``
-        seconds), calibrates its noise to them and stops at ``user_budget`` (:class:`models.local.LocalConfig`,
-        docs/local-userlevel.md).
-    privacy_relation
-        The neighbouring relation (:data:`RELATIONS`). ``"add-remove"`` (unset: the default with the hierarchy in
-        global mode): two streams differ by everything one user did in an epoch, taking part at all included —
-        nothing published depends on it but through noise: the release schedule is one release per tick whatever
-        arrived, the released count is the pool block's noisy one, and the exact figures (counts, offsets, the
-        ledger's summary) go to the operator's key only; the noise is calibrated to the larger of the add/remove and
-        the replace difference, so the stated ``(epsilon, delta)`` holds for both. ``"replace"`` (the flat model,
-        federated and local mode): two streams differ in what one user did, with the same arrivals (public).
-    user_cap
-        User level: release ticks per epoch one user may contribute to (local mode: reports per epoch of a device).
-        Unset: :data:`DEFAULT_CAPS` by model (1 for the hierarchy, 8 for the flat model); without noise the
-        hierarchy caps no one (``tree_ticks``).
-    b_clip, item_clip
-        The clip of one privacy unit's contribution per release tick (a user's tick at user level, one
-        interaction at event level): its reward statistic ``sum r x`` to norm ``b_clip`` and its item rewards
-        to norm ``item_clip``. Neighbours *replace* a unit's rewards and choices, so the release is calibrated
-        to the difference ``2 b_clip`` and ``sqrt(2) item_clip`` (the item rewards are nonnegative). The
-        defaults (1 and 1: sensitivities 2 and sqrt(2)) earned slightly more than clipping to half (the noise of
-        sensitivity 1) on held-out LastFM events at every user-level epsilon (docs/privacy.md, "Privacy guarantees"). The per-unit baselines (ss-*, dgs-*) calibrate
-        their own noise to whole interactions and clip at 1.
-    cap_policy
-        User level, a user at the cap: ``"ignore"`` (still served and logged, no longer learned from) or
-        ``"reject"`` (``/feedback`` and ``/listen`` answer 403).
-    user_budget
-        Lifetime budget of one user: epsilon at the stack's ``delta`` over the user's whole history, every
-        epoch (``inf``: none). User level, the fold stops learning from a user whose spent budget would exceed
-        it (their events are counted as "not learned (budget)"); local mode, the device stops reporting before
-        it would exceed it and the server refuses its reports past it; federated mode, each site's fold stops
-        learning from its own users as the global mode's does. Unset: 10 at user level (the federated and local
-        modes' default too), none at event level (``privacy_unit = event``, where k interactions cost k times
-        one); :attr:`lifetime_budget` (docs/privacy.md, "A lifetime budget per user").
-    default_pool
-        Comma-separated arm ids that ``/recommend`` ranks when the request
-        names no candidates (``None``: the catalog's default, the 25 most
-        often logged LastFM artists or the first 25 synthetic arms). Checked
-        against the catalog when the web server starts.
-    namespace
-        Prefix of every Redis key.
-    kafka, redis_url
-        External endpoints (``None``: the embedded services of ``privrec up``). Redis AUTH and TLS
-        go in the URL (``rediss://user:password@host:port/0``).
-    kafka_security_protocol, kafka_sasl_mechanism, kafka_sasl_username, kafka_sasl_password, kafka_ssl_cafile
-        Kafka TLS and SASL (``SSL``, ``SASL_PLAINTEXT``, ``SASL_SSL``; ``PLAIN`` or ``SCRAM-SHA-256/512``;
-        the CA bundle that signs the brokers' certificates). Used by every Kafka client of the
-        pipeline (:mod:`pipeline.config.kafkaconn`).
-    partitions
-        Partitions of the ``interactions`` topic.
-    batch_size, batch_seconds
-        Ingest batching: at most ``batch_size`` events or ``batch_seconds``.
-    web_processes
-        Processes of the HTTP server, all on one port (``SO_REUSEPORT``; the kernel spreads the
-        connections); they share nothing but Redis and Kafka.
+    ``docs/settings.md`` is the table of them all, generated from these declarations. Settings left unset
+    (``None``) are resolved when the object is made (``model``, ``user_cap``, the local protocol); the
+    properties below give the values in force where a rule decides (:attr:`unit_in_force`,
+    :attr:`relation`, :attr:`lifetime_budget`, :attr:`item_term_weight`, ...).
     """
 
-    mode: str = "global"
-    sites: int = 1
-    site: int | None = None
-    topology: str = "star"
-    fed_schedule: str = "tick"
-    consensus_kappa: float = 0.5
-    local_algorithm: str | None = None
-    local_mechanism: str = "blt-exact"
-    local_capacity: int = 1023
-    shuffle_batch: int | None = None
-    local_codewords: int | None = None
-    local_item_term: int = 0
-    model: str | None = None
-    hierarchy_shares: str | None = None
-    algorithm: str = "linucb"
-    mechanism: str = DEFAULT_MECHANISM
-    epsilon: float = 2.0
-    delta: float = 1e-5
-    tick_seconds: float = 1.0
-    tree_levels: int = 14
-    catalog: str = "synthetic"
-    graph: str = "clusters"
-    data_dir: str | None = None
-    catalog_units: int = 100
-    d: int = 25
-    n_users: int = 10
-    n_arms: int = 1000
-    world_seed: int = 0
-    lambda_: float = 1.0
-    alpha: float = 0.3
-    noise_ridge: float = DEFAULT_NOISE_RIDGE
-    prior_strength: float = 0.0
-    prior_reward: float = 0.04
-    item_weight: float | None = None
-    listen_weight: float | None = None
-    item_share: float = 0.5
-    privacy_unit: str | None = None
-    privacy_relation: str | None = None
-    user_cap: int | None = None
-    b_clip: float = B_CLIP
-    item_clip: float = ITEM_CLIP
-    cap_policy: str = "ignore"
-    user_budget: float | None = None
-    default_pool: str | None = None
-    namespace: str = "privrec"
-    kafka: str | None = None
-    kafka_security_protocol: str = "PLAINTEXT"
-    kafka_sasl_mechanism: str = "PLAIN"
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: str | None = None
-    kafka_ssl_cafile: str | None = None
-    redis_url: str | None = None
-    partitions: int = 4
-    batch_size: int = 2000
-    batch_seconds: float = 0.05
-    web_processes: int = 1
+    # --- connections ---------------------------------------------------------------------------------------------
+    namespace: str = setting(
+        "privrec", group="connections",
+        help="prefix of every Redis key and part of the consumer-group names")
+    kafka: str | None = setting(
+        None, group="connections", secret=True, example="kafka:9092", example_set=True,
+        help="bootstrap host:port of the Kafka cluster, or a comma-separated list (unset: the embedded broker of "
+             "privrec up)")
+    kafka_security_protocol: str = setting(
+        "PLAINTEXT", group="connections", choices=KAFKA_PROTOCOLS,
+        help="Kafka security, for every Kafka client of the pipeline (pipeline.config.kafkaconn); the embedded "
+             "broker is plaintext on loopback")
+    kafka_sasl_mechanism: str = setting(
+        "PLAIN", group="connections", choices=KAFKA_SASL_MECHANISMS,
+        help="SASL mechanism, used with the SASL_* protocols")
+    kafka_sasl_username: str | None = setting(
+        None, group="connections", secret=True,
+        help="SASL user name (required with SASL_*, e.g. privrec)")
+    kafka_sasl_password: str | None = setting(
+        None, group="connections", secret=True,
+        help="SASL password (required with SASL_*; keep it in a secret, not in a settings file)")
+    kafka_ssl_cafile: str | None = setting(
+        None, group="connections",
+        help="CA bundle that signs the brokers' certificates (SSL, SASL_SSL; e.g. /etc/ssl/certs/kafka-ca.pem; "
+             "unset: the system's)")
+    redis_url: str | None = setting(
+        None, group="connections", secret=True, example="redis://redis:6379/0", example_set=True,
+        help="Redis, with appendonly persistence; AUTH and TLS go in the URL (rediss://user:password@host:port/0); "
+             "unset: the embedded redis-server of privrec up")
+    partitions: int = setting(
+        4, group="connections", model=True,
+        help="partitions of the `interactions` topic: create the topic with exactly this many; run at most this "
+             "many workers (each needs a partition)")
+
+    # --- the model and its privacy -------------------------------------------------------------------------------
+    mode: str = setting(
+        "global", group="model", model=True, choices=MODES,
+        help="trust model: global (the server adds the noise), federated (sites keep their users' raw data and "
+             "share only releases, see pipeline.modes.federated) or local (each user's device adds the noise and "
+             "sends only reports, docs/local-protocol.md)")
+    model: str | None = setting(
+        None, group="model", model=True, choices=MODELS, example="hierarchy",
+        help="the serving model: hierarchy (the default for linucb over units at user level in global mode: public "
+             "prior -> pooled -> units -> items, docs/hierarchy.md) or flat (the papers' per-unit ridge regression "
+             "with the item term)",
+        notes="The hierarchy releases a pooled block, the item counts and, where the population is large enough, "
+              "each unit's block, and is served by models.streaming.hierarchy.solve_hierarchy; it is also local "
+              "mode's model with population-wide codewords. The flat model is released through `mechanism` and "
+              "serves every other algorithm, mode and graph. Unset: the hierarchy wherever it fits and no setting "
+              "of the flat model's own (`mechanism`, `prior_strength`, `item_weight`) is set.")
+    hierarchy_shares: str | None = setting(
+        None, group="model", model=True, example="",
+        help="with --model hierarchy: the blocks' shares of the budget (mu**2) as pool=0.05,items=0.95,units=0 "
+             "(unset: the rule of models.streaming.hierarchy.default_shares, from the catalog's public size)")
+    algorithm: str = setting(
+        "linucb", group="model", model=True, choices=ALGORITHMS,
+        help="linucb (one model per unit), colin or goblin, released through --mechanism; or one of the other "
+             "papers' private LinUCB variants, per-unit, with their own mechanism and width (--mechanism does not "
+             "apply): ss-gaussian, ss-gaussian-tight, ss-wishart (Shariff & Sheffet, joint DP, contexts protected "
+             "too), dgs-laplace, dgs-gaussian (dynamic global sensitivity; claimed guarantee, not a proof)",
+        notes="ss-gaussian / ss-gaussian-tight run a Gaussian tree over the augmented Gram matrix (paper / exact "
+              "calibration), ss-wishart a shifted Wishart tree; the dgs-* variants add noise to theta. Their stored "
+              "model config records the baseline's own mechanism (BASELINE_ALGORITHMS).")
+    mechanism: str = setting(
+        DEFAULT_MECHANISM, group="model", model=True, choices=tuple(sorted(MECHANISMS)),
+        help="continual-release mechanism of linucb / colin / goblin (ignored by the ss-* / dgs-* algorithms, "
+             "which bring their own); the default was the best measured in privrec experiment mechanisms; paper is "
+             "the papers' calibration, not a valid proof")
+    epsilon: float = setting(
+        2.0, group="model", model=True,
+        help="privacy of every released statistic (per user and epoch at user level, per interaction at event "
+             "level); inf switches noise off (the non-private baseline)")
+    delta: float = setting(
+        1e-5, group="model", model=True,
+        help="the delta of (epsilon, delta)-DP, in (0, 1)")
+    tree_levels: int = setting(
+        14, group="model", model=True,
+        help="levels of each release tree: a tree covers 2**tree_levels - 1 ticks, then a new epoch starts",
+        notes="Baselines: each unit's tree is sized for 2**tree_levels - 1 of that unit's own releases, with the "
+              "paper's level count for that many leaves.")
+    catalog: str = setting(
+        "synthetic", group="model", model=True,
+        help="synthetic (the paper's synthetic users and arms), lastfm, or a catalog directory (items.csv, optional "
+             "users.csv, edges.csv, events.csv; docs/own-data.md), stored absolute so every process reads the same")
+    catalog_units: int = setting(
+        100, group="model",
+        help="catalog directory: clusters of edges.csv, or units of the public rule SHA-256(user) mod units that "
+             "also places every user the catalog does not list")
+    graph: str = setting(
+        "clusters", group="model", model=True, choices=GRAPHS,
+        help="LastFM: clusters (the 100 friend-graph clusters share models; a dense dN x dN solve at N = 100) or "
+             "users (a model per user, 1,892 of them, the friend graph as a sparse relation, solved matrix-free; "
+             "global mode, linucb / colin / goblin)",
+        notes="With `users`, CoLin's relation is the column-normalised A + I and GOB.Lin's I + L, solved by "
+              "conjugate gradients (models.streaming.sparse).")
+    data_dir: str | None = setting(
+        None, group="model", example="/data/lastfm-2k",
+        help="LastFM data directory (HetRec 2011 files; non-commercial terms: mount it, never bake it in; unset: "
+             "the default next to the repo)")
+    d: int = setting(
+        25, group="model", model=True,
+        help="synthetic catalog: context dimension (LastFM fixes d = 25 and 100 user clusters)")
+    n_users: int = setting(
+        10, group="model", model=True,
+        help="synthetic catalog: users")
+    n_arms: int = setting(
+        1000, group="model", model=True,
+        help="synthetic catalog: arms")
+    world_seed: int = setting(
+        0, group="model", model=True,
+        help="synthetic catalog: the public seed of its construction")
+    lambda_: float = setting(
+        1.0, group="model", model=True,
+        help="ridge weight of the serving models")
+    alpha: float = setting(
+        0.3, group="model", model=True,
+        help="exploration width of the serving models (ss-* use Shariff & Sheffet's own per-unit width, Prop. 4; "
+             "dgs-* use the constant alpha, their papers' practice)")
+    noise_ridge: float = setting(
+        DEFAULT_NOISE_RIDGE, group="model", model=True,
+        help="kappa of the noise-scaled ridge (linucb / colin / goblin): serving models are solved with "
+             "lambda + kappa * s, s the release's noise std (public); 0 keeps lambda fixed; no effect without noise",
+        notes="Tuned on held-out seeds by `privrec experiment mechanisms`.")
+    prior_strength: float = setting(
+        0.0, group="model", model=True,
+        help="pseudo-observations of a public prior mean of theta (linucb; 0: off): the catalog's mean context "
+             "scaled to score --prior-reward; no privacy cost (docs/public-prior.md: 10000 chosen on held-out "
+             "LastFM events)",
+        notes="Serving models are M = (G + (lambda + kappa * noise_std + s) I)^-1, theta = M (b + s theta_0) "
+              "(models.streaming.solve.public_prior): post-processing of the public catalog.")
+    prior_reward: float = setting(
+        0.04, group="model", model=True,
+        help="with --prior-strength: the expected reward of an average recommendation (LastFM's one item of 25: "
+             "0.04)")
+    item_weight: float | None = setting(
+        None, group="model", model=True,
+        help="the flat model's item term: each candidate's score gets item_weight / (1 + (s / 2)**2) * pop_a, "
+             "pop_a the item's privately released reward sum, s that release's noise std (unset: 1 with an -exact "
+             "mechanism or no noise, else 0; 0 releases no item sums and gives the bandit the whole budget)",
+        notes="The item sums are released through blt-exact beside the bandit statistic. The hierarchy weighs its "
+              "item level by the release's own noise instead; the baselines, federated and local mode have no item "
+              "term.")
+    listen_weight: float | None = setting(
+        None, group="model", model=True,
+        help="weight in [0, 1] of an organic listen (POST /listen) in the bandit statistic; it always counts in "
+             "the item sums (unset: 1 with noise, 0.2 without, chosen on held-out LastFM events)")
+    item_share: float = setting(
+        0.5, group="model", model=True,
+        help="with the item term: the bandit's share of the budget (of mu**2 in Gaussian DP); the item sums get "
+             "the rest; together exactly (epsilon, delta)-DP (exact mechanisms only)")
+    privacy_unit: str | None = setting(
+        None, group="model", model=True, choices=PRIVACY_UNITS,
+        help="user (each user's history per epoch is protected; the default for linucb / colin / goblin with a "
+             "mechanism that has a multi-participation bound, in every mode) or event (each interaction alone; a "
+             "user with k interactions gets the group bound; the per-unit baselines are event level only)",
+        notes="At user level each user's interactions within one release tick are summed and clipped (b to norm "
+              "b_clip, the item rewards to item_clip) before they enter the statistics, each user contributes to at "
+              "most user_cap ticks per epoch, and the noise is calibrated so that a capped user's whole history in "
+              "an epoch is (epsilon, delta)-DP (models.mechanisms.participation). Federated mode: each site folds "
+              "its own users' ticks, caps them and keeps their ledger and lifetime budget. Local mode: each device "
+              "makes at most user_cap reports per epoch (tree_levels and tick_seconds), calibrates its noise to them "
+              "and stops at user_budget (models.local.LocalConfig, docs/local-protocol.md).")
+    privacy_relation: str | None = setting(
+        None, group="model", model=True, choices=RELATIONS,
+        help="add-remove (the default with the hierarchy in global mode: whether a user took part at all is "
+             "protected, arrivals and counts included; the release schedule is one release per tick) or replace "
+             "(what a user did is protected, their arrivals public; the only relation of the flat model, federated "
+             "and local mode); docs/privacy.md",
+        notes="Under add-remove nothing published depends on participation but through noise: one release per "
+              "tick whatever arrived, the released count is the pool block's noisy one, and the exact figures "
+              "(counts, offsets, the ledger's summary) go to the operator's key only; the noise is calibrated to the "
+              "larger of the add/remove and the replace difference, so the stated (epsilon, delta) holds for both.")
+    user_cap: int | None = setting(
+        None, group="model", model=True,
+        help="user level: release ticks per epoch one user may contribute to (unset: 1 with the hierarchy, 8 with "
+             "the flat model, none without noise for the hierarchy; local mode: reports per epoch of a device)")
+    b_clip: float = setting(
+        B_CLIP, group="model", model=True,
+        help="the clip of one privacy unit's tick (a user's tick, or one interaction at event level) of the reward "
+             "statistic b, in (0, 1]; the noise is calibrated to the difference of two replacing contributions, "
+             "2 x b_clip",
+        notes="The defaults of b_clip and item_clip (sensitivities 2 and sqrt(2)) earned slightly more than "
+              "clipping to half on held-out LastFM events at every user-level epsilon (docs/privacy.md, \"Privacy "
+              "guarantees\"). The per-unit baselines calibrate their own noise to whole interactions and clip at 1.")
+    item_clip: float = setting(
+        ITEM_CLIP, group="model", model=True,
+        help="the clip of one privacy unit's tick of item rewards, in (0, 1]; calibrated to sqrt(2) x item_clip "
+             "(the item rewards are nonnegative)")
+    cap_policy: str = setting(
+        "ignore", group="model", choices=CAP_POLICIES,
+        help="user level, a user at the cap: ignore (still served and logged, no longer learned from) or reject "
+             "(/feedback and /listen answer 403)")
+    user_budget: float | None = setting(
+        None, group="model",
+        help="lifetime budget of one user: epsilon at the stack's delta over the user's whole history, every epoch "
+             "(inf: none); then not learned from (unset: 10 at user level, in every mode; none at event level)",
+        notes="User level, the fold stops learning from a user whose spent budget would exceed it (their events "
+              "are counted as \"not learned (budget)\"); local mode, the device stops reporting before it would "
+              "exceed it and the server refuses its reports past it; federated mode, each site's fold stops "
+              "learning from its own users. At event level k interactions cost k times one, so a budget there is "
+              "the operator's explicit choice (docs/privacy.md, \"A lifetime budget per user\").")
+
+    # --- local mode ----------------------------------------------------------------------------------------------
+    local_algorithm: str | None = setting(
+        None, group="local", model=True, choices=LOCAL_ALGORITHMS,
+        help="local mode: tree (each device releases its own b_u through its own continual-release mechanism, "
+             "LDP-CoLin / LDP-GOBLin) or round (one noisy r x per interaction, the LDP bandits paper's reduction); "
+             "unset in local mode: round with population-wide shuffled codewords, the variant that learns "
+             "(docs/local-protocol.md), or tree for a synthetic world too small to fill a batch")
+    local_mechanism: str = setting(
+        "blt-exact", group="local", model=True,
+        help="local mode, tree: the devices' continual-release mechanism (any mechanism name without user-: a "
+             "device releases its own vector)")
+    local_capacity: int = setting(
+        1023, group="local", model=True,
+        help="local mode, tree: reports per epoch of a device's mechanism")
+    shuffle_batch: int | None = setting(
+        None, group="local", model=True,
+        help="local mode, round: n > 0 shuffles batches of n distinct users' reports, stripped of who sent them "
+             "(0: no shuffler); epsilon is then the central guarantee of a batch (Feldman, McMillan & Talwar)")
+    local_codewords: int | None = setting(
+        None, group="local", model=True,
+        help="local mode with shuffling at user level: K > 0 sends each listen as its codeword in a public codebook "
+             "of K codewords of the catalog's features, with a blanket of fake codewords, in population-wide "
+             "batches (0: Laplace reports per unit; docs/local-protocol.md)")
+    local_item_term: int = setting(
+        0, group="local", model=True, choices=(0, 1),
+        help="local mode with codewords: 1 makes the codebook the catalog itself (--local-codewords = its number of "
+             "items, at most 4096): messages name items, and their histogram is also served as the item term at no "
+             "extra privacy cost (docs/local-protocol.md)")
+
+    # --- federated mode ------------------------------------------------------------------------------------------
+    sites: int = setting(
+        1, group="federated", model=True,
+        help="federated mode: the number of sites M, in [1, 64]; unit u belongs to site u mod M (public and stable)")
+    site: int | None = setting(
+        None, group="federated",
+        help="federated mode: which site this worker is (privrec up sets it per site worker; unset for the web "
+             "process and the coordinator)")
+    topology: str = setting(
+        "star", group="federated", model=True,
+        help="federated mode: star (a coordinator sums the sites' releases and serves everyone), ring or complete "
+             "(decentralized: each site mixes its neighbours' states and serves its own users), or the path of an "
+             "edge-list file (one 'i j' pair of sites per line)")
+    fed_schedule: str = setting(
+        "tick", group="federated", model=True, choices=FED_SCHEDULES,
+        help="federated mode: share every release tick (tick) or at ticks 1, 2, 4, 8, ... (doubling, the federated "
+             "paper's schedule)")
+    consensus_kappa: float = setting(
+        0.5, group="federated", model=True,
+        help="decentralized federated mode: step kappa of the mixing matrix P = I - (kappa / d_max) L, in (0, 1] "
+             "(0.5 converges on every graph)")
+
+    # --- operations ----------------------------------------------------------------------------------------------
+    tick_seconds: float = setting(
+        1.0, group="operations",
+        help="release period of the leader timer, in seconds")
+    batch_size: int = setting(
+        2000, group="operations",
+        help="ingest batching: at most this many events per poll")
+    batch_seconds: float = setting(
+        0.05, group="operations",
+        help="ingest batching: wait at most this long for a batch, in seconds")
+    web_processes: int = setting(
+        1, group="operations",
+        help="processes of the HTTP server, all on one port (SO_REUSEPORT; the kernel spreads the connections), in "
+             "[1, 64]; they share nothing but Redis and Kafka")
+    default_pool: str | None = setting(
+        None, group="operations", example="",
+        help="comma-separated arm ids that /recommend ranks when a request names no candidates, e.g. 289,89,190 "
+             "(unset: the catalog's 25 most often logged LastFM artists, or the first 25 synthetic arms); checked "
+             "against the catalog when the web server starts")
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise SettingsError("mode", f"must be one of {MODES}, got {self.mode!r}.")
+        """Check every setting and resolve the unset ones, in this order: each setting alone (its choices, then its
+        range), then the rules between settings, mode by mode."""
+        self._check_choices()
+        self._check_federated()
+        self._resolve_local()
+        self._resolve_model()
+        self._check_local()
+        self._check_numbers()
+        self._check_privacy()
+        self._check_connections()
+
+    def _check_choices(self) -> None:
+        """Every setting declared with ``choices`` holds one of them (or is unset)."""
+        for f, meta in declaration.declared(type(self)):
+            value = getattr(self, f.name)
+            if meta.choices is not None and value is not None and value not in meta.choices:
+                raise SettingsError(f.name, f"must be one of {meta.choices}, got {value!r}.")
+
+    def _check_federated(self) -> None:
+        """The federated mode's settings (checked whatever the mode) and the algorithms it runs."""
         if not 1 <= self.sites <= 64:
             raise SettingsError("sites", f"must be an integer in [1, 64], got {self.sites}.")
         if self.site is not None and not 0 <= self.site < self.sites:
@@ -363,20 +419,41 @@ class Settings:
         if self.topology not in TOPOLOGIES and not os.path.isfile(self.topology):
             raise SettingsError("topology", f"must be one of {TOPOLOGIES} or the path of an edge-list file, "
                                             f"got {self.topology!r} (no such file).")
-        if self.fed_schedule not in FED_SCHEDULES:
-            raise SettingsError("fed_schedule", f"must be one of {FED_SCHEDULES}, got {self.fed_schedule!r}.")
         if not 0 < self.consensus_kappa <= 1:
             raise SettingsError("consensus_kappa", f"must be in (0, 1], got {self.consensus_kappa}.")
         if self.mode == "federated" and self.baseline is not None:
             raise SettingsError("algorithm", f"the federated mode runs linucb, colin or goblin (a site shares its "
                                              f"released statistics), got {self.algorithm!r}.")
-        if self.algorithm not in ALGORITHMS:
-            raise SettingsError("algorithm", f"must be one of {ALGORITHMS}, got {self.algorithm!r}.")
-        self._resolve_local()
-        self._resolve_model()
-        self._check_local()
-        if self.mechanism not in MECHANISMS:
-            raise SettingsError("mechanism", f"must be one of {sorted(MECHANISMS)}, got {self.mechanism!r}.")
+
+    def _check_local(self) -> None:
+        """The local mode's settings: each alone whatever the mode (so a typo never waits for a mode switch); in local
+        mode, the devices' calibration as :class:`models.local.LocalConfig` checks it, its errors naming the setting
+        (:data:`LOCAL_PARAMETERS`)."""
+        from models.local.config import DEVICE_MECHANISMS, LocalConfigError
+
+        if self.local_mechanism not in DEVICE_MECHANISMS:
+            raise SettingsError("local_mechanism", f"must be one of {DEVICE_MECHANISMS} (a device releases its own "
+                                                   f"vector: no user-* mixing), got {self.local_mechanism!r}.")
+        if not 1 <= self.local_capacity <= (1 << 20):
+            raise SettingsError("local_capacity", f"must be an integer in [1, {1 << 20}], got {self.local_capacity}.")
+        if not 0 <= self.shuffle_batch <= 1_000_000:
+            raise SettingsError("shuffle_batch", f"must be an integer in [0, 1000000] (0: no shuffler), got "
+                                                 f"{self.shuffle_batch}.")
+        if self.mode != "local":
+            return
+        if self.baseline is not None:
+            raise SettingsError("algorithm", f"the local mode runs linucb, colin or goblin (devices report b_u), got "
+                                             f"{self.algorithm!r}.")
+        try:
+            self.local_config(self.d).check_runnable()
+        except LocalConfigError as e:
+            raise SettingsError(LOCAL_PARAMETERS[e.parameter], str(e)) from None
+        if self.local_item_term and not self.local_codewords:
+            raise SettingsError("local_item_term", f"must be 0 or 1, and 1 needs --local-codewords set to the "
+                                                   f"catalog's number of items, got {self.local_item_term}.")
+
+    def _check_numbers(self) -> None:
+        """The model's numeric settings, each in its range, and the catalog and graph that fit them."""
         if math.isnan(self.epsilon) or self.epsilon <= 0:
             raise SettingsError("epsilon", f"must be positive or inf, got {self.epsilon}.")
         if not 0 < self.delta < 1:
@@ -385,32 +462,14 @@ class Settings:
             raise SettingsError("tick_seconds", f"must be a positive number of seconds, got {self.tick_seconds}.")
         if not 1 <= self.tree_levels <= 40:
             raise SettingsError("tree_levels", f"must be in [1, 40], got {self.tree_levels}.")
-        if self.catalog not in CATALOGS:
-            if not os.path.isdir(self.catalog):
-                raise SettingsError("catalog", f"must be one of {CATALOGS} or a catalog directory (holding "
-                                               f"items.csv), got {self.catalog!r} (no such directory).")
-            object.__setattr__(self, "catalog", os.path.abspath(self.catalog))  # the same for every process
-        if not 1 <= self.catalog_units <= 1_000_000:
-            raise SettingsError("catalog_units", f"must be an integer in [1, 1000000], got {self.catalog_units}.")
-        if self.graph not in GRAPHS:
-            raise SettingsError("graph", f"must be one of {GRAPHS}, got {self.graph!r}.")
-        if self.graph == "users":
-            if self.catalog != "lastfm":
-                raise SettingsError("graph", "'users' applies to the LastFM catalog (the synthetic catalog already "
-                                             "gives every user a model of their own).")
-            if self.mode != "global":
-                raise SettingsError("graph", f"'users' runs in global mode only, got mode {self.mode!r}.")
-            if self.baseline is not None:
-                raise SettingsError("graph", f"'users' runs linucb, colin or goblin, got {self.algorithm!r}.")
+        self._check_catalog()
         for name in ("d", "n_users", "n_arms", "partitions", "batch_size"):
             if getattr(self, name) < 1:
                 raise SettingsError(name, f"must be a positive integer, got {getattr(self, name)}.")
-        if not (self.lambda_ > 0 and math.isfinite(self.lambda_)):
-            raise SettingsError("lambda_", f"must be positive, got {self.lambda_}.")
-        if not (self.alpha >= 0 and math.isfinite(self.alpha)):
-            raise SettingsError("alpha", f"must be non-negative, got {self.alpha}.")
-        if not (self.noise_ridge >= 0 and math.isfinite(self.noise_ridge)):
-            raise SettingsError("noise_ridge", f"must be non-negative, got {self.noise_ridge}.")
+        for name, low in (("lambda_", "positive"), ("alpha", "non-negative"), ("noise_ridge", "non-negative")):
+            v = getattr(self, name)
+            if not ((v > 0 if low == "positive" else v >= 0) and math.isfinite(v)):
+                raise SettingsError(name, f"must be {low}, got {v}.")
         if not (self.prior_strength >= 0 and math.isfinite(self.prior_strength)):
             raise SettingsError("prior_strength", f"must be a non-negative number of pseudo-observations, got "
                                                   f"{self.prior_strength}.")
@@ -429,16 +488,34 @@ class Settings:
             v = getattr(self, name)
             if not (0 < v <= 1 and math.isfinite(v)):
                 raise SettingsError(name, f"must be in (0, 1] (a clip of contributions of norm <= 1), got {v}.")
-        if self.privacy_unit is not None and self.privacy_unit not in PRIVACY_UNITS:
-            raise SettingsError("privacy_unit", f"must be one of {PRIVACY_UNITS}, got {self.privacy_unit!r}.")
+
+    def _check_catalog(self) -> None:
+        """``catalog``: a name or a directory (made absolute, the same for every process); ``graph = users`` only where
+        it gives a model per user that the catalog does not already."""
+        if self.catalog not in CATALOGS:
+            if not os.path.isdir(self.catalog):
+                raise SettingsError("catalog", f"must be one of {CATALOGS} or a catalog directory (holding "
+                                               f"items.csv), got {self.catalog!r} (no such directory).")
+            object.__setattr__(self, "catalog", os.path.abspath(self.catalog))
+        if not 1 <= self.catalog_units <= 1_000_000:
+            raise SettingsError("catalog_units", f"must be an integer in [1, 1000000], got {self.catalog_units}.")
+        if self.graph == "users":
+            if self.catalog != "lastfm":
+                raise SettingsError("graph", "'users' applies to the LastFM catalog (the synthetic catalog already "
+                                             "gives every user a model of their own).")
+            if self.mode != "global":
+                raise SettingsError("graph", f"'users' runs in global mode only, got mode {self.mode!r}.")
+            if self.baseline is not None:
+                raise SettingsError("graph", f"'users' runs linucb, colin or goblin, got {self.algorithm!r}.")
+
+    def _check_privacy(self) -> None:
+        """The privacy unit, its cap and budget, and the mechanism that can give them."""
         if self.privacy_unit == "user" and self.baseline is not None:
             raise SettingsError("privacy_unit", f"the per-unit baselines ({self.algorithm}) are event level only; "
                                                 f"use --privacy-unit event")
         if self.user_cap < 1 or (self.user_level and self.user_cap > self.tree_ticks):
             raise SettingsError("user_cap", f"must be in [1, {self.tree_ticks}] (the ticks of an epoch), got "
                                             f"{self.user_cap}.")
-        if self.cap_policy not in CAP_POLICIES:
-            raise SettingsError("cap_policy", f"must be one of {CAP_POLICIES}, got {self.cap_policy!r}.")
         if self.user_budget is not None and not self.user_budget > 0:  # NaN fails too
             raise SettingsError("user_budget", f"must be a positive epsilon or inf, got {self.user_budget}.")
         if self.privacy_unit == "user" and self.private and not self._user_level_mechanism:
@@ -448,6 +525,9 @@ class Settings:
         if self.item_term and self.private and not self.mechanism.endswith("-exact"):
             raise SettingsError("mechanism", f"the item term composes two releases by exact Gaussian-DP accounting: "
                                              f"use an '-exact' mechanism or --item-weight 0, got {self.mechanism!r}.")
+
+    def _check_connections(self) -> None:
+        """The namespace, the Kafka security, the serving pool and the processes."""
         if self.default_pool is not None:
             ids = [a.strip() for a in self.default_pool.split(",")]
             if not all(ids) or len(set(ids)) != len(ids) or len(ids) > MAX_DEFAULT_POOL:
@@ -456,12 +536,6 @@ class Settings:
         if not self.namespace or any(c in self.namespace for c in "{}: \t\n*?[]"):
             raise SettingsError("namespace", f"must be a non-empty name without braces, colons, spaces or "
                                              f"glob characters, got {self.namespace!r}.")
-        if self.kafka_security_protocol not in KAFKA_PROTOCOLS:
-            raise SettingsError("kafka_security_protocol", f"must be one of {KAFKA_PROTOCOLS}, got "
-                                                           f"{self.kafka_security_protocol!r}.")
-        if self.kafka_sasl_mechanism not in KAFKA_SASL_MECHANISMS:
-            raise SettingsError("kafka_sasl_mechanism", f"must be one of {KAFKA_SASL_MECHANISMS}, got "
-                                                        f"{self.kafka_sasl_mechanism!r}.")
         if self.kafka_security_protocol.startswith("SASL") and not (self.kafka_sasl_username
                                                                     and self.kafka_sasl_password):
             raise SettingsError("kafka_sasl_username", f"{self.kafka_security_protocol} needs a user name and a "
@@ -474,59 +548,10 @@ class Settings:
         if not self.batch_seconds > 0:
             raise SettingsError("batch_seconds", f"must be positive, got {self.batch_seconds}.")
 
-    def _check_local(self) -> None:
-        """The local mode's settings (checked whatever the mode, so a typo never waits for a mode switch)."""
-        if self.local_algorithm not in LOCAL_ALGORITHMS:
-            raise SettingsError("local_algorithm", f"must be one of {LOCAL_ALGORITHMS}, got {self.local_algorithm!r}.")
-        from models.local.config import DEVICE_MECHANISMS
-
-        if self.local_mechanism not in DEVICE_MECHANISMS:
-            raise SettingsError("local_mechanism", f"must be one of {DEVICE_MECHANISMS} (a device releases its own "
-                                                   f"vector: no user-* mixing), got {self.local_mechanism!r}.")
-        if not 1 <= self.local_capacity <= (1 << 20):
-            raise SettingsError("local_capacity", f"must be an integer in [1, {1 << 20}], got {self.local_capacity}.")
-        if not 0 <= self.shuffle_batch <= 1_000_000:
-            raise SettingsError("shuffle_batch", f"must be an integer in [0, 1000000] (0: no shuffler), got "
-                                                 f"{self.shuffle_batch}.")
-        if self.mode != "local":
-            return
-        if self.baseline is not None:
-            raise SettingsError("algorithm", f"the local mode runs linucb, colin or goblin (devices report b_u), got "
-                                             f"{self.algorithm!r}.")
-        if math.isinf(self.epsilon):
-            raise SettingsError("epsilon", "must be finite in local mode: a device that adds no noise would send its "
-                                           "exact statistic (use --mode global --epsilon inf for a non-private run).")
-        if self.privacy_unit == "user" and self.local_algorithm == "tree" and \
-                self.local_mechanism not in USER_LEVEL_MECHANISMS:
-            raise SettingsError("privacy_unit", f"user level on the device needs a device mechanism with a "
-                                                f"multi-participation bound ({', '.join(USER_LEVEL_MECHANISMS)}), got "
-                                                f"{self.local_mechanism!r}; or use --privacy-unit event")
-        if self.local_codewords and not (self.shuffle_batch and 0 < self.local_codewords <= 4096
-                                         and self.unit_in_force == "user"):
-            raise SettingsError("local_codewords", f"must be in [1, 4096] with --shuffle-batch n > 0 at user level "
-                                                   f"(the blanket's guarantee is central), got {self.local_codewords}.")
-        if self.local_item_term not in (0, 1) or (self.local_item_term and not self.local_codewords):
-            raise SettingsError("local_item_term", f"must be 0 or 1, and 1 needs --local-codewords set to the "
-                                                   f"catalog's number of items, got {self.local_item_term}.")
-        if self.local_codewords:  # the blanket's calibration must exist for this batch size (else: first report fails)
-            from models.local.items import MAX_P, blanket_reaches, smallest_batch
-
-            if not blanket_reaches(self.epsilon, self.delta, self.shuffle_batch, compositions=self.user_cap):
-                need = smallest_batch(self.epsilon, self.delta, self.user_cap)
-                raise SettingsError("shuffle_batch", f"{self.shuffle_batch} distinct users per batch are too few for "
-                                                     f"--local-codewords: no blanket (fakes with probability up to "
-                                                     f"{MAX_P:g}) makes {self.user_cap} batches (user_cap) of a "
-                                                     f"device ({self.epsilon:g}, {self.delta:g})-DP; the smallest "
-                                                     f"workable batch is {need} (or raise epsilon or delta, or lower "
-                                                     f"user_cap).")
-        if self.shuffle_batch and self.local_algorithm != "round":
-            raise SettingsError("shuffle_batch", "shuffling applies to per-round reports: use --local-algorithm round "
-                                                 "(a per-user continual release has no batch of one report per user)")
-
     def _resolve_local(self) -> None:
         """Local mode's protocol when unset: the variant that learns (:data:`LOCAL_DEFAULT`) — per-round reports,
         population-wide shuffled batches of at least 150 distinct users, listens as codewords of a public codebook of
-        64 through a blanket of fakes, 2 reports per device and epoch (docs/local-live.md); the batch grows to the
+        64 through a blanket of fakes, 2 reports per device and epoch (docs/local-protocol.md); the batch grows to the
         smallest the blanket can calibrate at the settings' epsilon. A synthetic world of fewer users than a batch
         keeps the per-user tree (nothing to hide among). Outside local mode: the device settings' old values (no
         shuffler, no codewords), which nothing reads."""
@@ -776,15 +801,16 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
+
 #: ``user_budget`` at user level when unset: epsilon over a user's whole history (docs/privacy.md: why 10).
 DEFAULT_USER_BUDGET = 10.0
 
 #: The most arms ``default_pool`` may name (one /recommend scores them all).
 MAX_DEFAULT_POOL = 1000
 
-MODEL_FIELDS = ("mode", "model", "hierarchy_shares", "privacy_relation", "local_algorithm", "local_mechanism", "local_capacity", "shuffle_batch", "local_codewords", "local_item_term", "sites", "topology", "fed_schedule", "consensus_kappa", "item_weight", "listen_weight",
-                "item_share", "privacy_unit", "user_cap", "b_clip", "item_clip", "algorithm", "mechanism", "epsilon", "delta", "tree_levels", "catalog", "graph", "d", "n_users",
-                "n_arms", "world_seed", "lambda_", "alpha", "noise_ridge", "prior_strength", "prior_reward", "partitions")
+#: The settings that define the model and its privacy (declared with ``model=True``): stored with the namespace,
+#: and a worker with other values is refused (:meth:`Settings.model_config`).
+MODEL_FIELDS = tuple(f.name for f, meta in declaration.declared(Settings) if meta.model)
 
 
 def _convert(name: str, typ: Any, raw: Any) -> Any:
@@ -801,54 +827,6 @@ def _convert(name: str, typ: Any, raw: Any) -> Any:
     return str(raw)
 
 
-#: What ``--help`` says beyond the environment variable and the default.
-_HELP = {
-    "default_pool": "comma-separated arm ids that /recommend ranks when a request names no candidates "
-                    "(default: the catalog's 25 most often logged LastFM artists, or the first 25 synthetic arms)",
-    "algorithm": "one of: linucb, colin, goblin (released through --mechanism); the other papers' private "
-                 "LinUCB variants, per-unit, with their own mechanism and width (--mechanism does not apply): "
-                 "ss-gaussian, ss-gaussian-tight, ss-wishart (Shariff & Sheffet, joint DP, contexts protected "
-                 "too), dgs-laplace, dgs-gaussian (dynamic global sensitivity; claimed guarantee, not a proof)",
-    "topology": "federated mode: star (a coordinator), ring, complete, or the path of an edge-list file "
-                "(one 'i j' pair of sites per line)",
-    "local_algorithm": "local mode: 'tree' (each device releases its own b_u through its own mechanism) or 'round' "
-                       "(one noisy r x per interaction)",
-    "prior_strength": "pseudo-observations of a public prior mean of theta (linucb; 0: off): the catalog's mean "
-                      "context scaled to score --prior-reward; no privacy cost (docs/public-prior.md)",
-    "prior_reward": "with --prior-strength: the expected reward of an average recommendation (LastFM: 1/25)",
-    "model": "hierarchy (the default for linucb over units at user level in global mode: public prior -> pooled -> "
-             "units -> items, docs/hierarchy.md) or flat (the papers' per-unit ridge regression with the item term)",
-    "hierarchy_shares": "with --model hierarchy: shares of the budget (mu**2) as pool=0.05,items=0.95,units=0 "
-                        "(default: a rule on the catalog's public size, docs/hierarchy.md)",
-    "privacy_relation": "add-remove (the default with the hierarchy in global mode: whether a user took part at all is "
-                        "protected, arrivals and counts included; the release schedule is one release per tick) or "
-                        "replace (what a user did is protected, their arrivals public; the only relation of the flat "
-                        "model, federated and local mode); docs/privacy.md",
-    "user_cap": "user level: release ticks per epoch one user contributes to (default: 1 with the hierarchy, 8 with "
-                "the flat model; local mode: reports per epoch of a device)",
-    "local_codewords": "local mode with shuffling at user level: K > 0 sends listens as codewords of a public "
-                       "codebook of K with a blanket of fakes, population-wide batches (docs/local-live.md)",
-    "local_item_term": "local mode with codewords: 1 makes the codebook the catalog itself (--local-codewords = its "
-                       "number of items, at most 4096): messages name items, and their histogram is also served as "
-                       "the item term at no extra privacy cost (docs/local-live.md)",
-    "shuffle_batch": "local mode with --local-algorithm round: n > 0 shuffles batches of n distinct users' reports; "
-                     "--epsilon is then the central guarantee of a batch",
-    "fed_schedule": "federated mode: share every release tick ('tick') or at ticks 1, 2, 4, ... ('doubling')",
-    "catalog": "'synthetic', 'lastfm', or a catalog directory (items.csv, optional users.csv, edges.csv, "
-               "events.csv; see docs/own-data.md)",
-    "catalog_units": "catalog directory: clusters of edges.csv, or units of the public rule SHA-256(user) mod "
-                     "units that also places every user the catalog does not list",
-    "graph": "LastFM: 'clusters' (the 100 friend-graph clusters share models) or 'users' (a model per user, the "
-             "friend graph as a sparse relation, solved matrix-free; global mode)",
-    "mechanism": "continual-release mechanism of linucb/colin/goblin, one of: " + ", ".join(sorted(MECHANISMS))
-                 + " (ignored by the ss-*/dgs-* algorithms)",
-}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one ``--flag`` per setting (default ``None``: fall back to the environment)."""
-    for f in fields(Settings):
-        flag = "--" + f.name.rstrip("_").replace("_", "-")
-        about = _HELP.get(f.name)
-        parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.rstrip("_").upper(),
-                            help=(f"{about} " if about else "") + f"(env {env_name(f.name)}; default {f.default!r})")
+def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Add one ``--flag`` per setting, with its declared help (default ``None``: fall back to the environment)."""
+    declaration.add_arguments(parser, Settings)

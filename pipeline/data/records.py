@@ -8,7 +8,8 @@
 :func:`parse_interaction` turns the raw bytes into a :class:`Parsed` ``(unit, context, reward, user)``
 or raises :class:`MalformedEvent` with the reason that goes to
 ``dead-letters``. Rules: a JSON object; ``event_id``, ``user``, ``arm`` are
-non-empty strings; ``reward`` is a finite number in ``[0, 1]`` (the privacy
+non-empty strings, and ``user``, ``arm`` and ``rec_id`` (when given) at most :data:`MAX_ID_CHARS` characters
+(what one event can make the stack keep per id); ``reward`` is a finite number in ``[0, 1]`` (the privacy
 sensitivities assume it); ``user`` is known to the catalog; ``context``, when
 given, has exactly ``d`` finite numbers and is scaled down to norm ``<= 1``
 (the context bound ``Lx = 1`` of the sensitivities); when omitted, ``arm``
@@ -42,12 +43,19 @@ from .catalog import Catalog, UnknownArmError, UnknownUserError
 from ..config.keys import partition_of
 
 __all__ = ["Interaction", "Recommendation", "DeadLetter", "MalformedEvent", "Parsed", "ParsedBatch",
-           "parse_interaction", "parse_batch", "partition_of", "MAX_SHOWN",
+           "parse_interaction", "parse_batch", "partition_of", "MAX_SHOWN", "MAX_ID_CHARS",
            "dead_letter_value", "TOPICS"]
 
 #: Topic names (DESIGN §7).
 TOPICS = {"interactions": "interactions", "recommendations": "recommendations", "dead_letters": "dead-letters",
           "ldp_reports": "ldp-reports", "ldp_shuffled": "ldp-shuffled", "federated_updates": "federated-updates"}
+
+
+#: The longest user id, item id or rec_id the stack takes (characters): the HTTP API answers 400 past it and
+#: ingest sends such an event to ``dead-letters``, so that no request or producer can make the stack keep
+#: per-user records under unbounded keys. The catalogs' ids are far shorter (LastFM's are at most 5 digits, a
+#: ``/session`` user is 28 characters, a rec_id 32 hex digits).
+MAX_ID_CHARS = 128
 
 
 class Interaction(faust.Record, serializer="json"):
@@ -120,6 +128,12 @@ def _as_float(value: int | float, reason: str) -> float:
         return float(value)
     except OverflowError:
         raise MalformedEvent(f"{reason} (an integer of {int(value).bit_length()} bits)") from None
+
+
+def _too_long(obj: dict[str, Any]) -> str:
+    """The dead-letter reason of an event whose ``user``, ``arm`` or ``rec_id`` exceeds :data:`MAX_ID_CHARS`."""
+    k = next(k for k in ("user", "arm", "rec_id") if isinstance(obj.get(k), str) and len(obj[k]) > MAX_ID_CHARS)
+    return f"field {k!r} has {len(obj[k])} characters, at most {MAX_ID_CHARS} (MAX_ID_CHARS)"
 
 
 def _check_ts(ts: Any) -> None:
@@ -227,6 +241,9 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
                 for k in ("event_id", "user", "arm"):  # cannot come from JSON
                     if not isinstance(obj[k], str) or not obj[k]:
                         raise MalformedEvent(f"field {k!r} must be a non-empty string, got {obj[k]!r}")
+            if len(obj["user"]) > MAX_ID_CHARS or len(obj["arm"]) > MAX_ID_CHARS or (
+                    type(obj.get("rec_id")) is str and len(obj["rec_id"]) > MAX_ID_CHARS):
+                raise MalformedEvent(_too_long(obj))
             reward = obj["reward"]
             if type(reward) not in _NUM:
                 raise MalformedEvent(f"reward must be a number, got {reward!r}")

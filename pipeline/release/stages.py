@@ -31,12 +31,10 @@ import redis
 import scipy.sparse as sp
 
 from models.policies.peruser import PerUserLinUCB, ServingModels
-from models.accounting import GDPAccountant, describe, event_to_dict
+from models.accounting import event_to_dict
 from models.ground.items import ReleasedItems, popularity_feature
-from models.policies.dgs import DGSLinUCB, DGSTreeMechanism, first_positive_lambda_prime
 from models.ground.graphs import adjacency_from_w, goblin_projection, sensitivities
-from models.policies.jdp_linucb import SSLinUCB
-from models.mechanisms import MECHANISMS, Mechanism, TreeState, make_mechanism, noise_std
+from models.mechanisms import Mechanism, TreeState, make_mechanism, noise_std
 from models.mechanisms.participation import participation_bound, participation_factor, replace_sensitivity
 from models.streaming import ReleasedStats, Releaser, solve
 from models.streaming.hierarchy import (HierarchyLayout, ReleasedHierarchy, default_shares, parse_shares,
@@ -53,9 +51,11 @@ from ..config.ledger import LifetimeBudget, with_budget
 from ..config.settings import Settings
 from ..state.trusted import TrustedStore
 from ..state.userlevel import Folder
+from .statements import (HIERARCHY_MECHANISM, ITEM_MECHANISM, hierarchy_statement, privacy_statement,
+                         user_level_statement)
 
-__all__ = ["ReleaseStage", "SolveStage", "projection", "privacy_statement", "hierarchy_statement", "hierarchy_layout",
-           "is_hierarchy"]
+__all__ = ["ReleaseStage", "SolveStage", "unchanged", "persist_and_publish", "projection", "hierarchy_layout",
+           "is_hierarchy", "HIERARCHY_MECHANISM", "ITEM_MECHANISM"]
 
 
 def projection(algorithm: str, W: Any) -> tuple[str, Any]:
@@ -86,100 +86,7 @@ def regulariser(algorithm: str, W: Any) -> Any:
     return laplacian_regulariser(A)
 
 
-def privacy_statement(settings: Settings, mechanism: Mechanism | None,
-                      baseline: PerUserLinUCB | None = None, items: Mechanism | None = None) -> dict[str, Any]:
-    """What the released statistics guarantee, stated plainly (``baseline``: the ss-*/dgs-* policy).
-
-    ``items``: the item sums' mechanism, released beside the bandit statistic; the two compose exactly
-    in Gaussian DP and the statement gives the total and the split.
-    """
-    if baseline is not None:
-        return _baseline_statement(settings, baseline)
-    if mechanism is None:
-        return {"private": False, "guarantee": "none: epsilon = inf, statistics are released without noise",
-                "statistics": released_statistics(settings, None, None), **PUBLIC_AND_PROTECTED,
-                **({"item_term": {"weight": settings.item_term_weight, "released": "item reward sums, without noise"}}
-                   if settings.item_term else {})}
-    if items is not None:
-        return _composed_statement(settings, mechanism, items)
-    g = describe(mechanism.event, settings.delta)
-    return {
-        "private": True,
-        "mechanism": settings.mechanism,
-        "mechanism_about": MECHANISMS[settings.mechanism],
-        "epsilon": g.epsilon,
-        "delta": g.delta,
-        "valid": g.valid,
-        "note": g.note,
-        "neighbours": EVENT_NEIGHBOURS,
-        "scope": "every release ever published from this namespace, per interaction; a user with k "
-                 "interactions is covered at group level k",
-        "statistics": released_statistics(settings, mechanism, None),
-        **PUBLIC_AND_PROTECTED,
-    }
-
-
-#: The event-level relation the calibration covers (one interaction replaced: its reward and the user's choice).
-EVENT_NEIGHBOURS = ("event level, replace-one: two streams differing in one interaction's reward and in the user's "
-                    "choice (which shown item they acted on, which item they listened to); who arrived when and "
-                    "which items were shown are the same (public)")
-#: The user-level relation.
-USER_NEIGHBOURS = ("user level, replace: two streams differing in everything one user contributed — their rewards "
-                   "and their choices (which shown item they acted on, which items they listened to); who arrived "
-                   "when and which items were shown to them are the same (public); at most `user_cap` release "
-                   "ticks per epoch per user, each user's interactions of one tick summed and clipped")
-#: What is public and what is protected, in plain words (/budget, the page, the README say the same).
-PUBLIC_AND_PROTECTED = {
-    "protected": ["the reward of every interaction (click or skip, listen)",
-                  "which of the shown items a user acted on",
-                  "which items a user listened to of their own accord (organic listens)"],
-    "public": ["which user arrived and when (the ledger of participations, the event counts)",
-               "which items were shown to whom (the shown lists: a function of released models and the request)",
-               "the item catalog and its features, and each user's model unit (a public rule)",
-               "the Gram matrices: sums of x x^T over the items of every answered shown list — never the item the "
-               "user chose; an organic listen adds nothing to them"],
-}
-
-
-def released_statistics(settings: Settings, mechanism: Mechanism | None, items: Mechanism | None,
-                        ratio: Any = None) -> list[dict[str, Any]]:
-    """What each released statistic is, its clip and its per-tick sensitivity under the stated relation.
-
-    ``ratio`` (user level): the participation bound ``k -> B(k)/B(cap)``; each noisy statistic then also says
-    what a capped user spends on it per epoch (``mu_at_cap``).
-    """
-    from models.accounting import gdp_mu
-
-    b_clip, item_clip = settings.clips
-    unit = "a user's tick" if settings.user_level else "an interaction"
-    out: list[dict[str, Any]] = []
-    for name, mech, clip, signed, about in (
-            ("b", mechanism, b_clip, True, "per model unit, sum of r x (the reward-weighted contexts of the items "
-                                           "the user acted on or listened to), mixed by the public V"),
-            ("items", items, item_clip, False, "per catalog item, the sum of its rewards (the item term)")):
-        if name == "items" and not settings.item_term:
-            continue
-        entry: dict[str, Any] = {
-            "name": name, "what": about, "released": "through noise" if mech is not None else "without noise",
-            "clip": clip, "clip_of": f"the L2 norm of {unit}'s contribution",
-            "sensitivity_per_tick": replace_sensitivity(clip, signed=signed),
-            "sensitivity_rule": ("2 x clip: two replacing contributions of any sign" if signed else
-                                 "sqrt(2) x clip: two replacing nonnegative contributions")}
-        if mech is not None:
-            g = describe(mech.event, settings.delta)
-            entry["epsilon"] = g.epsilon
-            entry["mu"] = gdp_mu(g.epsilon, settings.delta) if math.isfinite(g.epsilon) else math.inf
-            if ratio is not None:
-                entry["mu_at_cap"] = entry["mu"]
-        out.append(entry)
-    out.append({"name": "gram", "what": "per model unit, sum of x x^T over every item of every answered shown list",
-                "released": "exactly (public: it depends only on which items were shown, never on the choice)"})
-    out.append({"name": "count", "what": "interactions per model unit", "released": "exactly (public: arrivals)"})
-    return out
-
-
-#: The hierarchy's mechanism (one release of its weighted blocks) and its noise stream.
-HIERARCHY_MECHANISM = "blt-exact"
+#: The hierarchy's noise stream (its mechanism: :data:`~pipeline.release.statements.HIERARCHY_MECHANISM`).
 HIERARCHY_STREAM = 11
 
 
@@ -219,97 +126,7 @@ def is_hierarchy(raw: dict[bytes, bytes]) -> bool:
     return meta is not None and json.loads(meta).get("schema") == ReleasedHierarchy.SCHEMA
 
 
-#: The relation the hierarchy's release is calibrated under (its contributions are means, not sums).
-#: What stays public under the add/remove relation (the hierarchy in global mode): nothing that depends on whether a
-#: user took part, but through noise. The protected list is :data:`PUBLIC_AND_PROTECTED`'s with participation added.
-ADD_REMOVE_PUBLIC_AND_PROTECTED = {
-    "protected": ["whether a user took part at all in an epoch: their arrivals, how many interactions they made, "
-                  "whether they reached the cap"] + PUBLIC_AND_PROTECTED["protected"],
-    "public": ["the item catalog and its features, and each user's model unit (a public rule on the user's id)",
-               "the release schedule: one release per tick whatever arrived, a new epoch every `tree_ticks` ticks",
-               "the mechanism, its noise scale and the settings (epsilon, delta, cap, lifetime budget, shares)",
-               "to the user alone (their token): their own recommendations, shown lists and spent budget",
-               "to the operator alone (the operator token): the exact counts, ingest offsets, the ledger's figures "
-               "and dead letters — participation data, not calibrated"],
-}
-
-#: The add/remove relation of the hierarchy (the default in global mode).
-HIERARCHY_ADD_REMOVE = ("user level, add/remove: two streams differing in everything one user did in an epoch, "
-                        "taking part at all included — present with any events or absent; the noise is calibrated "
-                        "to the larger of this difference (a contribution's norm, 1 per block) and the replace one "
-                        "(sqrt 2), so the same (epsilon, delta) also holds between two versions of one user's "
-                        "history with the same arrivals; at most `user_cap` release ticks per epoch per user; in "
-                        "each, the user's listens become one contribution: their mean context and their share of "
-                        "each item, weighted by min(1, total reward)")
-
-HIERARCHY_NEIGHBOURS = ("user level, replace: two streams differing in everything one user contributed — their "
-                        "rewards and their choices (which shown item they acted on, which items they listened to); "
-                        "who arrived when and which items were shown to them are the same (public); at most "
-                        "`user_cap` release ticks per epoch per user; in each, the user's listens become one "
-                        "contribution: their mean context and their share of each item, weighted by min(1, total "
-                        "reward)")
-
-
-def hierarchy_statement(settings: Settings, mechanism: Mechanism | None, layout: HierarchyLayout,
-                        ratio: Any) -> dict[str, Any]:
-    """What the hierarchy's release guarantees, stated plainly (user level; its blocks and their shares)."""
-    from models.accounting import gdp_mu
-
-    s = settings
-    blocks = []
-    about = {"pool": "the pooled block: every user's mean listened context and count, summed (d + 1 values)",
-             "items": "the item counts: every user's share of each item they listened to, summed (one per item)",
-             "units": "each unit's block: its users' mean listened contexts and count, summed (d + 1 per unit)"}
-    for name in layout.blocks:
-        entry: dict[str, Any] = {"name": name, "what": about[name], "share_of_mu_squared": layout.share(name),
-                                 "released": "through noise" if mechanism is not None else "without noise",
-                                 "clip": 1.0, "clip_of": "the L2 norm of a user's tick's contribution (a mean of their "
-                                                         "listens, weighted by min(1, total reward))",
-                                 "sensitivity_per_tick": float(layout.sensitivity[name]),
-                                 "sensitivity_rule": "sqrt(2) x clip: two replacing contributions with a "
-                                                     "nonnegative inner product" + (
-                                                         "; adding or removing one: 1 x clip (covered)"
-                                                         if s.add_remove else "")}
-        blocks.append(entry)
-    if s.add_remove:
-        count = {"name": "count", "what": "user ticks per release: the pool block's last coordinate",
-                 "released": "through noise (the pool block's)"}
-        lists: dict[str, Any] = dict(ADD_REMOVE_PUBLIC_AND_PROTECTED)
-    else:
-        count = {"name": "count", "what": "interactions per release (arrivals)", "released": "exactly (public: "
-                                                                                           "arrivals)"}
-        lists = {**PUBLIC_AND_PROTECTED,
-                 "public": [p for p in PUBLIC_AND_PROTECTED["public"] if not p.startswith("the Gram")]}
-    base: dict[str, Any] = {
-        "model": "hierarchy", "unit": "user", "relation": s.relation, "cap": s.user_cap, "cap_policy": s.cap_policy,
-        "statistics": blocks + [count], **lists,
-    }
-    if mechanism is None:
-        return {"private": False, "guarantee": "none: epsilon = inf, the blocks are released without noise", **base}
-    g = describe(mechanism.event, s.delta)
-    mu = gdp_mu(g.epsilon, g.delta) if math.isfinite(g.epsilon) else math.inf
-    for entry in blocks:
-        entry["mu"] = mu * math.sqrt(layout.share(entry["name"]))
-    return {
-        "private": True, "mechanism": HIERARCHY_MECHANISM,
-        "mechanism_about": MECHANISMS[HIERARCHY_MECHANISM] + "; one release of the hierarchy's blocks, each scaled "
-                                                             "so that it gets its share of mu**2 (Gaussian DP)",
-        "epsilon": g.epsilon, "delta": g.delta, "valid": g.valid, "note": g.note, "mu_at_cap": mu,
-        "neighbours": HIERARCHY_ADD_REMOVE if s.add_remove else HIERARCHY_NEIGHBOURS,
-        "scope": f"per epoch of {s.tree_ticks} release ticks, all of one user's contributions (up to {s.user_cap} "
-                 f"ticks) are ({g.epsilon:.4g}, {g.delta:g})-DP; epochs compose (Gaussian DP: mu adds in "
-                 f"quadrature); a user with k < cap ticks spends mu sqrt(B(k)/B(cap))",
-        "sensitivity": {"rule": "multi-participation sensitivity sqrt(B(cap)) of the blocks' weighted sum (per "
-                                "tick 1: each block's contribution has norm <= 1, its replace difference <= its "
-                                "sensitivity, scaled by its weight)",
-                        "factor_vs_one_tick": math.sqrt(ratio(s.user_cap) / ratio(1))},
-        "ratios": [ratio(k) for k in range(1, s.user_cap + 1)],
-        **base,
-    }
-
-
-#: The item sums' mechanism (sensitivity 1 per interaction; exact Gaussian-DP accounting) and its noise stream.
-ITEM_MECHANISM = "blt-exact"
+#: The item sums' noise stream (their mechanism: :data:`~pipeline.release.statements.ITEM_MECHANISM`).
 ITEM_STREAM = 7
 #: Released item sums within this many noise stds of zero count as zero (models.ground.items).
 ITEM_THRESHOLD_STDS = 2.0
@@ -324,156 +141,6 @@ def item_term(items: ReleasedItems, weight: float) -> tuple[float, np.ndarray]:
     """
     pop = popularity_feature(items.sums, total=items.total, threshold=ITEM_THRESHOLD_STDS * items.noise_std)
     return weight / (1.0 + (items.noise_std / ITEM_NOISE_SCALE) ** 2), pop
-
-
-def _composed_statement(settings: Settings, mechanism: Mechanism, items: Mechanism) -> dict[str, Any]:
-    """The bandit statistic and the item sums together: exact GDP composition (mu adds in quadrature)."""
-    bandit = describe(mechanism.event, settings.delta)
-    item = describe(items.event, settings.delta)
-    total = GDPAccountant().compose(mechanism.event).compose(items.event).guarantee(settings.delta)
-    return {
-        "private": True,
-        "mechanism": settings.mechanism,
-        "mechanism_about": MECHANISMS[settings.mechanism] + f"; plus the item sums through '{ITEM_MECHANISM}'",
-        "epsilon": total.epsilon,
-        "delta": total.delta,
-        "valid": total.valid and bandit.valid and item.valid,
-        "note": f"{total.note}: the bandit statistic ({bandit.note}) and the item reward sums ({item.note}) compose "
-                f"exactly in Gaussian DP",
-        "neighbours": EVENT_NEIGHBOURS,
-        "scope": "every release ever published from this namespace (both statistics), per interaction; a user with "
-                 "k interactions is covered at group level k",
-        "statistics": released_statistics(settings, mechanism, items),
-        **PUBLIC_AND_PROTECTED,
-        "composition": {"bandit": {"epsilon": bandit.epsilon, "mechanism": settings.mechanism},
-                        "items": {"epsilon": item.epsilon, "mechanism": ITEM_MECHANISM},
-                        "share": settings.item_share,
-                        "rule": "mu = sqrt(mu_bandit**2 + mu_items**2) (Gaussian DP); share = mu_bandit**2 / mu**2"},
-        "item_term": {"weight": settings.item_term_weight, "listen_weight": settings.listen_weight_in_force},
-    }
-
-
-def user_level_statement(settings: Settings, statement: dict[str, Any], ratio: Any,
-                         mechanism: Mechanism | None = None, items: Mechanism | None = None) -> dict[str, Any]:
-    """The statement at user level: a capped user's whole epoch is (epsilon, delta)-DP; the ledger's rule."""
-    from models.accounting import gdp_mu
-
-    out = dict(statement)
-    if not statement.get("private"):
-        out.update({"unit": "user", "cap": settings.user_cap, "cap_policy": settings.cap_policy})
-        return out
-    mu = gdp_mu(float(statement["epsilon"]), float(statement["delta"]))
-    out.update({
-        "unit": "user",
-        "cap": settings.user_cap,
-        "cap_policy": settings.cap_policy,
-        "mu_at_cap": mu,
-        "neighbours": USER_NEIGHBOURS + f" (b to norm {settings.clips[0]:g}, item rewards to norm "
-                                        f"{settings.clips[1]:.4g})",
-        "statistics": released_statistics(settings, mechanism, items, ratio),
-        "scope": f"per epoch of {settings.tree_ticks} release ticks, all of one user's contributions (up to "
-                 f"{settings.user_cap} ticks) are ({statement['epsilon']:.4g}, {statement['delta']:g})-DP; epochs compose "
-                 f"(Gaussian DP: mu adds in quadrature); a user with k < cap ticks spends mu sqrt(B(k)/B(cap))",
-        "sensitivity": {"rule": "multi-participation sensitivity sqrt(B(cap)) (models.mechanisms.participation): "
-                                "an upper bound of max over <= cap ticks of ||sum of columns of C||",
-                        "factor_vs_one_tick": math.sqrt(ratio(settings.user_cap) / ratio(1)),
-                        "group_bound_factor": settings.user_cap},
-        # B(k) / B(cap) for k = 1..cap: a user with k ticks this epoch spends mu_at_cap * sqrt(ratio) (public)
-        "ratios": [ratio(k) for k in range(1, settings.user_cap + 1)],
-    })
-    return out
-
-
-#: What each baseline's mechanism is (``mechanism_about`` of its statement).
-BASELINE_ABOUT = {
-    "SS-LinUCB-Gaussian": "Shariff & Sheffet (2018) joint-DP LinUCB: per unit, one binary tree over the augmented "
-                          "Gram matrix [[G, u], [u^T, .]] of [x; r] with symmetrised Gaussian node noise, the "
-                          "paper's calibration (Prop. 11), shifted by 2 Upsilon to stay positive definite; their "
-                          "width (Prop. 4)",
-    "SS-LinUCB-Gaussian-tight": "Shariff & Sheffet (2018) joint-DP LinUCB with the tree's noise calibrated by exact "
-                                "Gaussian-DP accounting (ERRATA 6: 6-14x less noise than the paper's); their width",
-    "SS-LinUCB-Wishart": "Shariff & Sheffet (2018) joint-DP LinUCB: per unit, one binary tree over the augmented "
-                         "Gram matrix with Wishart node noise, padded to m k degrees of freedom and shifted (Prop. 9, "
-                         "Eq. 4, spec D.3), calibrated at epsilon/2 for replace-one neighbours (spec D.5); their width",
-    "DGS-LinUCB-Laplace": "dynamic global sensitivity (Wang, Zhao, Wang 2022): per unit, tree noise on the estimate "
-                          "theta itself, Laplace with the paper's scale Delta/epsilon' (an L2 sensitivity)",
-    "DGS-LinUCB-Gaussian": "dynamic global sensitivity (Wang, Zhao, Wang 2022): per unit, tree noise on the estimate "
-                           "theta itself, Gaussian calibrated in zCDP (spec D.6)",
-}
-
-
-def _baseline_statement(settings: Settings, policy: PerUserLinUCB) -> dict[str, Any]:
-    """The guarantee of a per-unit baseline: S&S joint DP (contexts too); DGS a claim, not a proof."""
-    name = settings.baseline or ""
-    tree = policy.mechanisms[0]  # SSTreeMechanism / DGSTreeMechanism: both have `levels` and `capacity`
-    common: dict[str, Any] = {
-        "algorithm": settings.algorithm,
-        "mechanism": name,
-        "mechanism_about": BASELINE_ABOUT.get(name, name),
-        "mechanism_setting": f"not used: {settings.algorithm} brings its own per-unit mechanism (the mechanism "
-                             f"setting {settings.mechanism!r} applies to linucb/colin/goblin only)",
-        "trees": {"per_unit": True, "levels": int(getattr(tree, "levels")),
-                  "unit_releases_per_epoch": int(getattr(tree, "capacity")),
-                  "advance": "a unit's tree advances at a release only if the unit's interaction count grew "
-                             "(a public count, never a value)"},
-    }
-    if not policy.private:
-        return {"private": False, **common,
-                "guarantee": "none: epsilon = inf, the per-unit models are released without noise"}
-    g = describe(policy.mechanisms[0].event, settings.delta)
-    out: dict[str, Any] = {"private": True, **common, "epsilon": g.epsilon, "delta": g.delta, "valid": g.valid,
-                           "target_epsilon": settings.epsilon, "target_delta": settings.delta,
-                           "scope": "every release ever published from this namespace, per interaction; each "
-                                    "interaction enters only its own unit's tree (parallel composition over "
-                                    "units); a user with k interactions is covered at group level k"}
-    if isinstance(policy, SSLinUCB):
-        note = g.note
-        if policy.noise_kind == "gaussian" and policy.calibration == "paper":
-            note += (f"; the paper's sigma targets epsilon = {settings.epsilon:g}, exact accounting of that same "
-                     f"noise gives epsilon = {g.epsilon:.4g} (the paper's calibration is conservative, ERRATA 6)")
-        out.update({
-            "notion": "joint DP (Shariff & Sheffet 2018, Def. 1): the published per-unit models are "
-                      "(epsilon, delta)-DP in each interaction's context and reward; a recommendation is computed "
-                      "from them plus the request's own candidates in the clear (Claim 7), so it protects every "
-                      "interaction except against the requester's own query",
-            "protects": "each interaction's reward and its context (the Gram matrix is noised too)",
-            "neighbours": "event level, replace-one: two streams differing in one interaction's context and "
-                          "reward (contexts clipped to norm 1, rewards in [0, 1], L~^2 = 2)",
-            "limits": "context protection covers everything published from the statistics; the pipeline still "
-                      "treats which items a user was shown and answered as public (shown lists in the "
-                      "recommendations topic and recs keys, DESIGN 2): keep those private for end-to-end context "
-                      "protection",
-            "note": note,
-        })
-        return out
-    assert isinstance(policy, DGSLinUCB)
-    mech = policy.mechanisms[0]
-    assert isinstance(mech, DGSTreeMechanism)
-    shrink: Any = None
-    if policy.lambda_0 is not None:
-        shrink = first_positive_lambda_prime(policy.lambda_0, mech.delta_node)
-    out.update({
-        "valid": False,
-        "notion": "claimed (epsilon, delta)-DP of the published estimates w.r.t. one reward (the paper's claim, "
-                  "NOT a proof)",
-        "protects": "each interaction's reward only (contexts are public)",
-        "neighbours": "event level, replace-one: two streams differing in the reward of one interaction "
-                      "(rewards in [0, 1], contexts clipped to norm 1)",
-        "note": "NOT a valid DP guarantee (spec tree-dp B.5): one reward changes every later tree leaf "
-                "theta_(t+1) - theta_t through b, not m of them (B.5-1), so the per-node budget split does not "
-                "compose to the claimed (epsilon, delta); the shrinking sensitivity L R / (lambda + lambda'_t) "
-                "holds only with probability 1 - delta' under an i.i.d.-context assumption (B.5-2)"
-                + ("; the Laplace scale is calibrated to an L2 sensitivity (B.5-3)"
-                   if policy.noise_kind == "laplace" and policy.calibration == "paper" else "")
-                + ". The numbers are what the paper claims, recorded for comparison only",
-        "sensitivity": {"lambda_0": policy.lambda_0,
-                        "lambda_0_source": "lambda_min of the catalog's arm features' second moment (spec D.9 "
-                                           "option 2); interactions with their own contexts are outside this "
-                                           "assumption",
-                        "initial": mech.sensitivity(0),
-                        "shrinks_after_unit_releases": shrink},
-    })
-    return out
 
 
 @dataclass
@@ -596,13 +263,15 @@ class ReleaseStage:
         self.recover()
         c = self.catalog
         fold: dict[str, int] = {}
+        t_fold = time.perf_counter()
         if self.folder is not None:  # user level: this tick's per-user contributions, clipped and capped
             fold = self.folder.fold(self.settings.partitions, self.store.pending_version() + 1)
+        #: what this tick folded and its wall time (the leader's tick log, pipeline.release.timers)
+        self.last_fold = {**fold, "fold_s": round(time.perf_counter() - t_fold, 6)}
         if self.settings.hierarchy:
             return self._tick_hierarchy(fold, force)
         stats, item_sums, offsets = self.store.snapshot_items(self.settings.partitions, c.n_units, c.d, self.n_items)
-        last = self.client.hget(self.store.keys.pending, "count")
-        if not force and last is not None and int(last) == int(stats.count.sum()):
+        if unchanged(self.store, int(stats.count.sum()), force=force):
             if fold.get("over_budget") or fold.get("dropped"):  # no release, but the ledger's counters moved
                 self._ledger_entry(max(1, self.store.pending_version()), fold)  # (the metrics' figures)
             return None
@@ -616,11 +285,7 @@ class ReleaseStage:
         event = json.dumps(event_to_dict(released.event))
         items = self._release_items(item_sums, int(stats.count.sum())) if self.n_items else None
         ledger = None if self.folder is None else self._ledger_entry(version, fold)
-        self.store.persist_release(state, released, event, offsets, items, ledger)
-        faults.point("release-persisted")
-        self.store.publish()
-        faults.point("release-published")
-        return version
+        return persist_and_publish(self.store, state, released, event, offsets, items, ledger)
 
     def _tick_hierarchy(self, fold: dict[str, int], force: bool) -> int | None:
         """The hierarchy's release: the weighted blocks' exact sum over partitions, one step of its mechanism
@@ -630,8 +295,7 @@ class ReleaseStage:
         count = int(stats.count.sum())
         # add/remove: one release per tick whatever arrived (the schedule is public; skipping a tick with nothing
         # new would publish whether anyone took part in it)
-        last = None if force or s.add_remove else self.client.hget(self.store.keys.pending, "count")
-        if last is not None and int(last) == count:
+        if unchanged(self.store, count, force=force or s.add_remove):
             if fold.get("over_budget") or fold.get("dropped"):
                 self._ledger_entry(max(1, self.store.pending_version()), fold)
             return None
@@ -649,12 +313,8 @@ class ReleaseStage:
         ledger = None if self.folder is None else self._ledger_entry(version, fold)
         # add/remove: the released hash carries the release's own noisy count; the exact one is the operator's
         public_count = max(0, round(released.count)) if s.add_remove else None
-        self.store.persist_release(state, released, json.dumps(event), offsets, None, ledger, count=count,
+        return persist_and_publish(self.store, state, released, json.dumps(event), offsets, None, ledger, count=count,
                                    public_count=public_count)
-        faults.point("release-persisted")
-        self.store.publish()
-        faults.point("release-published")
-        return version
 
     def _ledger_entry(self, version: int, fold: dict[str, int]) -> str:
         """What the release's user-level ledger says (persisted and published with the release)."""
@@ -663,11 +323,13 @@ class ReleaseStage:
         s = self.settings
         st = self.statement
         epoch = (version - 1) // s.tree_ticks
+        t0 = time.perf_counter()
         figures = ledger_figures(self.client.hgetall, s.namespace, s.partitions, epoch=epoch, cap=s.user_cap,
                                  mu_cap=st.get("mu_at_cap"), delta=s.delta,
                                  ratio=self.participation_ratio if st.get("private") else None,
                                  budget=None if self.folder is None else self.folder.budget)
         self.last_figures = figures
+        getattr(self, "last_fold", {})["figures_s"] = round(time.perf_counter() - t0, 6)
         finite = [v for v in (figures["spent_max"], figures["spent_median"])]
         return json.dumps({"version": version, "epoch": epoch, "cap": s.user_cap,
                            "epsilon_at_cap": st.get("epsilon"), "delta": s.delta, "mu_at_cap": st.get("mu_at_cap"),

@@ -8,6 +8,7 @@ timer to an app built by :mod:`pipeline.apps.worker_app` (this module never impo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 import faust
 
+from ..config.keys import TICK_LOG_LENGTH, PublicKeys
 from ..config.redisconn import connect
 from ..data.catalog import Catalog
 from ..config.settings import Settings
@@ -33,12 +35,14 @@ class ReleaseTicker:
     def __init__(self, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None,
                  release: Callable[..., Any] = ReleaseStage) -> None:
         self.settings, self.catalog, self.metrics = settings, catalog, metrics
-        self._release = release  # the mode's release stage (local mode: pipeline.modes.local.localmode.LocalReleaseStage)
+        self._release = release  # the mode's release stage (local mode: pipeline.modes.local.release.LocalReleaseStage)
         self._stages: tuple[Any, SolveStage] | None = None
+        self._client: Any = None
 
     def _build(self) -> tuple[Any, SolveStage]:
         if self._stages is None:
             client = connect(self.settings.redis_url or "redis://127.0.0.1:6379/0")
+            self._client = client
             release = self._release(self.settings, self.catalog, client)
             self._stages = (release, SolveStage(self.settings, client, release.statement, self.catalog))
         return self._stages
@@ -47,13 +51,29 @@ class ReleaseTicker:
         release, solve = self._build()
         t0 = time.perf_counter()
         version = release.tick()
+        t1 = time.perf_counter()
         solved = solve.run()
+        t2 = time.perf_counter()
         if self.metrics is not None:
             if version is not None:
                 self.metrics.releases.inc()
-                self.metrics.release_seconds.observe(time.perf_counter() - t0)
+                self.metrics.release_seconds.observe(t2 - t0)
             self._ledger_metrics(release)
+        self._log_tick(release, version, solved, t1 - t0, t2 - t1)
         return version, solved
+
+    def _log_tick(self, release: Any, version: int | None, solved: int | None, release_s: float,
+                  solve_s: float) -> None:
+        """Push this tick's wall times and fold counters to the bounded tick log (newest first)."""
+        fold = getattr(release, "last_fold", None) or {}
+        entry = json.dumps({"version": version, "solved": solved, "release_s": round(release_s, 6),
+                            "solve_s": round(solve_s, 6), "tick_s": round(release_s + solve_s, 6),
+                            "at_ms": int(time.time() * 1000), **fold})
+        key = PublicKeys(self.settings.namespace).tick_log
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.lpush(key, entry)
+            pipe.ltrim(key, 0, TICK_LOG_LENGTH - 1)
+            pipe.execute()
 
     def _ledger_metrics(self, release: Any) -> None:
         """Users at the cap and the spent budget, from the ledger figures of the last release (user level)."""

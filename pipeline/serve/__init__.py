@@ -15,4 +15,4 @@ items_live    new items while the stack runs: ``POST /items``, the compacted ``i
 auth          who may read a per-user view: user tokens (HMAC of the user id) and the operator token
 """
 
-__all__ = ["appkeys", "auth", "budget_view", "httpstats", "items_live", "openapi", "outbox", "serving", "shown"]
+__all__ = ["appkeys", "auth", "budget_view", "httpio", "httpstats", "items_live", "openapi", "outbox", "serving", "shown"]

@@ -6,6 +6,11 @@ participations. A user's spent budget is ``mu_at_cap * sqrt(past + B(k) / B(cap)
 ``(epsilon, delta)`` (:func:`pipeline.state.userlevel.spent_mu`); the statement's ``user_budget`` bounds it for life
 (:class:`pipeline.config.ledger.LifetimeBudget`). Nothing here reads a trusted key (:func:`serving_isolation` asks
 Redis whether it could).
+
+``/budget``'s mode-specific part is a *view* per trust mode, ``view(query) -> fields`` over one
+:class:`BudgetQuery`: :func:`global_view` here, the federated and the local ones beside their modes
+(:func:`pipeline.modes.federated.federated_serving.federated_view`, :func:`pipeline.modes.local.local_http.local_view`);
+the web app plugs them in by mode (``pipeline.apps.web.BUDGET_VIEWS``).
 """
 
 from __future__ import annotations
@@ -13,15 +18,67 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from models.accounting import gdp_epsilon
+from models.accounting import DpEvent, gdp_epsilon, group_guarantee
 
 from ..config.keys import PublicKeys, partition_of
-from ..config.ledger import LedgerRecord, LifetimeBudget, spent_mu
+from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts, spent_mu, weighted_upper_median
 
-__all__ = ["ratio_of", "user_budget", "user_interactions", "learning", "ledger_overview", "spent_summary",
+__all__ = ["BudgetQuery", "global_view", "user_view", "ratio_of", "user_budget", "user_interactions", "learning", "ledger_overview", "spent_summary",
            "release_history", "serving_isolation"]
+
+
+@dataclass(frozen=True)
+class BudgetQuery:
+    """One ``GET /budget[?user=U]``, as every mode's view reads it.
+
+    ``r``: the (web role's) async Redis client; ``app``: the web application (a mode's own keys: the site router,
+    the local calibration); ``keys``: the served model's public keys; ``statement`` and ``event``: the served
+    release's privacy statement and accounting event; ``epoch``: the served release's epoch; ``user``: the user
+    asked about (already authorized and known to the catalog), or ``None``; ``figures``: whether participation
+    figures (exact counts, the ledger) may be answered (always under replace; the operator only under add/remove).
+    """
+
+    r: Any
+    app: Mapping[Any, Any]
+    partitions: int
+    delta: float
+    keys: PublicKeys
+    statement: dict[str, Any]
+    event: DpEvent
+    epoch: int
+    user: str | None
+    figures: bool
+
+
+async def user_view(q: BudgetQuery, keys: PublicKeys, epoch: int) -> dict[str, Any]:
+    """``/budget?user=``'s ``user`` in global and federated mode, from the ledger under ``keys`` (the user's site's
+    in federated mode) at ``epoch``: user level, their spent budget (:func:`user_budget`); event level, group
+    privacy over their ``k`` interactions so far."""
+    assert q.user is not None
+    k = await user_interactions(q.r, keys, q.partitions, q.user)
+    if q.statement.get("unit") == "user":
+        return {**await user_budget(q.r, keys, q.partitions, q.user, q.statement, epoch), "interactions": k}
+    g = group_guarantee(q.event, k, q.delta)
+    return {"user": q.user, "interactions": k, "unit": "event",
+            "epsilon": g.epsilon if math.isfinite(g.epsilon) else None, "delta": g.delta, "valid": g.valid,
+            "note": g.note, "bound": "group privacy over all of this user's interactions so far (k times one "
+                                     "interaction's sensitivity)"}
+
+
+async def global_view(q: BudgetQuery) -> dict[str, Any]:
+    """Global mode's part of ``/budget``: the user's guarantee (:func:`user_view`) and, at user level, the ledger's
+    overview (:func:`ledger_overview`) when figures may be answered."""
+    out: dict[str, Any] = {}
+    if q.user is not None:
+        out["user"] = await user_view(q, q.keys, q.epoch)
+    if q.statement.get("unit") == "user" and q.figures:
+        out["ledger"] = await ledger_overview(q.r, q.keys, q.partitions, q.statement, q.epoch)
+    return out
 
 
 def ratio_of(statement: dict[str, Any]) -> Any:
@@ -46,7 +103,7 @@ async def user_interactions(r: Any, keys: PublicKeys, partitions: int, user: str
     """``/budget?user=``'s ``interactions``: the user's counted events or reports, summed over the partitions'
     public ``ledger_users`` hashes. Written by the ingest (events, and local mode's reports without a shuffler)
     and, in local mode with a shuffler, by the shuffler (reports it accepted; the analyzer's batches name no
-    user): :class:`pipeline.modes.local.localmode.ShufflerTask`, :mod:`pipeline.modes.local.shuffler_service`."""
+    user): :mod:`pipeline.modes.local.shuffler_service`."""
     counts = await asyncio.gather(*(r.hget(keys.ledger_users(p), user) for p in range(partitions)))
     return sum(int(c) for c in counts if c is not None)
 
@@ -140,37 +197,48 @@ async def ledger_overview(r: Any, keys: PublicKeys, partitions: int, statement: 
     cap = int(statement.get("cap", 0))
     delta = float(statement.get("delta", 0.0) or 0.0)
     mu_cap = statement.get("mu_at_cap")
-    parts = await asyncio.gather(*(r.hgetall(keys.ledger_participation(p)) for p in range(partitions)))
+    kept = await asyncio.gather(*(r.hgetall(keys.ledger_classes(p)) for p in range(partitions)))
     summaries = await asyncio.gather(*(r.hgetall(keys.ledger_summary(p)) for p in range(partitions)))
-    spent: list[float] = []
+    classes: Counter[str] = Counter()
+    for p, part in enumerate(kept):  # the fold's class counts, else (before them) the partition's records counted
+        if part:
+            classes.update({name.decode(): int(n) for name, n in part.items() if int(n)})
+        else:
+            classes.update(class_counts(await r.hvals(keys.ledger_participation(p))))
+    spent: Counter[float] = Counter()
     at_cap = at_budget = 0
     budget = LifetimeBudget.of(statement, ratio)
-    for part in parts:
-        for raw in part.values():
-            rec = LedgerRecord.loads(raw).at(epoch, ratio or (lambda k: 1.0))
-            if rec.k >= cap > 0:
-                at_cap += 1
-            if budget is not None and budget.exhausted(rec, epoch):
-                at_budget += 1
-            if ratio is not None and mu_cap:
-                e = _epsilon(spent_mu(rec, epoch, float(mu_cap), ratio), delta)
-                spent.append(math.inf if e is None else e)
-    return {"users": sum(len(p) for p in parts), "users_at_cap": at_cap, "cap": cap,
+    for name, n in classes.items():  # a user's figures depend only on their record's class: once per class
+        rec = LedgerRecord.of_class(name).at(epoch, ratio or (lambda k: 1.0))
+        if rec.k >= cap > 0:
+            at_cap += n
+        if budget is not None and budget.exhausted(rec, epoch):
+            at_budget += n
+        if ratio is not None and mu_cap:
+            e = _epsilon(spent_mu(rec, epoch, float(mu_cap), ratio), delta)
+            spent[math.inf if e is None else e] += n
+    return {"users": sum(classes.values()), "users_at_cap": at_cap, "cap": cap,
             "capped_events": sum(int(s.get(b"dropped", b"0")) for s in summaries),
             "user_budget": None if budget is None else budget.epsilon, "users_at_budget": at_budget,
             "budget_events": sum(int(s.get(b"over_budget", b"0")) for s in summaries), **spent_summary(spent)}
 
 
-def spent_summary(spent: list[float]) -> dict[str, Any]:
+def spent_summary(spent: list[float] | Counter[float]) -> dict[str, Any]:
     """``spent_max``, ``spent_median`` and ``spent_histogram`` (10 bins) of the users' spent epsilons (the finite
-    ones; local mode's ledger overview uses it too)."""
-    finite = sorted(v for v in spent if math.isfinite(v))
-    edges = _edges(finite)
+    ones): a list with one value per user, or a ``Counter`` of users per value (local mode's ledger overview uses
+    it too).
+
+    >>> spent_summary([1.0, 1.0, 3.0]) == spent_summary(Counter({1.0: 2, 3.0: 1}))
+    True
+    """
+    counted = spent if isinstance(spent, Counter) else Counter(spent)
+    finite = sorted((v, n) for v, n in counted.items() if math.isfinite(v) and n > 0)
+    edges = _edges([v for v, _ in finite])
     counts = [0] * (len(edges) - 1)
-    for v in finite:
+    for v, n in finite:
         i = min(len(counts) - 1, max(0, next((j for j in range(len(counts)) if v < edges[j + 1]), len(counts) - 1)))
-        counts[i] += 1
-    return {"spent_max": finite[-1] if finite else 0.0, "spent_median": finite[len(finite) // 2] if finite else 0.0,
+        counts[i] += n
+    return {"spent_max": finite[-1][0] if finite else 0.0, "spent_median": weighted_upper_median(finite),
             "spent_histogram": {"edges": edges, "counts": counts}}
 
 

@@ -38,9 +38,10 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from .appkeys import CATALOG, PRODUCER, SETTINGS
+from .httpio import error as _error
 from ..data.catalog import Catalog
 from ..config.kafkaconn import client_kwargs
-from ..data.records import TOPICS, dead_letter_value
+from ..data.records import MAX_ID_CHARS, TOPICS, dead_letter_value
 from ..config.settings import Settings
 
 __all__ = ["ITEMS_TOPIC", "ADMIN_TOKEN_ENV", "MalformedItem", "parse_item", "item_message", "add_routes",
@@ -52,8 +53,8 @@ log = logging.getLogger(__name__)
 ITEMS_TOPIC = "items"
 #: The operator token that ``POST /items`` requires as ``Authorization: Bearer <token>``.
 ADMIN_TOKEN_ENV = "PRIVREC_ADMIN_TOKEN"
-#: Longest item id accepted (characters).
-MAX_ITEM_ID = 512
+#: Longest item id accepted (characters): the stack's id limit, as feedback and ingest take it.
+MAX_ITEM_ID = MAX_ID_CHARS
 
 
 class MalformedItem(ValueError):
@@ -189,10 +190,6 @@ async def post_items(request: web.Request) -> web.Response:
     # served from the topic (every web process alike), one release tick from now: the workers know it by then
     return web.json_response({"accepted": True, "item": item, "features": [float(v) for v in x],
                               "recommendable_in_seconds": request.app[SETTINGS].tick_seconds}, status=202)
-
-
-def _error(status: int, parameter: str | None, message: str) -> web.Response:
-    return web.json_response({"error": {"parameter": parameter, "message": message}}, status=status)
 
 
 async def follow_items(settings: Settings, catalog: Catalog, *, dead_letters: Any = None, redis_client: Any = None,

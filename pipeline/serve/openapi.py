@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..data.records import MAX_ID_CHARS
 from .serving import MAX_K
 
 __all__ = ["PATHS", "COMPONENTS", "openapi_document", "add_routes", "openapi_json"]
@@ -49,6 +50,8 @@ _UNAVAILABLE = {
 }
 
 _STR = {"type": "string"}
+#: A user id, item id or rec_id: at most MAX_ID_CHARS characters (pipeline.serve.httpio answers 400 past it).
+_ID = {"type": "string", "minLength": 1, "maxLength": MAX_ID_CHARS}
 _NUM = {"type": "number"}
 _INT = {"type": "integer"}
 _OBJ = {"type": "object"}
@@ -84,20 +87,20 @@ COMPONENTS: dict[str, Any] = {"securitySchemes": _SECURITY_SCHEMES, "schemas": {
     },
     "Feedback": {
         "type": "object", "required": ["rec_id", "item", "reward"],
-        "properties": {"rec_id": {"type": "string", "minLength": 1, "description": "a /recommend answer's rec_id"},
-                       "item": {"type": "string", "minLength": 1, "description": "an item of that list"},
+        "properties": {"rec_id": {**_ID, "description": "a /recommend answer's rec_id"},
+                       "item": {**_ID, "description": "an item of that list"},
                        "reward": {"type": "number", "minimum": 0, "maximum": 1}},
     },
     "Listen": {
         "type": "object", "required": ["user", "item"], "additionalProperties": False,
-        "properties": {"user": {"type": "string", "minLength": 1}, "item": {"type": "string", "minLength": 1},
+        "properties": {"user": _ID, "item": _ID,
                        "reward": {"type": "number", "minimum": 0, "maximum": 1, "default": 1.0}},
     },
     "NewItem": {
         "type": "object", "required": ["item"],
         "description": "an item added while running (a catalog directory; pipeline.serve.items_live): `tags` (known to "
                        "the catalog's tag transform) or `features` (d finite numbers); features win",
-        "properties": {"item": {"type": "string", "minLength": 1, "maxLength": 512}, "name": _STR,
+        "properties": {"item": _ID, "name": _STR,
                        "tags": {"type": "array", "items": {"type": "string", "minLength": 1}},
                        "features": {"type": "array", "items": {"type": "number"}}},
     },
@@ -111,17 +114,16 @@ COMPONENTS: dict[str, Any] = {"securitySchemes": _SECURITY_SCHEMES, "schemas": {
         "type": "object", "required": ["schema", "user", "rec_id", "version", "algorithm"],
         "additionalProperties": False,
         "description": "a local-mode device's noisy report on a shown list (models.local.LocalReport.to_json(); "
-                       "docs/local-mode.md); it names the list, not the item, and the server adds the list itself",
+                       "docs/local-protocol.md); it names the list, not the item, and the server adds the list itself",
         "properties": {"schema": {"type": "string", "enum": ["privrec.LocalReport/2"]},
-                       "user": {"type": "string", "minLength": 1, "maxLength": 200},
-                       "rec_id": {"type": "string", "minLength": 1, "maxLength": 200},
+                       "user": _ID, "rec_id": _ID,
                        "version": {"type": "integer", "minimum": 1},
                        "algorithm": {"type": "string", "enum": ["tree", "round"]},
                        "b": {"type": "array", "items": _NUM, "description": "tree: the device's noisy sum"},
                        "m": {"type": "array", "items": _NUM, "description": "round: one noisy r x"},
                        "epoch": {"type": "integer", "minimum": 0,
                                  "description": "user level: the device's epoch of the report, floor(t / "
-                                                "epoch_seconds) (docs/local-userlevel.md)"}},
+                                                "epoch_seconds) (docs/local-protocol.md)"}},
     },
     "Accepted": {
         "type": "object", "required": ["accepted", "event_id", "learning"],
@@ -201,7 +203,7 @@ COMPONENTS: dict[str, Any] = {"securitySchemes": _SECURITY_SCHEMES, "schemas": {
                        "algorithm": _STR, "d": _INT, "epsilon": _NUM, "delta": _NUM, "schema": _STR,
                        "esa": {"type": "object", "description": "a separate shuffler: where devices POST their "
                                "sealed envelopes ('shuffler') and the analyzer's P-256 key ('public_key', base64 "
-                               "of the uncompressed point); docs/local-shuffler.md"}},
+                               "of the uncompressed point); docs/local-parties.md"}},
     },
 }}
 
@@ -212,7 +214,7 @@ PATHS: dict[str, dict[str, Any]] = {
         "operationId": "recommend", "summary": "The top k items for a user by UCB score; the list is kept 24 h "
                                                "for feedback",
         "parameters": [
-            {"name": "user", "in": "query", "required": True, "schema": {"type": "string", "minLength": 1}},
+            {"name": "user", "in": "query", "required": True, "schema": _ID},
             {"name": "k", "in": "query", "required": False,
              "schema": {"type": "integer", "minimum": 1, "maximum": MAX_K, "default": 10}},
             {"name": "candidates", "in": "query", "required": False,
@@ -270,9 +272,10 @@ PATHS: dict[str, dict[str, Any]] = {
                        "operator token>`.",
         # anonymous ({}) without `user`; the user's own or the operator token with it
         "security": [{}, {"userToken": []}],
-        "parameters": [{"name": "user", "in": "query", "required": False, "schema": _STR,
+        "parameters": [{"name": "user", "in": "query", "required": False, "schema": _ID,
                         "description": "a user id: that user's guarantee too (needs a token)"}],
         "responses": {"200": _json(_ref("Budget"), "the guarantee"),
+                      "400": _err("`user` empty or longer than the id limit"),
                       "401": _err("`user` without a token (parameter `Authorization`)"),
                       "403": _err("`user` with a token that is neither U's nor the operator's"),
                       "404": _err("unknown user"), "503": _UNAVAILABLE},

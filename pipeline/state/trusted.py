@@ -225,10 +225,10 @@ class TrustedStore:
     def load_partition_items(self, partition: int, n_units: int, d: int, n_items: int
                              ) -> tuple[UnitStats, np.ndarray, int | None]:
         """As :meth:`load_partition`, plus the partition's exact per-item reward sums (``n_items`` of them)."""
-        raw, off = self._read_partition(partition)
+        raw, off = self.read_partition(partition)
         return decode_stats(raw, n_units, d), decode_items(raw, n_items), off
 
-    def _read_partition(self, partition: int) -> tuple[dict[bytes, bytes], int | None]:
+    def read_partition(self, partition: int) -> tuple[dict[bytes, bytes], int | None]:
         """A partition's statistics hash and offset, read in one transaction (they change together)."""
         with self.r.pipeline(transaction=True) as pipe:
             pipe.hgetall(self.keys.stats(partition))
@@ -241,7 +241,6 @@ class TrustedStore:
                          users: dict[str, int] | None = None, items: dict[int, float] | None = None) -> bool:
         """Write the touched units' statistics (and item sums) and the new offset atomically, if the offset is
         still ``expected``."""
-        args: list[Any] = ["" if expected is None else str(expected), str(next_offset)]
         fields: list[Any] = []
         for u in np.unique(units):
             u = int(u)
@@ -249,9 +248,15 @@ class TrustedStore:
                        f"n:{u}", str(int(stats.count[u]))]
         for item, total in (items or {}).items():  # exact per-item reward sums (repr: exact floats)
             fields += [f"i:{int(item)}", repr(float(total))]
-        args.append(len(fields) // 2)
-        args += fields
-        args.append(len(deadletters))
+        return self.commit_fields(partition, fields, expected, next_offset, deadletters, users)
+
+    def commit_fields(self, partition: int, fields: list[Any], expected: int | None, next_offset: int,
+                      deadletters: dict[str, int], users: dict[str, int] | None = None) -> bool:
+        """Write ``fields`` (name, value, name, value, …) to the partition's hash, count the dead letters' reasons
+        and the users' events, and set the new offset, atomically, if the offset is still ``expected``
+        (:data:`INGEST_SCRIPT`; local mode's analyzer shards use it as they are)."""
+        args: list[Any] = ["" if expected is None else str(expected), str(next_offset), len(fields) // 2, *fields,
+                           len(deadletters)]
         for reason, count in deadletters.items():
             args += [reason[:200], count]
         for user, count in (users or {}).items():
@@ -338,7 +343,7 @@ class TrustedStore:
         shards, offsets = [], []
         h = np.zeros(dim)
         for p in range(partitions):
-            raw, off = self._read_partition(p)
+            raw, off = self.read_partition(p)
             shards.append(decode_stats(raw, n_units, d))
             h += decode_hierarchy(raw, dim)
             offsets.append(0 if off is None else off)

@@ -4,8 +4,9 @@ With ``privacy_unit = user`` (the default), ingest does not add events to the un
 once. It accumulates each user's events of the current tick in the partition's *pending* hash
 (``{ns}:trusted:{ns:p<P>}:pending``, field ``u:<user>``: the user's unit, count, Gram, ``b`` and item
 rewards), atomically with the partition's offset (:data:`PENDING_SCRIPT`). At each release tick the
-leader *folds* every partition (:meth:`Folder.fold_partition`), in one optimistic transaction per
-partition (``WATCH`` on the pending hash and the fold generation):
+leader *folds* every partition (:meth:`Folder.fold_partition`): it takes the partition's pending hash (renamed
+to the folding hash with the fold generation bumped, :data:`TAKE_SCRIPT`), so ingest goes on into a fresh pending
+hash while the fold plans, then writes the plan in one transaction:
 
 1. a user already folded into this release (their ledger's ``last_version``) waits for the next;
 2. a user at the cap (``user_cap`` ticks in this epoch) is not learned from (``cap_policy =
@@ -22,21 +23,25 @@ partition (``WATCH`` on the pending hash and the fold generation):
    most ``2 b_clip`` in ``b`` and ``sqrt(2) item_clip`` in the nonnegative item sums per tick: the
    sensitivities the release is calibrated to (defaults: clips 1 and 1, sensitivities 2 and sqrt(2)).
 
-The fold bumps the partition's *fold generation*; ingest's script checks it beside the offset, so an
-ingest batch prepared against pending contributions that were folded meanwhile is redone from Redis
-(never double-counted). A crash between partitions' folds or before the release leaves nothing half
-done: each partition's fold is atomic, and ``last_version`` keeps a user to one fold per release.
+Taking the pending hash bumps the partition's *fold generation*; ingest's script checks it beside the offset, so
+an ingest batch prepared against pending contributions that were taken meanwhile is redone from Redis (never
+double-counted). A crash between partitions' folds or before the release leaves nothing half done: each
+partition's fold writes atomically (a crash after the take leaves the folding hash, folded by the next fold), and
+``last_version`` keeps a user to one fold per release.
 
 The ledger (public: who arrived when is public, DESIGN §2): per user ``{"epoch", "k", "last_version",
 "past"}`` in ``{ns}:ledger:{ns:p<P>}:participation`` (``past`` = the sum over closed epochs of
 ``B(k_e) / B(cap)``), and per partition counters in ``{ns}:ledger:{ns:p<P>}:summary``
-(``at_cap:<epoch>``, ``dropped``, ``folded``, ``over_budget``). A user's spent budget is ``mu_user = mu * sqrt(past +
+(``at_cap:<epoch>``, ``dropped``, ``folded``, ``over_budget``), and how many users each record class holds in
+``{ns}:ledger:{ns:p<P>}:classes`` (``epoch:k:past``, written by the fold in the same transaction as the records, so
+the ledger's figures cost the few classes, not every user). A user's spent budget is ``mu_user = mu * sqrt(past +
 B(k) / B(cap))`` (Gaussian DP composes over epochs; ``mu`` is what a capped user gets per epoch).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,10 +53,11 @@ from models.mechanisms.participation import B_CLIP, ITEM_CLIP, clip_scale
 from models.streaming.hierarchy import HierarchyLayout, add_contribution
 
 from ..config.keys import PublicKeys
-from ..config.ledger import LedgerRecord, LifetimeBudget
+from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts
 from .trusted import TrustedKeys
 
-__all__ = ["PENDING_SCRIPT", "Contribution", "encode_contribution", "decode_contribution", "Folder",
+__all__ = ["PENDING_SCRIPT", "TAKE_SCRIPT", "Contribution", "encode_contribution", "decode_contribution",
+           "merge_contributions", "Folder",
            "UserLevelKeys"]
 
 #: Ingest (user level): write the touched users' pending contributions and the new offset atomically, if the
@@ -93,6 +99,19 @@ return 1
 """
 
 
+#: The fold takes a partition's pending contributions: renames the pending hash to the folding hash and bumps the
+#: fold generation, unless a folding hash is already there (a fold that did not finish: it is folded first).
+# KEYS[1] - pending hash   KEYS[2] - folding hash   KEYS[3] - fold generation
+# return 1 if a folding hash is there to fold, 0 if there is nothing to fold
+TAKE_SCRIPT = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('RENAME', KEYS[1], KEYS[2])
+redis.call('INCR', KEYS[3])
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class UserLevelKeys:
     """The user-level keys of one partition (all in the partition's hash slot)."""
@@ -108,6 +127,11 @@ class UserLevelKeys:
         return self._key("trusted", "pending")
 
     @property
+    def folding(self) -> str:
+        """The contributions one fold took from :attr:`pending` (deleted when the fold is written)."""
+        return self._key("trusted", "folding")
+
+    @property
     def foldgen(self) -> str:
         return self._key("trusted", "foldgen")
 
@@ -115,6 +139,11 @@ class UserLevelKeys:
     def participation(self) -> str:
         """Public ledger: per user, participations per epoch (``LedgerRecord`` JSON)."""
         return PublicKeys(self.ns).ledger_participation(self.partition)
+
+    @property
+    def classes(self) -> str:
+        """Public ledger: users per class of their participation record (``epoch:k:past``)."""
+        return PublicKeys(self.ns).ledger_classes(self.partition)
 
     @property
     def summary(self) -> str:
@@ -145,14 +174,22 @@ def encode_contribution(c: Contribution) -> bytes:
     return np.concatenate([head, c.gram.reshape(-1), c.b, tail]).astype("<f8").tobytes()
 
 
+def merge_contributions(a: Contribution, b: Contribution) -> Contribution:
+    """One user's two contributions of the same tick as one (``a``'s events, then ``b``'s)."""
+    items = dict(a.items)
+    for item, value in b.items.items():
+        items[item] = items.get(item, 0.0) + value
+    return Contribution(a.unit, a.count + b.count, a.gram + b.gram, a.b + b.b, items)
+
+
 def decode_contribution(raw: bytes, d: int) -> Contribution:
     a = np.frombuffer(raw, dtype="<f8")
     unit, count = int(a[0]), int(a[1])
     gram = a[2:2 + d * d].reshape(d, d).copy()
     b = a[2 + d * d:2 + d * d + d].copy()
     n = int(a[2 + d * d + d])
-    pairs = a[3 + d * d + d:3 + d * d + d + 2 * n].reshape(n, 2)
-    return Contribution(unit, count, gram, b, {int(k): float(v) for k, v in pairs})
+    pairs = a[3 + d * d + d:3 + d * d + d + 2 * n].tolist()  # Python floats: no numpy scalar per item
+    return Contribution(unit, count, gram, b, {int(k): v for k, v in zip(pairs[::2], pairs[1::2])})
 
 
 class Folder:
@@ -170,6 +207,7 @@ class Folder:
         self.cap, self.capacity, self.ratio = int(cap), int(capacity), ratio
         self.b_clip, self.item_clip = float(b_clip), float(item_clip)
         self.trusted = TrustedKeys(namespace)
+        self._take = client.register_script(TAKE_SCRIPT)
         #: The users' lifetime budget (``user_budget``), set by the release stage; ``None``: none enforced.
         self.budget: LifetimeBudget | None = None
 
@@ -185,37 +223,66 @@ class Folder:
         return total
 
     def fold_partition(self, partition: int, version: int, retries: int = 50) -> dict[str, int]:
+        """Fold one partition's pending contributions into release ``version``.
+
+        The tick's contributions are first *taken*: the pending hash is renamed to the partition's folding hash
+        with the fold generation bumped, in one script (:data:`TAKE_SCRIPT`; ingest batches prepared against them
+        are refused and redone against the new, empty pending hash). Ingest then goes on while the fold plans:
+        nothing it writes can make the fold start over (a fold that read the pending hash under ``WATCH`` was
+        redone at every ingest batch, so a tick of thousands of users could take seconds). The plan's writes
+        (statistics, records, counters) and the folding hash's deletion are one transaction: a crash in between
+        leaves the folding hash, which the next fold folds first. Users already folded into ``version`` go back
+        to the pending hash, merged with what they sent since (under ``WATCH``: a few users, a short window)."""
         keys = UserLevelKeys(self.ns, partition)
         stats_key = self.trusted.stats(partition)
         epoch = self.epoch_of(version)
+        empty = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
+        if not int(self._take(keys=[keys.pending, keys.folding, keys.foldgen])):
+            return empty
+        taken = self.r.hgetall(keys.folding)
+        if not taken:
+            self.r.delete(keys.folding)
+            return empty
+        stats_raw = self.r.hgetall(stats_key)
+        users = [k.decode()[2:] for k in taken]
+        records_raw = self.r.hmget(keys.participation, users)
+        out = self._plan(taken, stats_raw, users, records_raw, version, epoch)
+        classes = out["classes"]
+        if not self.r.exists(keys.classes):  # none kept yet (a namespace from before them): count them once
+            classes.update(class_counts(self.r.hvals(keys.participation)))
+        removed = set(out["remove"])
+        waiting = {f: raw for f, raw in taken.items() if f not in removed}
         for _ in range(retries):
             with self.r.pipeline(transaction=True) as pipe:
                 try:
-                    pipe.watch(keys.pending, keys.foldgen)
-                    pending = pipe.hgetall(keys.pending)
-                    if not pending:
-                        pipe.unwatch()
-                        return {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
-                    stats_raw = pipe.hgetall(stats_key)
-                    users = [k.decode()[2:] for k in pending]
-                    records_raw = pipe.hmget(keys.participation, users)
-                    out = self._plan(pending, stats_raw, users, records_raw, version, epoch)
+                    back: dict[bytes, bytes] = {}
+                    if waiting:  # back to pending, with what the user sent since the take
+                        pipe.watch(keys.pending, keys.foldgen)
+                        later = pipe.hmget(keys.pending, list(waiting))
+                        back = {f: raw if now is None else encode_contribution(merge_contributions(
+                            decode_contribution(raw, self.d), decode_contribution(now, self.d)))
+                            for (f, raw), now in zip(waiting.items(), later)}
                     pipe.multi()
                     if out["stats"]:
                         pipe.hset(stats_key, mapping=out["stats"])
-                    if out["remove"]:
-                        pipe.hdel(keys.pending, *out["remove"])
                     if out["records"]:
                         pipe.hset(keys.participation, mapping=out["records"])
                     for name, value in out["counts"].items():
                         if value:
                             pipe.hincrby(keys.summary, name, value)
-                    pipe.incr(keys.foldgen)
+                    for name, value in classes.items():
+                        if value:
+                            pipe.hincrby(keys.classes, name, value)
+                    if back:
+                        pipe.hset(keys.pending, mapping=back)  # type: ignore[arg-type]
+                        pipe.incr(keys.foldgen)
+                    pipe.delete(keys.folding)
                     pipe.execute()
                     return out["summary"]
-                except redis.WatchError:  # ingest wrote pending meanwhile: read it again
+                except redis.WatchError:  # ingest wrote pending meanwhile: merge the waiting users again
                     continue
-        raise RuntimeError(f"partition {partition}: the fold lost {retries} races with ingest in a row")
+        raise RuntimeError(f"partition {partition}: the fold lost {retries} races with ingest in a row while "
+                           f"returning {len(waiting)} waiting users to the pending hash")
 
     def _plan(self, pending: dict[bytes, bytes], stats_raw: dict[bytes, bytes], users: Sequence[str],
               records_raw: Sequence[bytes | None], version: int, epoch: int) -> dict[str, Any]:
@@ -230,8 +297,21 @@ class Folder:
         remove: list[bytes] = []
         records: dict[str, str] = {}
         summary = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
+        # users per record class (LedgerRecord.class_field): -1 for each rewritten record's old class, +1 for its new
+        classes: Counter[str] = Counter()
+        old_class: dict[str, str] = {}
+
+        def write(user: str, record: LedgerRecord) -> None:
+            records[user] = record.dumps()
+            if user in old_class:
+                classes[old_class[user]] -= 1
+            classes[record.class_field] += 1
+
         for field_name, user, raw_rec in zip(list(pending), users, records_raw):
-            rec = LedgerRecord.loads(raw_rec).at(epoch, self.ratio)
+            stored = LedgerRecord.loads(raw_rec)
+            if raw_rec is not None:
+                old_class[user] = stored.class_field
+            rec = stored.at(epoch, self.ratio)
             if rec.last_version >= version:
                 summary["waiting"] += 1  # already in this release: the events wait for the next one
                 continue
@@ -239,13 +319,13 @@ class Folder:
             remove.append(field_name)
             if rec.k >= self.cap:
                 summary["dropped"] += c.count  # at the cap: served and logged, not learned from
-                records[user] = LedgerRecord(rec.epoch, rec.k, rec.last_version, rec.past).dumps()
+                write(user, LedgerRecord(rec.epoch, rec.k, rec.last_version, rec.past))
                 continue
             if self.budget is not None and not self.budget.allows(rec, epoch):
                 summary["over_budget"] += c.count  # past the lifetime budget: served and logged, not learned from
-                records[user] = rec.dumps()
+                write(user, rec)
                 continue
-            scale = clip_scale(float(np.linalg.norm(c.b)), self.b_clip)
+            scale = clip_scale(math.sqrt(float(c.b @ c.b)), self.b_clip)  # np.linalg.norm's sum, bit for bit
             stats.gram[c.unit] += c.gram
             stats.b[c.unit] += scale * c.b
             stats.count[c.unit] += c.count
@@ -258,7 +338,7 @@ class Folder:
             if hvec is not None and self.hierarchy is not None and features is not None:
                 add_contribution(hvec, self.hierarchy[0], c.unit, c.items, features)
             k = rec.k + 1
-            records[user] = LedgerRecord(epoch, k, version, rec.past).dumps()
+            write(user, LedgerRecord(epoch, k, version, rec.past))
             summary["folded"] += 1
             if k == self.cap:
                 summary["at_cap"] += 1
@@ -273,5 +353,6 @@ class Folder:
             out_stats[HIERARCHY_FIELD.decode()] = hvec.astype("<f8").tobytes()
         counts = {f"at_cap:{epoch}": summary["at_cap"], "dropped": summary["dropped"], "folded": summary["folded"],
                   "over_budget": summary["over_budget"]}
-        return {"stats": out_stats, "remove": remove, "records": records, "counts": counts, "summary": summary}
+        return {"stats": out_stats, "remove": remove, "records": records, "counts": counts, "summary": summary,
+                "classes": classes}
 

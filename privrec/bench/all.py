@@ -1,14 +1,15 @@
 """``privrec bench all``: every benchmark in one run, side by side, with the machine's yardstick.
 
-Writes ``bench.json`` (``{"machine", "core", "ingest", "freshness", "serve", "scale", "memory", "noise"}``) and
-``bench.md``. The parts that already exist run as their own commands (``core``, ``ingest``, ``serve``,
-``scale``, ``noise``: their JSON is read back); two are measured here:
+Writes ``bench.json`` (``{"machine", "core", "ingest", "freshness", "serve", "scale", "memory", "noise",
+"population"}``) and ``bench.md``. The parts that already exist run as their own commands (``core``, ``ingest``,
+``serve``, ``scale``, ``noise``, ``population``: their JSON is read back); two are measured here:
 
 * **freshness** — on a running stack (synthetic world, 1 s release tick): feedback after feedback at random
   phases of the tick, the time from ``POST /feedback``'s 202 until the *serving model* covers it (its
   ``events`` count reaches the feedback's), p50 and p99;
 * **memory** — on the same stack after seeding: Redis ``used_memory`` over the users with statistics, and the
-  worker's and web server's resident memory.
+  worker's and web server's resident memory (10 users: mostly fixed overhead; ``population``'s
+  ``redis_marginal_bytes_per_user`` is the slope between populations of thousands).
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ def _run(args: argparse.Namespace) -> int:
                         out, "serve")
     doc["scale"] = _cli(["scale", "--sizes", "100,1892" if q else "100,1892,100000"], out, "scale")
     doc["noise"] = _cli(["noise", "--ticks", "50" if q else "200"], out, "noise")
+    doc["population"] = _cli(["population", "--sizes", "2000,5000" if q else "10000,20000", "--active",
+                              "1000" if q else "5000", "--no-progress"], out, "population")
     doc["machine_after"] = machine_info()
     (out / "bench.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     (out / "bench.md").write_text(_markdown(doc))
@@ -164,6 +167,7 @@ def target_rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     ing, srv = _get(doc, "ingest", "summary") or {}, _get(doc, "serve", "peers") or {}
     sc = _get(doc, "scale", "rows") or {}
     big, lastfm = sc.get("100000") or {}, sc.get("1892") or {}
+    pop = doc.get("population") or {}
     k25, k1000 = srv.get("recommend_k25") or {}, srv.get("recommend_k1000") or {}
     return [
         ("in-process decide+update vs MABWiser's LinUCB",
@@ -204,6 +208,14 @@ def target_rows(doc: dict[str, Any]) -> list[tuple[str, str, str, str]]:
          _verdict(None if not big else big.get("max_rss_mb", 0) / 1024, 4.0, at_most=True)),
         ("LastFM's 1,892 users: warm release + solve", f"{_fmt(lastfm.get('release_warm_s'))} s", "≤ 1 s",
          _verdict(lastfm.get("release_warm_s"), 1.0, at_most=True)),
+        ("population: Redis marginal bytes per user at rest (issue 34)",
+         f"{_fmt(pop.get('redis_marginal_bytes_per_user'), ',.0f')} B between {_fmt(pop.get('redis_marginal_between'))} "
+         f"users; lost events {_fmt(pop.get('lost_events'))}", "≤ 1,024 B",
+         _verdict(pop.get("redis_marginal_bytes_per_user"), 1024, at_most=True)),
+        ("population: release tick p99, ~10k users folded per tick", f"{_fmt(pop.get('tick_p99_s'))} s "
+         f"({_fmt(pop.get('tick_p99_basis'))})", "≤ 1 s", _verdict(pop.get("tick_p99_s"), 1.0, at_most=True)),
+        ("population: ingest / (consume + json.loads) at the largest size", _fmt(pop.get("ingest_ratio")), "≥ 0.5",
+         _verdict(pop.get("ingest_ratio"), 0.5)),
     ]
 
 
@@ -223,7 +235,7 @@ def _markdown(doc: dict[str, Any]) -> str:
               f"{_fmt(_get(doc, 'core', 'goblin_us'))} µs |",
               f"| memory: Redis per user / worker RSS / web RSS | {_fmt(m.get('redis_bytes_per_user'), ',.0f')} B / "
               f"{_fmt(m.get('worker_rss_mb'), '.0f')} MB / {_fmt(m.get('web_rss_mb'), '.0f')} MB |"]
-    for part in ("core", "ingest", "serve", "scale", "noise"):
+    for part in ("core", "ingest", "serve", "scale", "noise", "population"):
         v = doc.get(part, {})
         lines.append(f"| {part} | see {part}/ ({'error: ' + v['error'][:80] if 'error' in v else 'ok'}) |")
     return "\n".join(lines) + "\n"

@@ -129,7 +129,7 @@ def register(sub: Any) -> None:
     o.add_argument("--data-dir", default=None, help="LastFM data directory (default: PRIVREC_DATA_DIR or ../shared/data/lastfm-2k)")
     o.add_argument("--sites", type=int, default=4, help="federated sites M (default 4)")
     o.add_argument("--shuffle-batch", type=int, default=200,
-                   help="local-shuffle: distinct users of a unit per shuffled batch (default 200)")
+                   help="local-shuffled-vectors: distinct users of a unit per shuffled batch (default 200)")
     o.add_argument("--local-unit", choices=("user", "event"), default="user",
                    help="local rows: each device's privacy unit (default user: at most --user-cap reports per epoch, "
                         "noise calibrated to them, a lifetime budget of 10; event: each interaction alone)")

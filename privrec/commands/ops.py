@@ -71,6 +71,12 @@ def register(sub: Any) -> None:
     u.add_argument("--redis-admin-url", default=None, metavar="URL",
                    help="external Redis: an administrator's URL, used once to create the stack's users (not stored; "
                         "without it the users must exist, and up prints the ACL lines to apply)")
+    from models.local.config import DEFAULT_VARIANT, VARIANTS
+
+    u.add_argument("--local-variant", choices=list(VARIANTS), default=None, metavar="NAME",
+                   help=f"local mode's protocol by name (models.local.config.VARIANTS): {', '.join(VARIANTS)}; sets "
+                        f"the local settings it stands for, which explicit flags override (default: "
+                        f"{DEFAULT_VARIANT}, the one that learns; docs/local-protocol.md)")
     settings_group = u.add_argument_group("pipeline settings (flags win over the environment)")
     add_arguments(settings_group)  # an argument group takes add_argument like a parser
     u.set_defaults(func=_up)
@@ -105,11 +111,36 @@ def _err(command: str, message: str) -> int:
     return 1
 
 
+def _settings_of_variant(flags: dict[str, Any]) -> Any:
+    """The stack's settings from ``privrec up``'s flags, ``--local-variant NAME`` spelled out as the settings it stands
+    for (explicit flags win). The default variant is left to the settings' own resolution (its batch grows to what
+    the blanket can calibrate at the run's epsilon, and ``privrec up`` makes a small catalog its codebook), then
+    checked: a run that cannot be the variant asked for is refused, naming ``local_variant``."""
+    from models.local.config import VARIANTS, variant_of
+    from pipeline.config.settings import Settings, SettingsError
+
+    name = flags.pop("local_variant", None)
+    variant = None if name is None else VARIANTS[name]
+    if variant is not None and variant.research:
+        flags = {**variant.settings, **{k: v for k, v in flags.items() if v is not None}}
+    settings = Settings.from_mapping(flags)
+    if variant is not None:
+        if settings.mode != "local":
+            raise SettingsError("local_variant", f"applies to local mode only (--mode local), got mode "
+                                                 f"{settings.mode!r}.")
+        got = variant_of(settings.local_config(settings.d))
+        if got != variant.name:
+            raise SettingsError("local_variant", f"{variant.name!r} cannot run with these settings: they make "
+                                                 f"{got!r} (a synthetic world of fewer users than a batch, event "
+                                                 f"level or epsilon = inf keep the per-user tree or plain reports).")
+    return settings
+
+
 def _up(args: argparse.Namespace) -> int:
     from pipeline.config.settings import Settings
     from privrec import ops
 
-    settings = Settings.from_mapping(vars(args))  # SettingsError (a ValueError): exit 2, nothing started
+    settings = _settings_of_variant(vars(args))  # SettingsError (a ValueError): exit 2, nothing started
     port = args.http_port
     if port is None:
         port = _http_port(os.environ.get("PRIVREC_HTTP_PORT", "0"))

@@ -45,6 +45,7 @@ import numpy as np
 
 from models.ground.environment import SyntheticEnvironment
 from models.local import LocalConfig, LocalUCB
+from models.local.config import VARIANTS
 from models.local.policy import LocalItemUCB
 from models.mechanisms.participation import B_CLIP, participation_factor, replace_sensitivity
 from models.policies import PopularityUCB, UserLevelUCB, make_policy
@@ -81,10 +82,10 @@ class ModesConfig:
     lastfm_noise_ridge: float = 100.0
     tree_levels: int = 14               # the pipeline's tree: 2**14 - 1 release ticks per epoch
     kappa: float = 0.5
-    shuffle_batch: int = 200            # local-shuffle: distinct users per batch of a unit (LastFM clusters)
-    population_batch: int = 150         # local-shuffle-pop: distinct users per population-wide batch
-    population_cap: int = 2             # local-shuffle-pop: reports per device per epoch (user level)
-    population_codewords: int = 64      # local-shuffle-pop: size of the public codebook of item features
+    shuffle_batch: int = 200            # local-shuffled-vectors: distinct users per batch of a unit (LastFM clusters)
+    population_batch: int = VARIANTS["shuffled-items"].shuffle_batch    # local-shuffled-items: distinct users per batch
+    population_cap: int = VARIANTS["shuffled-items"].cap or 2           # local-shuffled-items: reports per device and epoch
+    population_codewords: int = VARIANTS["shuffled-items"].codewords    # local-shuffled-items: the public codebook's size
     local_unit: str = "user"            # local rows: the device's unit (user: cap, calibration to it, budget)
     user_cap: int = 8                   # local rows at user level: reports per epoch (the pipeline's default)
     user_budget: float = 10.0           # local rows at user level: a device's lifetime budget
@@ -200,18 +201,18 @@ def _federated_sites(unit: str) -> Callable[..., Any]:
     return make
 
 
-def _local(algorithm: str) -> Callable[..., Any]:
-    """Local mode: a device per user (models.local.LocalClient) and the server's sums; epsilon = inf falls back
-    to the non-private twin (a device never sends its exact statistic)."""
+def _local(variant: str) -> Callable[..., Any]:
+    """Local mode, variant ``variant`` of :data:`models.local.config.VARIANTS` (``tree``, ``round``,
+    ``shuffled-vectors``): a device per user (models.local.LocalClient) and the server's sums; epsilon = inf falls
+    back to the non-private twin (a device never sends its exact statistic)."""
     def make(V: np.ndarray, d: int, epsilon: float, seed: int, cfg: ModesConfig, *, tick: int, lam: float,
              kappa: float, horizon: int) -> Any:
         if math.isinf(epsilon):
             return _global(V, d, epsilon, seed, cfg, tick=tick, lam=lam, kappa=kappa, horizon=horizon)
-        shuffle = cfg.shuffle_batch if algorithm == "shuffle" else 0
-        user = cfg.local_unit == "user"
-        config = LocalConfig(algorithm="round" if algorithm == "shuffle" else algorithm, d=d, epsilon=epsilon,
-                             delta=cfg.delta, shuffle_batch=shuffle, unit=cfg.local_unit, cap=cfg.user_cap,
-                             user_budget=cfg.user_budget if user else math.inf)
+        v, user = VARIANTS[variant], cfg.local_unit == "user"
+        config = v.config(d=d, epsilon=epsilon, delta=cfg.delta, unit=cfg.local_unit, cap=cfg.user_cap,
+                          shuffle_batch=cfg.shuffle_batch if v.shuffle_batch else 0,
+                          user_budget=cfg.user_budget if user else math.inf)
         return LocalUCB(d=d, n_units=V.shape[0], config=config, tick=tick, seed=seed, lambda_=lam, alpha=cfg.alpha,
                         noise_ridge=kappa)
     return make
@@ -246,21 +247,22 @@ ROWS: list[Row] = [
     Row("federated-sites-user", "the live sites' default, user level: per-user per-tick clip, user_cap ticks per "
                                 "epoch, noise scaled by the participation factor, star", _federated_sites("user"),
         federated=True),
-    Row("local-tree", "each device releases its own b_u through blt-exact (LDP-CoLin's per-user continual release)",
-        _local("tree")),
-    Row("local-round", "one Gaussian report r x + N(0, sigma^2 I) per interaction ((eps, delta)-LDP each)",
-        _local("round")),
-    Row("local-shuffle", "pure eps0-LDP Laplace reports, shuffled in batches of distinct users of a unit; "
-                         "epsilon is the central guarantee of a batch (Feldman, McMillan & Talwar)",
-        _local("shuffle")),
-    Row("local-shuffle-pop", "population-wide shuffled batches of distinct users: listens as codewords of a public "
-                             "codebook with a blanket of fake messages; user level (cap per device per epoch); epsilon "
-                             "is the central guarantee of a user's batches", _local_population),
+    # the local variants (models.local.config.VARIANTS), each row named local-<variant>
+    Row("local-tree", VARIANTS["tree"].about, _local("tree")),
+    Row("local-round", VARIANTS["round"].about, _local("round")),
+    Row("local-shuffled-vectors", VARIANTS["shuffled-vectors"].about + " (Feldman, McMillan & Talwar)",
+        _local("shuffled-vectors")),
+    Row("local-shuffled-items", VARIANTS["shuffled-items"].about + " (the default; Balcer & Cheu's blanket)",
+        _local_population),
 ]
+
+#: Rows renamed to their variant's name draw the noise of their former name, so every figure published under it
+#: stays reproducible bit for bit (a cell's noise seed derives from its row's name).
+_SEED_NAMES = {"local-shuffled-vectors": "local-shuffle", "local-shuffled-items": "local-shuffle-pop"}
 
 #: Rows that cannot run on the synthetic world: there each user is their own unit, so a unit's batch can never
 #: hold several distinct users (nothing to hide among).
-NEEDS_POOLED_UNITS = {"local-shuffle", "local-shuffle-pop"}
+NEEDS_POOLED_UNITS = {"local-shuffled-vectors", "local-shuffled-items"}
 
 
 def register_row(row: Row) -> None:
@@ -311,7 +313,7 @@ def _execute(job: _Job) -> _Result:
     cfg: ModesConfig = _CTX["cfg"]
     row = next(r for r in ROWS if r.name == job.row)
     t0 = time.perf_counter()
-    seed = derive_seed("modes-noise", job.dataset, job.run, job.row, job.epsilon)
+    seed = derive_seed("modes-noise", job.dataset, job.run, _SEED_NAMES.get(job.row, job.row), job.epsilon)
     lf = _CTX.get("lastfm")
     if job.dataset == "lastfm":
         policy = _policy(row, job.epsilon, seed, cfg, "lastfm", lf["n_units"], lf["d"])
@@ -344,9 +346,9 @@ def _local_stats(policy: Any) -> dict[str, float] | None:
     if not isinstance(policy, LocalUCB) or not policy.reports:
         return None
     batches = sum(policy.shuffler.seq.values()) if policy.shuffler is not None else 0
-    return {"applied_fraction": float(policy.aggregate.count.sum()) / policy.reports, "batches": float(batches),
+    return {"applied_fraction": float(policy.state.count.sum()) / policy.reports, "batches": float(batches),
             "refused_fraction": policy.refused / (policy.reports + policy.refused),
-            "noise_std": policy.aggregate.noise_std(), "devices": float(len(policy._clients))}
+            "noise_std": policy.state.noise_std(), "devices": float(len(policy._clients))}
 
 
 def untrained_lastfm_reward(lf: dict[str, Any], seed: int, cfg: ModesConfig) -> float:
@@ -484,7 +486,7 @@ def _population(cfg: ModesConfig, jobs: int) -> dict[str, Any]:
         vals = [r["gain"] for r in rows if r["n_users"] == size and r["gain"] is not None]
         gains.append(float(np.mean(vals)) if vals else None)
     conf = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(pc).items()}
-    return {"n_users": list(pc.sizes), "gain": gains, "epsilon": pc.epsilon, "mode": "local-shuffle",
+    return {"n_users": list(pc.sizes), "gain": gains, "epsilon": pc.epsilon, "mode": "local-shuffled-items",
             "what": "share of the non-private gain kept: (reward - random) / (non-private - random), same events",
             "runs": sorted(rows, key=lambda r: r["n_users"]), "config": conf,
             "target": {"what": "local + shuffling keeps >= 50 % of the non-private gain at 100,000 users",
@@ -583,9 +585,9 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
         doc["scaling"] = doc_scaling
     if _CTX.get("population"):
         doc["population"] = _CTX["population"]
-    if "local-shuffle" in modes and 2.0 in cfg.epsilons and lf:
+    if "local-shuffled-vectors" in modes and 2.0 in cfg.epsilons and lf:
         i = list(cfg.epsilons).index(2.0)
-        sh = modes["local-shuffle"]
+        sh = modes["local-shuffled-vectors"]
         got = sh["lastfm_ratio"][i]
         untrained = doc.get("lastfm_untrained_ratio")
         doc["local_target"] = {"what": "local mode with shuffling: LastFM ratio at central epsilon = 2 at least the "
@@ -596,9 +598,9 @@ def _document(cfg: ModesConfig, rows: Sequence[Row], results: list[_Result], sec
                                "applied_fraction": (sh.get("lastfm_applied_fraction") or [None] * (i + 1))[i],
                                "batches": (sh.get("lastfm_batches") or [None] * (i + 1))[i],
                                "shuffle_batch": cfg.shuffle_batch}
-    if "local-shuffle-pop" in modes and 2.0 in cfg.epsilons and lf:
+    if "local-shuffled-items" in modes and 2.0 in cfg.epsilons and lf:
         i = list(cfg.epsilons).index(2.0)
-        pm = modes["local-shuffle-pop"]
+        pm = modes["local-shuffled-items"]
         got = pm["lastfm_ratio"][i]
         doc["local_pop_target"] = {
             "what": "local mode with population-wide shuffling at central epsilon = 2, user level: LastFM ratio >= 2.0",
@@ -723,8 +725,8 @@ def _markdown(doc: dict[str, Any]) -> str:
                       "mode's. An added regret at or below zero means the noise-scaled ridge regularized better "
                       "than the non-private twin's lambda: the ratio is then undefined, and local − global is "
                       "the comparison left.)"]
-    lines += ["", "`local-shuffle` has no synthetic row: there every user is a unit of their own, so no batch of "
-                  "distinct users of one unit can form.", ""] if "local-shuffle" in doc["modes"] else []
+    lines += ["", "`local-shuffled-vectors` has no synthetic row: there every user is a unit of their own, so no batch of "
+                  "distinct users of one unit can form.", ""] if "local-shuffled-vectors" in doc["modes"] else []
     pop = doc.get("population")
     if pop:
         lines += ["", f"## Population axis: share of the non-private gain kept at central ε = {pop['epsilon']:g}, user "
@@ -775,7 +777,7 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
     ax = axes[0][0]
     for name, m in doc["modes"].items():
         if all(v is None for v in m["regret"]):
-            continue  # no synthetic row (local-shuffle), or no cell of it calibrated
+            continue  # no synthetic row (local-shuffled-vectors), or no cell of it calibrated
         ax.errorbar(doc["epsilons"], _nan(m["regret"]), yerr=_nan(m["regret_sd"]), marker="o", capsize=3,
                     label=name)
     epsilon_axis(ax, doc["epsilons"])

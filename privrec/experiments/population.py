@@ -8,7 +8,7 @@ random others, the replay's protocol) and earns 1 iff its top item is the listen
 
 Each mode runs on the same events; its **gain** is ``(reward - random) / (non-private - random)`` with random play's
 expected reward (``events / pool``) and the non-private twin of the same model (exact listens and counts, no batch,
-no cap). Modes: ``local-shuffle`` (:class:`models.local.policy.LocalItemUCB`: population-wide shuffled batches of
+no cap). Modes: ``local-shuffled-items`` (a population-wide variant of it, :class:`models.local.policy.LocalItemUCB`: population-wide shuffled batches of
 one-hot item reports with a blanket of fake messages, and listens as Laplace vectors — the synthetic features are
 random, so a codebook of them quantizes away the direction the LastFM row's codewords keep —, user level with the
 device's cap) at central
@@ -190,10 +190,10 @@ def _reward(policy: Any, pop: SyntheticPopulation) -> float:
 
 
 def population_gain(n_users: int, cfg: PopulationConfig, run: int = 0) -> dict[str, Any]:
-    """One population: rewards of random play, the non-private twin and ``local-shuffle``, and the gain kept.
+    """One population: rewards of random play, the non-private twin and ``local-shuffled-items``, and the gain kept.
 
     When the batch of this size is too small for the item reports' blanket at ``cfg``'s epsilon, delta and cap,
-    ``local-shuffle`` cannot run: ``"uncalibrated"`` then holds the calibration's reason and every figure of the
+    ``local-shuffled-items`` cannot run: ``"uncalibrated"`` then holds the calibration's reason and every figure of the
     private run (its reward, the gain, what reached the model) is ``None``; otherwise ``"uncalibrated"`` is
     ``None``."""
     pop = SyntheticPopulation(n_users=n_users, n_units=cfg.n_units, n_items=cfg.n_items,

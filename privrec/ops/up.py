@@ -98,7 +98,7 @@ def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: d
 
 
 #: Local mode's default makes the codebook the catalog itself (the item term) up to this many items: a device then
-#: seals about ``p (K + 1) + 1`` messages per report (~140 at K = 1,000, docs/local-live.md).
+#: seals about ``p (K + 1) + 1`` messages per report (~140 at K = 1,000, docs/local-protocol.md).
 MAX_CATALOG_CODEBOOK = 1024
 
 
@@ -184,7 +184,7 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
     if settings.mode == "local" and getattr(settings, "local_defaulted", False) \
             and len(catalog.feature_matrix) <= MAX_CATALOG_CODEBOOK:
         # local mode's default on a catalog small enough: the codebook is the catalog itself, so the messages' histogram
-        # is also the item term (docs/local-live.md); every process gets these values (child_env spells them out)
+        # is also the item term (docs/local-protocol.md); every process gets these values (child_env spells them out)
         settings = settings.replace(local_codewords=len(catalog.feature_matrix), local_item_term=1)
         note(f"  local    the catalog's {settings.local_codewords} items are the codebook (the item term)")
     if settings.mode == "local" and settings.local_item_term:  # the codebook is the catalog: one codeword per item

@@ -86,10 +86,6 @@ def reset_after_new_broker(client: redis.Redis, settings: Settings, stack: dict[
                            note: Callable[[str], None]) -> None:
     """After starting a new (memory-only) broker: forget the namespace's ingest offsets, and say so."""
     counted, old_offsets = reset_offsets(client, settings)
-    if settings.mode == "local" and settings.shuffle_batch:
-        from pipeline.modes.local.localmode import reset_shuffler_offsets
-
-        reset_shuffler_offsets(client, settings.namespace)
     if any(o is not None for o in old_offsets):
         stack["offsets_reset"] = {"previous": old_offsets, "events_kept": counted}
         note(f"namespace {settings.namespace!r} keeps {counted} events counted by an earlier "

@@ -443,5 +443,6 @@ def test_the_dashboard_shows_the_devices_ledger(local: LocalStack, page: Any) ->
         page.reload()
         page.wait_for_selector("body[data-loaded=true]")
     assert shown == expected and led["users"] >= 1 and led["cap"] == b["privacy"]["cap"]
-    assert "Local mode, user level" in page.locator("#dash-note").inner_text()
+    assert page.locator("#dash-note").inner_text() == b["privacy"]["statement"]  # the server's words, not its own
+    assert b["privacy"]["statement"].startswith("per epoch of ") and "a device makes at most" in b["privacy"]["statement"]
     assert not page.problems, page.problems

@@ -128,6 +128,8 @@ def test_listen_and_skip_reach_the_model(stack: LocalStack, page: Any, tmp_path:
     # the budget view: the guarantee in words, the mechanism, the release history sparkline
     assert "ε" in page.locator("#event-guarantee").inner_text()
     assert "more likely" in page.locator("#guarantee-plain").inner_text()
+    # the server's words (one renderer: models.accounting.statement), not the page's own
+    assert page.locator("#guarantee-plain").inner_text() == api_budget["privacy"]["plain"]
     assert page.locator("#sparkline polyline").count() == 1
     # clean at 1280×800: nothing wider than the window, no console errors
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280

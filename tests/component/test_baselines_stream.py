@@ -182,7 +182,7 @@ def test_privacy_statement_of_each_baseline(algorithm: str) -> None:
     from pipeline.data.catalog import SyntheticCatalog
     from pipeline.release.baseline_release import build_baseline
     from pipeline.config.settings import Settings
-    from pipeline.release.stages import privacy_statement
+    from pipeline.release.statements import privacy_statement
 
     cat = SyntheticCatalog(n_users=3, d=4, n_arms=20, seed=0)
     s = Settings.from_mapping({"algorithm": algorithm, "epsilon": "2", "tree_levels": "6"}, environ={})

@@ -20,7 +20,7 @@ from pipeline.data.catalog import SyntheticCatalog
 from pipeline.config.keys import partition_of
 from pipeline.data.records import parse_batch
 from pipeline.config.settings import Settings
-from pipeline.release.stages import privacy_statement, user_level_statement
+from pipeline.release.statements import privacy_statement, user_level_statement
 from pipeline.state.userlevel import Contribution
 
 CAT = SyntheticCatalog(n_users=6, d=4, n_arms=30, seed=0)

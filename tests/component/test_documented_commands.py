@@ -118,7 +118,9 @@ COVERED: dict[str, tuple[str, ...]] = {
         "tests/integration/test_pipeline.py::test_noise_off_stream_equals_offline_computation",
         "tests/integration/test_item_term.py::test_noise_off_released_item_sums_are_exact_and_served",
         "tests/component/test_documented_commands.py::test_up_help_lists_every_option_the_pages_pass_to_up",
+        "tests/component/test_local_variants.py::test_explicit_flags_win_over_the_variant",
     ),
+    "privrec settings": ("tests/component/test_settings_files.py::test_check_catches_a_stale_file_and_write_mends_it",),
     "privrec down": (f"{_OPS}::test_up_status_refuse_down_then_up_again",),
     "privrec status": (f"{_OPS}::test_up_status_refuse_down_then_up_again",
                        "tests/component/test_ops_offline.py::test_cli_has_up_status_down_with_settings_flags"),
@@ -127,7 +129,7 @@ COVERED: dict[str, tuple[str, ...]] = {
                       f"{_RUNS}::test_token_operator"),
     "privrec items add": ("tests/integration/test_open_catalog.py::test_privrec_items_add_posts_a_file_of_items",),
     "privrec replay lastfm": ("tests/integration/test_replay.py::test_replay_writes_reward_ratio_and_learns",
-                              "tests/integration/test_local_mode.py::test_shuffler_sends_batches_of_distinct_users_stripped_and_shuffled",
+                              "tests/integration/test_local_shuffler.py::test_the_lastfm_replay_reports_through_the_shuffler",
                               "tests/integration/test_fullgraph_stack.py::test_every_user_is_a_unit_and_the_release_stays_sparse",
                               f"{_RUNS}::test_replay_lastfm_without_listens",
                               f"{_RUNS}::test_replay_lastfm_local_with_devices"),
@@ -139,6 +141,8 @@ COVERED: dict[str, tuple[str, ...]] = {
     "privrec bench acl": (f"{_RUNS}::test_bench_acl",),
     "privrec bench catalog": (f"{_RUNS}::test_bench_catalog",),
     "privrec bench all": (f"{_RUNS}::test_bench_all_quick",),
+    "privrec bench population": (
+        "tests/integration/test_bench_population.py::test_bench_population_at_two_tiny_sizes_loses_nothing_and_names_its_headline",),
     "privrec experiment table1": ("tests/unit/test_cli_experiment.py::test_table1_writes_every_output",
                                   "tests/unit/test_cli_experiment.py::test_table1_runs_the_mechanism_it_is_given",
                                   f"{_RUNS}::test_experiment_table1_quick"),
@@ -153,6 +157,8 @@ COVERED: dict[str, tuple[str, ...]] = {
     "privrec experiment userlevel": ("tests/component/test_user_level.py::test_experiment_userlevel_writes_every_output",),
     "python -m pipeline.apps.web": (f"{_HTTP}::test_recommend_feedback_release_budget",),
     "python -m pipeline.apps.worker": ("tests/integration/test_pipeline.py::test_noise_off_stream_equals_offline_computation",),
+    "python -m pipeline.modes.local.shuffler_service": (
+        "tests/integration/test_local_shuffler.py::test_the_shuffler_is_a_party_apart_in_redis_and_in_its_environment",),
     "python -m privrec.ops.supervise": ("tests/integration/test_supervisor.py::test_kill9_of_a_worker_is_restarted",),
     "python -m producers.lastfm": (f"{_RUNS}::test_producers_lastfm",),
 }

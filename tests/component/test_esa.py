@@ -182,7 +182,7 @@ def test_a_tampered_content_adds_nothing_to_the_aggregate_not_even_its_shown_ite
     """Three devices' lists of distinct items; the shuffler's batch carries all their items (one multiset) and
     their sealed contents, one of them tampered in transit. The aggregate must not take the tampered report's
     list into its Gram (before the fix it did: a list with no vector behind it, as if rewarded 0 noise-free)."""
-    from models.local.aggregate import LocalAggregate
+    from models.local.analyzer import Analyzer, Batches
 
     cfg = LocalConfig(algorithm="round", d=2, epsilon=2.0, shuffle_batch=3)
     contexts = {"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [0.6, 0.8], "e": [0.8, -0.6], "f": [-1.0, 0.0], "g": [0, -1.0]}
@@ -196,9 +196,10 @@ def test_a_tampered_content_adds_nothing_to_the_aggregate_not_even_its_shown_ite
     blobs = [bytes(tampered) if s == envs[1].sealed else s for s in batch.sealed]
     raw = SealedBatch(batch.unit, batch.seq, batch.items, blobs, batch.epsilon, batch.delta).to_json()
     opened = open_batch(raw, KEY, cfg)
-    agg = LocalAggregate(cfg, n_units=1)
+    an = Analyzer(cfg, 1, lambda items: np.array([contexts[i] for i in items]))
+    agg = an.init_state()
     if opened.batch is not None:
-        agg.apply_batch(opened.batch, np.array([contexts[i] for i in opened.batch.items]))
+        agg, _ = an.step(agg, Batches([(0, opened.batch)]))
     failed_list = np.array([contexts[i] for i in shown[1]])
     counted = int(agg.count[0])
     # whatever counts, the Gram holds exactly the lists of the counted contents, never the tampered one's

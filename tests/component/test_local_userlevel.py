@@ -224,5 +224,5 @@ def test_the_simulations_devices_stop_at_their_cap_and_count_what_they_refused()
     for i, user in enumerate(users):
         pol.update(i % 2, x, 1.0, user=user)
     assert pol.reports == 4 * cfg.cap and pol.refused == 20 - 4 * cfg.cap
-    assert int(pol.aggregate.count.sum()) == pol.reports
+    assert int(pol.state.count.sum()) == pol.reports
     assert pol.solves == 20 // 4  # the server refreshes on the interactions' clock, reported or not

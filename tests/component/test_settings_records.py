@@ -117,12 +117,26 @@ def test_valid_events_parse_with_catalog_or_explicit_context(cat: SyntheticCatal
         (_ev(context=[1, True, 0, 0]), "context must be a list of numbers"),
         (b'{"event_id": "e", "user": "1", "arm": "3", "reward": 1, "context": [NaN, 0, 0, 0]}', "NaN or infinite"),
         (_ev(ts="yesterday"), "ts must be a finite number"),
+        (_ev(user="1" * 129), "field 'user' has 129 characters, at most 128 (MAX_ID_CHARS)"),
+        (_ev(arm="3" * 10_000), "field 'arm' has 10000 characters, at most 128"),
+        (_ev(rec_id="r" * 129), "field 'rec_id' has 129 characters, at most 128"),
     ],
 )
 def test_malformed_events_are_refused_with_a_reason(raw: bytes, reason: str, cat: SyntheticCatalog) -> None:
     with pytest.raises(MalformedEvent) as exc:
         parse_interaction(raw, cat)
     assert reason in str(exc.value)
+
+
+def test_id_limit_is_the_stacks_one_at_ingest_and_on_the_devices(cat: SyntheticCatalog) -> None:
+    """Ingest takes an id of exactly MAX_ID_CHARS characters as far as the id rule goes (here: an unknown user);
+    local reports carry the same limit (models cannot import the pipeline: a second constant, pinned here)."""
+    from models.local.reports import MAX_ID_CHARS as REPORT_LIMIT
+    from pipeline.data.records import MAX_ID_CHARS
+
+    assert REPORT_LIMIT == MAX_ID_CHARS == 128
+    with pytest.raises(MalformedEvent, match="unknown user"):
+        parse_interaction(_ev(user="1" * MAX_ID_CHARS, rec_id="r" * MAX_ID_CHARS), cat)
 
 
 def test_dead_letter_value_keeps_the_original_bytes() -> None:

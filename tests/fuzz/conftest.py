@@ -43,7 +43,7 @@ def _seed(url: str, settings: Any, catalog: Any) -> None:
     import redis
 
     from pipeline.ingestion.ingest import IngestProcessor, UserIngestProcessor
-    from pipeline.modes.local.localmode import LocalReleaseStage
+    from pipeline.modes.local.release import LocalReleaseStage
     from pipeline.release.stages import ReleaseStage, SolveStage
 
     client = redis.Redis.from_url(url)

@@ -208,12 +208,26 @@ def test_feedback_body_must_be_a_json_object(stack: LocalStack, raw: bytes) -> N
     ({"user": "1", "item": "no-such-arm"}, 400, "item", "unknown arm 'no-such-arm'"),
     ({"user": "nobody", "item": "1"}, 404, "user", "unknown user 'nobody'"),
     ({"user": "1", "item": "1", "rec_id": "x"}, 400, "rec_id", "unknown field"),
+    ({"user": "u" * 10_000, "item": "1"}, 400, "user", "at most 128 characters (MAX_ID_CHARS), got 10000"),
+    ({"user": "1", "item": "i" * 129}, 400, "item", "at most 128 characters"),
 ])
 def test_listen_errors_name_the_parameter(stack: LocalStack, body: dict[str, Any], status: int, parameter: str,
                                           says: str) -> None:
     r = call(stack, "POST", "/listen", body)
     assert r.status == status, r.body
     assert r.error["parameter"] == parameter and says in r.error["message"], r.error
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("GET", "/recommend?user=" + "u" * 129, None),
+    ("GET", "/recommend?user=1&candidates=1," + "c" * 129, None),
+    ("GET", "/budget?user=" + "u" * 129, None),
+    ("POST", "/feedback", {"rec_id": "r" * 129, "item": "1", "reward": 1}),
+], ids=["recommend_user", "recommend_candidate", "budget_user", "feedback_rec_id"])
+def test_ids_past_the_limit_are_400_naming_it(stack: LocalStack, method: str, path: str, body: Any) -> None:
+    r = call(stack, method, path, body)
+    assert r.status == 400, r.body
+    assert "at most 128 characters (MAX_ID_CHARS)" in r.error["message"], r.error
 
 
 def test_listen_becomes_a_listen_event_on_interactions(stack: LocalStack) -> None:

@@ -25,7 +25,8 @@ from models.ground.items import ReleasedItems
 from pipeline.config.settings import Settings, SettingsError
 from pipeline.data.catalog import load_catalog
 from pipeline.modes.local.local_http import catalog_codebook
-from pipeline.modes.local.localmode import BatchIngestProcessor, LocalReleaseStage, local_config
+from pipeline.modes.local.ingest import BatchIngestProcessor, local_config
+from pipeline.modes.local.release import LocalReleaseStage
 from pipeline.release.stages import SolveStage
 from pipeline.serve.serving import Recommender
 
@@ -99,61 +100,6 @@ def test_sealed_codeword_messages_move_the_released_b_and_the_served_scores(redi
         means = np.array([t["mean"] for t in top])
         np.testing.assert_allclose(means, catalog.features_of([t["item"] for t in top]) @ theta, rtol=1e-6)
         assert abs(means).max() > 1.0  # the served scores moved off the empty model's 0
-
-
-def test_the_in_worker_shuffler_batches_messages_population_wide(redis_client: redis.Redis, redis_server: Any) -> None:
-    """Without a separate shuffler: the worker's task passes each report's messages to the batch (population-wide,
-    distinct users of every unit) and dead-letters a report whose messages name no codeword."""
-    import dataclasses
-
-    from models.local.shuffle import POPULATION
-    from pipeline.modes.local.localmode import ShufflerTask
-
-    settings = Settings.from_mapping({}, environ={**WORLD, "REDIS_URL": redis_server.url, "PRIVREC_NAMESPACE": "cw2"})
-    catalog = load_catalog(settings)
-    cfg = local_config(settings, catalog.d)
-    book = catalog_codebook(catalog, K)
-    arm = catalog.arm_ids[0]
-    task = ShufflerTask(redis_client, settings, catalog, cfg)
-    task.clock = lambda: 0.0
-    raw, sent = [], []
-    for u in catalog.users[:N]:
-        rep = LocalClient(u, cfg, MemoryStorage(), seed=int(u) + 7, clock=lambda: 0.0, codebook=book).report(
-            rec_id=f"r{u}", x=book[3], reward=1.0)
-        sent += rep.messages
-        raw.append(dataclasses.replace(rep, shown=(arm,)).to_json())
-    bad = LocalClient("x", cfg, MemoryStorage(), seed=1, clock=lambda: 0.0, codebook=book)
-    bad_rep = dataclasses.replace(bad.report(rec_id="rx", x=book[3], reward=1.0), user=catalog.users[0], version=9,
-                                  shown=(arm,), messages=(K + 1,))
-    out, dead = task.process(0, list(enumerate([bad_rep.to_json(), *raw])))
-    assert [d.reason for d in dead] == [f"local report: msgs: must be codeword indices below {K} (or {K}: the dummy "
-                                        f"that stands for an absent listen)"]
-    assert len(out) == 1 and out[0].unit == POPULATION and out[0].n == N
-    assert sorted(out[0].messages) == sorted(sent) and b'"user"' not in out[0].to_json()
-    assert (out[0].analysis, out[0].bound) == ("blanket", "blanket-exact")  # the blanket's guarantee, not Laplace's
-
-    # /budget?user='s counts: the batch names no user, so the task mirrors what it accepted to the public counts,
-    # read back through the web's view; a second report of one user (in the open batch) and a restart keep counting
-    from pipeline.serve.budget_view import user_interactions
-
-    u0, u1 = catalog.users[0], catalog.users[1]
-    again = LocalClient(u1, cfg, MemoryStorage(), seed=3, clock=lambda: 0.0, codebook=book)
-    again.report(rec_id="skip", x=book[3], reward=1.0)  # the device's first report, never sent: version 2 next
-    second = dataclasses.replace(again.report(rec_id="r2", x=book[3], reward=1.0), shown=(arm,))
-    task.save()
-    task = ShufflerTask(redis_client, settings, catalog, cfg)  # a restart: the counts are part of its state
-    task.clock = lambda: 0.0
-    assert task.process(0, [(N + 1, second.to_json())]) == ([], [])
-    task.save()
-
-    async def counts() -> list[int]:
-        r = redis.asyncio.Redis.from_url(redis_server.url)
-        try:
-            return [await user_interactions(r, PublicKeys("cw2"), settings.partitions, u) for u in (u0, u1, "nobody")]
-        finally:
-            await r.aclose()
-
-    assert asyncio.run(counts()) == [1, 2, 0]  # u0's dead-lettered report is not counted
 
 
 def test_with_the_catalog_as_codebook_the_messages_are_also_the_served_item_term(redis_client: redis.Redis,

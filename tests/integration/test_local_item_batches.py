@@ -13,7 +13,8 @@ from models.local.items import ItemBlanket
 from models.local.shuffle import ShuffledBatch
 from pipeline.data.catalog import load_catalog
 from pipeline.config.keys import PublicKeys
-from pipeline.modes.local.localmode import BatchIngestProcessor, LocalReleaseStage, local_config
+from pipeline.modes.local.ingest import BatchIngestProcessor, local_config
+from pipeline.modes.local.release import LocalReleaseStage
 from pipeline.config.settings import Settings
 from pipeline.release.stages import SolveStage
 

@@ -481,3 +481,53 @@ def test_the_codeword_scan_finds_what_it_looks_for() -> None:
     for where, blob in planted:
         with pytest.raises(AssertionError):
             assert_no_identified_codeword(where, blob)
+
+
+#: KEYS none, ARGV[1] microseconds: keeps the redis-server busy (one script runs alone) for that long; returns 1.
+_BUSY = """local t0 = redis.call('TIME')
+while true do
+  local t = redis.call('TIME')
+  if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) >= tonumber(ARGV[1]) then return 1 end
+end"""
+
+
+def test_a_slow_store_does_not_stall_the_shufflers_event_loop(redis_client: redis.Redis) -> None:
+    """While the redis-server is busy for 0.6 s, an envelope's accept waits for it — and the event loop keeps
+    running (a 10 ms ticker never waits 0.2 s): the shuffler's Redis calls are off the loop."""
+    import asyncio
+    import threading
+
+    from pipeline.config.keys import PublicKeys
+    from pipeline.data.catalog import SyntheticCatalog
+    from pipeline.modes.local.shuffler_service import ShufflerService
+
+    settings = Settings(mode="local", namespace="lag", d=4, n_users=4, n_arms=12, local_algorithm="round",
+                        shuffle_batch=3, epsilon=2.0, privacy_unit="event", redis_url="redis://unused")
+    catalog = SyntheticCatalog(n_users=4, d=4, n_arms=12)
+    config = settings.local_config(catalog.d)
+    service = ShufflerService(redis_client, settings, catalog, config)
+    redis_client.set(PublicKeys("lag").recommendation("r1"), json.dumps({"user": "1", "items": ["0", "1", "2"]}))
+    envelope = seal_report(LocalClient("1", config).report(rec_id="r1", x=np.full(4, 0.5), reward=1.0),
+                           AnalyzerKey.generate().public_bytes()).to_json()
+    busy = redis.Redis.from_url(f"redis://127.0.0.1:{redis_client.connection_pool.connection_kwargs['port']}/0")
+    script = threading.Thread(target=busy.eval, args=(_BUSY, 0, 600_000))
+
+    async def run() -> tuple[tuple[int, Any], float, float]:
+        script.start()
+        await asyncio.sleep(0.05)  # the script holds the server now
+        t0 = time.perf_counter()
+        task = asyncio.create_task(service.accept(envelope))
+        gap, last = 0.0, time.perf_counter()
+        while not task.done():
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gap, last = max(gap, now - last), now
+        return await task, time.perf_counter() - t0, gap
+
+    (status, body), took, gap = asyncio.run(run())
+    script.join()
+    busy.close()
+    assert status == 202, body
+    assert took > 0.4, f"the accept did not wait for the busy server ({took:.3f} s): the test shows nothing"
+    assert gap < 0.2, f"the event loop stalled {gap:.3f} s while the store was busy"
+    assert int(redis_client.hget(service.store.versions, "1")) == 1  # and the envelope was saved

@@ -126,30 +126,3 @@ def test_reports_beyond_the_cap_or_the_budget_are_dead_lettered_with_the_reason(
     status, b4 = st.get_json("/budget?user=4", token=st.user_token("4"))
     assert b4["user"]["at_budget"] and b4["user"]["reports_allowed"] == limit
     assert b4["user"]["budget_left"] == pytest.approx(4.0 - cfg.spent(limit)[0]) and cfg.spent(limit)[0] <= 4.0
-
-
-def test_the_shuffler_checks_the_cap_too(tmp_path: Path) -> None:
-    """With shuffling the reports go to the shuffler, not to the report ingest: it checks the cap and the epoch
-    the same way (dead letters with the reason) and writes the public ledger that /budget reads."""
-    settings = {**WORLD, "PRIVREC_SHUFFLE_BATCH": "2"}
-    with web_stack(tmp_path / "st", settings=settings) as st:
-        cfg = _config(st)
-        assert cfg.shuffled and cfg.user_level
-        dev = LocalClient("1", cfg, MemoryStorage(), seed=3)
-        for _ in range(CAP):
-            status, rec = st.get_json("/recommend?user=1&k=2")
-            rep = dev.report(rec_id=rec["rec_id"], x=np.asarray(rec["items"][0]["x"]), reward=1.0)
-            _send(st, rep)
-        epoch = cfg.epoch_at(time.time())
-        _send(st, _forged(st, "1", CAP + 1, epoch, cfg.d))
-        reasons = wait_for(lambda: [d["reason"] for d in _dead_letters(st.broker.address)] or None, 60,
-                           "a dead letter")
-        assert len(reasons) == 1 and "beyond the cap" in reasons[0] and "'1'" in reasons[0], reasons
-
-        def at_cap() -> dict[str, Any] | None:
-            status, b = st.get_json("/budget?user=1", token=st.user_token("1"))
-            return b if status == 200 and b["user"].get("ticks_this_epoch") == CAP else None
-
-        b = wait_for(at_cap, 30, "the shuffler's ledger in /budget")
-        assert b["user"]["at_cap"] and b["user"]["epsilon"] == pytest.approx(cfg.spent(CAP)[0])
-        assert b["ledger"]["capped_events"] == 1

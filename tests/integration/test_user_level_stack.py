@@ -116,6 +116,38 @@ def test_a_user_past_the_cap_stops_changing_the_releases_and_everyone_says_so(st
         services.stop(web, grace_seconds=5)
 
 
+def test_the_ledger_class_counts_follow_the_records_also_when_rebuilt(stack: Stack) -> None:
+    """The fold's per-class user counts equal the participation records counted afresh, after users reach the cap
+    and after the counts were deleted (a namespace from before them: the next fold rebuilds them); the ledger's
+    figures from the counts equal those from the records."""
+    from pipeline.config.ledger import class_counts
+    from pipeline.config.metrics import ledger_figures
+
+    stack.env.update({"PRIVREC_EPSILON": "2", "PRIVREC_USER_CAP": "2"})
+    stack.start_worker()
+    keys = PublicKeys(stack.namespace)
+    sent = 0
+    for r in range(4):
+        for user in [str(u) for u in range(3 + r % 3)]:
+            _send(stack, user, 2, f"c{r}-{user}")
+            sent += 2
+        wait_for(lambda: _counted(stack) >= sent and _pending_empty(stack), 30, f"round {r} folded")
+        if r == 1:  # nothing pending: no fold is under way that could write the counts back half-built
+            assert all(stack.client.exists(keys.ledger_classes(p)) for p in range(2))
+            stack.client.delete(*[keys.ledger_classes(p) for p in range(2)])
+    for p in range(2):
+        kept = {k.decode(): int(v) for k, v in stack.client.hgetall(keys.ledger_classes(p)).items() if int(v)}
+        assert kept == dict(class_counts(stack.client.hvals(keys.ledger_participation(p))))
+
+    def records_only(key: str) -> dict[bytes, bytes]:
+        return {} if key.endswith(":classes") else stack.client.hgetall(key)
+
+    args: dict[str, Any] = {"epoch": 0, "cap": 2, "mu_cap": 1.0, "delta": 1e-5, "ratio": lambda k: min(k, 2) / 2}
+    from_classes = ledger_figures(stack.client.hgetall, stack.namespace, 2, **args)
+    assert from_classes == ledger_figures(records_only, stack.namespace, 2, **args)
+    assert from_classes["users"] == 5 and from_classes["users_at_cap"] == 4  # users 0 to 3: two ticks or more and from_classes["capped_events"] > 0
+
+
 def test_kill9_and_restart_the_ledger_continues_nothing_counted_twice(stack: Stack) -> None:
     stack.env.update({"PRIVREC_EPSILON": "inf", "PRIVREC_USER_CAP": "10"})
     worker = stack.start_worker()

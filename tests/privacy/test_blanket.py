@@ -1,4 +1,4 @@
-"""The empirical audit of the codeword blanket (local mode with ``local_codewords``, docs/local-live.md).
+"""The empirical audit of the codeword blanket (local mode with ``local_codewords``, docs/local-protocol.md).
 
 A black-box ``(epsilon, delta)`` audit (:mod:`tests.privacy.blanket`): the real device path
 (:func:`models.local.client.codeword_messages`, keyed as :meth:`LocalClient.report`) in batches of the calibrated

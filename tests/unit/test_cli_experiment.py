@@ -77,11 +77,11 @@ def test_modes_writes_every_output_with_the_schema(tmp_path: Path) -> None:
     assert rc == 0
     doc = json.loads((out / "modes.json").read_text())
     assert doc["epsilons"] == [0.5, 1.0, 2.0, 5.0, 10.0]
-    assert {"global", "federated-star", "federated-ring", "local-tree", "local-round", "local-shuffle"} <= set(
+    assert {"global", "federated-star", "federated-ring", "local-tree", "local-round", "local-shuffled-vectors"} <= set(
         doc["modes"])
     for name, m in doc["modes"].items():
         assert len(m["regret"]) == 5 and m["lastfm_ratio"] == []
-        if name in ("local-shuffle", "local-shuffle-pop"):  # no synthetic row: nothing measured
+        if name in ("local-shuffled-vectors", "local-shuffled-items"):  # no synthetic row: nothing measured
             assert m["regret"] == [None] * 5
             continue
         assert all(r >= 0 for r in m["regret"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -9,9 +10,10 @@ import numpy as np
 import pytest
 
 from models.accounting.conversions import gdp_epsilon
-from models.local import (FileStorage, LocalAggregate, LocalClient, LocalConfig, LocalReport, MemoryStorage,
-                          ReportError, StaleReport, parse_report)
+from models.local import (FileStorage, LocalClient, LocalConfig, LocalReport, MemoryStorage,
+                          ReportError, parse_report)
 from models.local.aggregate import clip_context
+from models.local.analyzer import Analyzer, Reports
 from models.mechanisms import noise_std
 from models.streaming import UnitStats
 
@@ -35,13 +37,17 @@ def test_aggregate_minus_the_devices_noise_is_the_global_modes_exact_statistics(
     cfg = LocalConfig(algorithm=algorithm, d=D, epsilon=1.0, capacity=31)
     users = {u: LocalClient(u, cfg, seed=100 + int(u)) for u in map(str, range(6))}
     unit_of = {u: int(u) % 3 for u in users}
-    agg = LocalAggregate(cfg, n_units=3)
+    shown: dict[str, np.ndarray] = {}
+    an = Analyzer(cfg, 3, lambda items: np.stack([clip_context(shown[i]) for i in items]))
+    agg = an.init_state()
     exact = UnitStats.zeros(n_units=3, d=D)
     noise = np.zeros((3, D))
     last_noise: dict[str, np.ndarray] = {}
     for i, (u, x, r) in enumerate(_events(200, 6)):
         rep = users[u].report(rec_id=f"r{i}", x=x, reward=r)
-        agg.apply(rep, unit=unit_of[u], X=x)
+        shown[f"r{i}"] = x
+        agg, dead = an.step(agg, Reports([(i, dataclasses.replace(rep, shown=(f"r{i}",)), unit_of[u])]))
+        assert dead == []
         exact.add(np.array([unit_of[u]]), clip_context(x)[None, :], np.array([r]))
         if algorithm == "tree":
             last_noise[u] = rep.vector - users[u].exact_b
@@ -128,13 +134,13 @@ def test_parse_report_refuses_the_other_algorithm() -> None:
 
 def test_stale_and_repeated_versions_are_refused_and_change_nothing() -> None:
     cfg = LocalConfig(algorithm="round", d=D, epsilon=1.0)
-    agg = LocalAggregate(cfg, n_units=1)
-    agg.apply(LocalReport("u", 2, "round", "r", np.ones(D), ("a",)), unit=0, X=np.eye(D)[0])
-    before = (agg.b.copy(), agg.count.copy(), agg.gram.copy())
+    an = Analyzer(cfg, 1, lambda items: np.eye(D)[:1])
+    agg, dead = an.step(an.init_state(), Reports([(0, LocalReport("u", 2, "round", "r", np.ones(D), ("a",)), 0)]))
+    assert dead == []
     for v in (1, 2):
-        with pytest.raises(StaleReport, match="stale or repeated"):
-            agg.apply(LocalReport("u", v, "round", "r", np.ones(D), ("a",)), unit=0, X=np.eye(D)[0])
-    assert all(np.array_equal(a, b) for a, b in zip(before, (agg.b, agg.count, agg.gram)))
+        after, dead = an.step(agg, Reports([(v, LocalReport("u", v, "round", "r", np.ones(D), ("a",)), 0)]))
+        assert [d.key for d in dead] == [v] and "stale or repeated" in dead[0].reason
+        assert after.to_mapping() == agg.to_mapping()  # nothing changed, byte for byte
 
 
 def test_round_reports_carry_the_calibrated_gaussian_noise() -> None:

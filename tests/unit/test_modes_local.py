@@ -13,6 +13,7 @@ import pytest
 from models.ground.environment import SyntheticEnvironment
 from models.local import LocalConfig, LocalReport, LocalUCB
 from models.local.aggregate import clip_context
+from models.local.analyzer import Batches, Reports
 from models.streaming import UnitStats
 from privrec.experiments import modes
 from privrec.experiments.modes import ROWS, ModesConfig, _policy, run_modes
@@ -42,20 +43,22 @@ def test_a_local_row_learns_below_random_play_at_epsilon_10(name: str) -> None:
 
 
 def _spy(policy: LocalUCB) -> list[tuple[LocalReport, int, np.ndarray]]:
+    """Every report the twin's server folds, with its unit and its shown context (as the analyzer sees them)."""
     seen: list[tuple[LocalReport, int, np.ndarray]] = []
-    apply = policy.aggregate.apply
+    fold = policy.fold
 
-    def recording(report: LocalReport, *, unit: int, X: np.ndarray) -> None:
-        seen.append((report, unit, X))
-        apply(report, unit=unit, X=X)
+    def recording(batch: Reports | Batches) -> None:
+        if isinstance(batch, Reports):
+            seen.extend((rep, unit, policy.analyzer.contexts(list(rep.shown))[0]) for _, rep, unit in batch.entries)
+        fold(batch)
 
-    policy.aggregate.apply = recording  # type: ignore[method-assign]
+    policy.fold = recording  # type: ignore[method-assign]
     return seen
 
 
 @pytest.mark.parametrize("algorithm", ["tree", "round"])
 def test_the_simulation_sums_minus_the_devices_noise_are_the_exact_statistics(algorithm: str) -> None:
-    """The simulated server (LocalAggregate fed by real LocalClients inside LocalUCB) holds the exact per-unit
+    """The simulated server (the worker's Analyzer fed by real LocalClients inside LocalUCB) holds the exact per-unit
     statistics plus the devices' noise, nothing else: removing each device's noise (tree: its latest report
     minus its exact b_u; round: each report minus r x) leaves UnitStats.add of the same interactions."""
     d, n_units = 4, 3
@@ -77,16 +80,16 @@ def test_the_simulation_sums_minus_the_devices_noise_are_the_exact_statistics(al
     noise = np.zeros((n_units, d))
     if algorithm == "tree":
         for user, dev in pol._clients.items():
-            latest = pol.aggregate.latest[user][1]
+            latest = pol.state.latest[user][1]
             assert latest is not None
             noise[unit_of[user]] += latest - dev.exact_b
     else:
         for (rep, unit, x), r in zip(seen, rewards):
             noise[unit] += rep.vector - r * clip_context(x)
-    np.testing.assert_array_equal(pol.aggregate.count, exact.count)
-    np.testing.assert_allclose(pol.aggregate.gram, exact.gram, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(pol.aggregate.b - noise, exact.b, rtol=0, atol=1e-9)
-    assert np.abs(pol.aggregate.b - exact.b).max() > 0.1  # the reports were noisy
+    np.testing.assert_array_equal(pol.state.count, exact.count)
+    np.testing.assert_allclose(pol.state.gram, exact.gram, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(pol.state.b - noise, exact.b, rtol=0, atol=1e-9)
+    assert np.abs(pol.state.b - exact.b).max() > 0.1  # the reports were noisy
     assert len(seen) == 120 and pol.solves == 120 // 7
 
 
@@ -99,13 +102,13 @@ def test_with_shuffling_only_completed_batches_reach_the_sums() -> None:
     x = np.array([0.6, 0.0, 0.8])
     for user in ("a", "b", "c", "a"):       # unit 0: three distinct users, "a" waits for the next batch
         pol.update(0, x, 1.0, user=user)
-    assert pol.aggregate.count.tolist() == [0, 0] and pol.reports == 4
+    assert pol.state.count.tolist() == [0, 0] and pol.reports == 4
     assert modes._local_stats(pol) == {"applied_fraction": 0.0, "batches": 0.0, "noise_std": 0.0, "devices": 3.0,
                                        "refused_fraction": 0.0}
     pol.update(0, x, 1.0, user="d")         # the fourth distinct user closes unit 0's first batch
-    assert pol.aggregate.count.tolist() == [n, 0]
-    np.testing.assert_allclose(pol.aggregate.gram[0], n * np.outer(x, x))
-    assert pol.aggregate.var[0] == pytest.approx(n * 2 * cfg.laplace_scale ** 2)  # Laplace variance 2 s^2
+    assert pol.state.count.tolist() == [n, 0]
+    np.testing.assert_allclose(pol.state.gram[0], n * np.outer(x, x))
+    assert pol.state.var[0] == pytest.approx(n * 2 * cfg.laplace_scale ** 2)  # Laplace variance 2 s^2
     for user in ("e", "f", "g"):            # another unit's users never fill unit 0's batch
         pol.update(1, x, 0.0, user=user)
     stats = modes._local_stats(pol)
@@ -132,22 +135,22 @@ def test_the_json_has_the_issues_shape_with_local_rows_and_scaling(tmp_path: Pat
     eps = (2.0, 10.0)
     cfg = ModesConfig(epsilons=eps, runs=1, horizon=300, tick=100, d=6, n_users=4, lastfm_events=600,
                       lastfm_runs=1, lastfm_tick=50, shuffle_batch=5, scaling_users=(3, 6),
-                      rows=("global", "local-tree", "local-round", "local-shuffle"), local_unit="event")
+                      rows=("global", "local-tree", "local-round", "local-shuffled-vectors"), local_unit="event")
     doc = run_modes(cfg, tmp_path, jobs=1, progress=False)
     assert json.loads((tmp_path / "modes.json").read_text()) == json.loads(json.dumps(doc))
     assert doc["epsilons"] == [2.0, 10.0]
-    assert set(doc["modes"]) == {"global", "local-tree", "local-round", "local-shuffle"}
+    assert set(doc["modes"]) == {"global", "local-tree", "local-round", "local-shuffled-vectors"}
     for name, m in doc["modes"].items():
         assert len(m["regret"]) == len(m["lastfm_ratio"]) == 2
         assert all(isinstance(v, float) and v >= 0 for v in m["lastfm_ratio"])
-        if name == "local-shuffle":  # every synthetic user is their own unit: no batch of distinct users forms
+        if name == "local-shuffled-vectors":  # every synthetic user is their own unit: no batch of distinct users forms
             assert m["regret"] == [None, None]
         else:
             assert all(isinstance(v, float) and math.isfinite(v) for v in m["regret"])
         if name.startswith("local"):
             assert len(m["lastfm_applied_fraction"]) == len(m["lastfm_batches"]) == 2
     assert doc["modes"]["local-tree"]["lastfm_applied_fraction"] == [1.0, 1.0]
-    shuffle = doc["modes"]["local-shuffle"]
+    shuffle = doc["modes"]["local-shuffled-vectors"]
     assert all(0.0 < f < 1.0 for f in shuffle["lastfm_applied_fraction"])  # open batches wait: staleness
     assert all(b >= 1 for b in shuffle["lastfm_batches"])
     sc = doc["scaling"]
@@ -159,7 +162,7 @@ def test_the_json_has_the_issues_shape_with_local_rows_and_scaling(tmp_path: Pat
     assert lt["papers_global"] == 0.79 and isinstance(lt["met"], bool) and lt["shuffle_batch"] == 5
     assert lt["untrained_ratio"] == doc["lastfm_untrained_ratio"] > 0
     md = (tmp_path / "modes.md").read_text()
-    assert "local-shuffle" in md and "never refreshes" in md and "N = 6" in md
+    assert "local-shuffled-vectors" in md and "never refreshes" in md and "N = 6" in md
     assert (tmp_path / "modes.png").stat().st_size > 0
 
 
@@ -181,7 +184,7 @@ def test_population_axis_in_modes_json(tmp_path: Path) -> None:
 
 def test_population_row_reaches_the_model_and_states_its_target(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """local-shuffle-pop on a stand-in for LastFM with 400 users: population-wide batches of distinct users fill
+    """local-shuffled-items on a stand-in for LastFM with 400 users: population-wide batches of distinct users fill
     (every capped report but the last open batch's reaches the model), and modes.json states the 2.0x target."""
     lf = _fake_lastfm(n_events=1_200)
     rng = np.random.default_rng(4)
@@ -189,10 +192,10 @@ def test_population_row_reaches_the_model_and_states_its_target(tmp_path: Path,
     lf["units"] = np.array([0 if int(u[1:]) < 300 else 1 for u in lf["users"]], dtype=np.int64)
     monkeypatch.setattr(modes, "_lastfm_arrays", lambda n, data_dir: lf)
     cfg = ModesConfig(epsilons=(2.0,), runs=1, horizon=200, tick=100, d=6, n_users=2, lastfm_events=1_200,
-                      lastfm_runs=1, lastfm_tick=50, scaling_users=(), rows=("local-shuffle-pop",),
+                      lastfm_runs=1, lastfm_tick=50, scaling_users=(), rows=("local-shuffled-items",),
                       population_batch=150, population_cap=2, population_codewords=8)
     doc = run_modes(cfg, tmp_path, jobs=1, progress=False)
-    m = doc["modes"]["local-shuffle-pop"]
+    m = doc["modes"]["local-shuffled-items"]
     assert m["regret"] == [None]  # no synthetic row: the synthetic world has no item ids
     reported = sum(min(2, c) for c in np.unique(lf["users"], return_counts=True)[1])
     applied = m["lastfm_applied_fraction"][0] * 1_200

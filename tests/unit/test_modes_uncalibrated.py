@@ -1,6 +1,6 @@
 """``privrec experiment modes`` with a cell that cannot be calibrated: reported as such, never a crash.
 
-``local-shuffle-pop`` shuffles batches of 150 distinct users, 2 per user and epoch: at ε = 0.5 and 1 no blanket of
+``local-shuffled-items`` shuffles batches of 150 distinct users, 2 per user and epoch: at ε = 0.5 and 1 no blanket of
 fake messages reaches (ε, 5e-6) over 2 batches (867 and 244 users would), so those cells are uncalibrated — the
 ``--quick`` grid used to end there ("no blanket reaches (1, 5e-06) with n = 150 users ...", exit 2).
 """
@@ -45,12 +45,12 @@ def test_modes_cli_reports_an_uncalibrated_cell_and_exits_0(tmp_path: Path, monk
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(modes, "_lastfm_arrays", _lastfm_stand_in)
     out = tmp_path / "modes"
-    rc = main(["experiment", "modes", "--out", str(out), "--rows", "local-shuffle-pop", "--runs", "1",
+    rc = main(["experiment", "modes", "--out", str(out), "--rows", "local-shuffled-items", "--runs", "1",
                "--lastfm-events", "300", "--lastfm-runs", "1", "--scaling-users", "", "--population", "",
                "--jobs", "1", "--no-progress"])
     assert rc == 0, capsys.readouterr().err
     doc = _strict_json((out / "modes.json").read_text())
-    m = doc["modes"]["local-shuffle-pop"]
+    m = doc["modes"]["local-shuffled-items"]
     assert doc["epsilons"] == [0.5, 1.0, 2.0, 5.0, 10.0]
     why = m["lastfm_uncalibrated"]
     assert why[0].startswith("no blanket reaches (0.5, 5e-06) with n = 150 users per batch and 2 batch(es)")
@@ -65,12 +65,12 @@ def test_modes_cli_reports_an_uncalibrated_cell_and_exits_0(tmp_path: Path, monk
     assert doc["local_pop_target"]["uncalibrated"] is None  # epsilon = 2 is calibrated
     md = (out / "modes.md").read_text()
     ratios = md.split("## LastFM")[1]
-    row = next(line for line in ratios.splitlines() if line.startswith("| local-shuffle-pop |"))
+    row = next(line for line in ratios.splitlines() if line.startswith("| local-shuffled-items |"))
     cells = [c.strip() for c in row.split("|")[3:8]]  # after the mode and its non-private twin
     assert cells[:2] == ["n/c", "n/c"] and all(c not in ("n/c", "—", "0.00") for c in cells[2:])
-    assert "- local-shuffle-pop, LastFM, ε = 0.5, 1: " not in md  # two reasons, one line each
-    assert "- local-shuffle-pop, LastFM, ε = 0.5: no blanket reaches (0.5, 5e-06)" in md
-    assert "- local-shuffle-pop, LastFM, ε = 1: no blanket reaches (1, 5e-06)" in md
+    assert "- local-shuffled-items, LastFM, ε = 0.5, 1: " not in md  # two reasons, one line each
+    assert "- local-shuffled-items, LastFM, ε = 0.5: no blanket reaches (0.5, 5e-06)" in md
+    assert "- local-shuffled-items, LastFM, ε = 1: no blanket reaches (1, 5e-06)" in md
     assert (out / "modes.png").stat().st_size > 0
 
 
@@ -86,3 +86,28 @@ def test_a_value_error_that_is_not_the_calibrations_still_ends_the_run(tmp_path:
                       rows=("broken",))
     with pytest.raises(ValueError, match="a bug, not a calibration"):
         run_modes(cfg, tmp_path, jobs=1, progress=False)
+
+
+def test_modes_quick_runs_every_cell_of_its_grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``privrec experiment modes --quick``'s whole grid — every row, every epsilon, the synthetic world, LastFM (a
+    stand-in here), the scaling and population axes — at the smallest sizes that exercise each: every cell ends in a
+    value or a reason why it was not calibrated, never a crash (the grid's n/c cells once ended the run)."""
+    def numeric_users(n: int, data_dir: str | None) -> dict[str, Any]:  # LastFM's user ids are numbers
+        arrays = _lastfm_stand_in(n, data_dir)
+        return {**arrays, "users": np.array([u[1:] for u in arrays["users"]])}
+
+    monkeypatch.setattr(modes, "_lastfm_arrays", numeric_users)
+    out = tmp_path / "modes"
+    rc = main(["experiment", "modes", "--quick", "--out", str(out), "--runs", "1", "--horizon", "200", "--tick",
+               "100", "--lastfm-events", "300", "--scaling-users", "3", "--population", "400", "--jobs", "1",
+               "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    doc = _strict_json((out / "modes.json").read_text())
+    assert set(doc["modes"]) == {r.name for r in ROWS}
+    for name, m in doc["modes"].items():
+        for value, why in zip(m["lastfm_ratio"], m.get("lastfm_uncalibrated") or [None] * 5, strict=True):
+            assert (value is None) != (why is None), f"{name}: LastFM cell with neither a value nor a reason"
+        if name not in modes.NEEDS_POOLED_UNITS:
+            assert all(isinstance(r, float) for r in m["regret"]), name
+    assert doc["scaling"]["n_users"] == [3] and doc["population"]["n_users"] == [400]

@@ -525,8 +525,7 @@
       $("user-delta").textContent = "–";
       $("user-budget-note").textContent = "Privacy is switched off on this server (ε = ∞): the statistics behind " +
         "these recommendations are published without noise, so your feedback is not protected.";
-      $("guarantee-plain").textContent = "Nothing is protected: anyone who sees the published statistics can " +
-        "work out how each listen or skip moved them.";
+      $("guarantee-plain").textContent = p.plain || "Nothing is protected (ε = ∞).";
       $("event-guarantee").textContent = "none (ε = ∞)";
       $("mechanism").textContent = "none";
       $("neighbours").textContent = "nothing";
@@ -548,20 +547,8 @@
                         (u.user_budget ? `, and never past your lifetime budget ε = ${fmtEps(u.user_budget)}.` : "."))
           : `Covers all ${k} of your listens and skips together${validity}. It grows with each one you give ` +
             `(group privacy: ${k} × one interaction).`;
-      $("guarantee-plain").textContent = p.relation === "add-remove"
-        ? "Your listens and skips stay inside the server; only noisy statistics are published, on a fixed schedule, " +
-          "and the recommendations are computed from those. Every published result is almost as likely whether " +
-          "you took part at all or not — and whatever you listened to, skipped or picked: at most " +
-          `${Math.exp(p.epsilon).toFixed(1)}× more likely (e^ε, ε = ${fmtEps(p.epsilon)}), except with probability ` +
-          `${fmtDelta(p.delta)}, for everything you do in an epoch. Only you (with your token) and the operator see ` +
-          "your own figures below."
-        : (b.federated ? "Your listens and skips stay at your site; only its noisy statistics leave it, and the "
-                       : "Your listens and skips stay inside the server; only noisy statistics are published, and the ") +
-          `recommendations are computed from those. For any one answer you give, every published result is ` +
-          `almost as likely whether you listened or skipped, and whichever of the shown items you picked: at ` +
-          `most ${Math.exp(p.epsilon).toFixed(1)}× more ` +
-          `likely (e^ε, ε = ${fmtEps(p.epsilon)}), except with probability ${fmtDelta(p.delta)}. ` +
-          `The ε above adds this up over all your answers; that you came, and when, is public.`;
+      // the server's words (models.accounting.statement.render_plain), per relation: add/remove or replace
+      $("guarantee-plain").textContent = p.plain || p.statement || "";
       $("event-guarantee").textContent = `(ε, δ) = (${fmtEps(p.epsilon)}, ${fmtDelta(p.delta)})`;
       $("mechanism").textContent = `${p.mechanism}: ${p.mechanism_about}`;
       $("neighbours").textContent = p.neighbours;
@@ -627,7 +614,9 @@
     const shuffled = g.central_epsilon !== undefined || (g.unit === "user" && g.shuffle_batch > 0);
     $("tagline").textContent = "Recommendations that learn from every listen — your browser adds the noise: " +
       "your listens and skips never leave this page.";
-    if (g.unit === "user") return renderLocalUser(g, u, k);
+    // the server's words for this device (its /budget, else the served statement, which carries the same)
+    $("guarantee-plain").textContent = (fromBudget && g.plain) || p.plain || "";
+    if (g.unit === "user") return renderLocalUser(g, u, k, p);
     $("user-epsilon-label").textContent = shuffled ? "each report's privacy loss, on your device"
                                                    : "privacy loss of each answer, on your device";
     $("user-epsilon").textContent = shuffled ? `ε₀ = ${fmtEps(g.epsilon)}` : `ε = ${fmtEps(g.epsilon)}`;
@@ -635,19 +624,6 @@
     $("user-budget-note").textContent = k === 0
       ? "You have sent no report yet: nothing the server holds depends on you."
       : `${k} report${k === 1 ? "" : "s"} from this browser` + (u.bound ? `: ${u.bound}.` : ".");
-    const each = g.algorithm === "tree"
-      ? `Everything this browser ever reports is (ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)})-DP with ` +
-        "respect to any one of your answers: whether you listened or skipped changes the odds of what the server " +
-        `sees by at most ${Math.exp(g.epsilon).toFixed(1)}×, except with probability ${fmtDelta(g.delta)}.`
-      : shuffled
-        ? `Each report is pure ε₀ = ${fmtEps(g.epsilon)} local DP — against this server's operator, who runs the ` +
-          `shuffler and receives each report with your id, that is the whole guarantee; against anyone who sees only ` +
-          `the shuffled batches of ${g.shuffle_batch} users, each batch is (ε, δ) = (${fmtEps(g.central_epsilon)}, ` +
-          `${fmtDelta(g.central_delta)})-DP centrally.`
-        : `Each report is (ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)})-DP on its own; your reports add up.`;
-    $("guarantee-plain").textContent = "Local mode: this page is your device. It keeps your listens and skips, " +
-      "adds the noise itself (from your browser's cryptographic random numbers) and sends only the noisy report; " +
-      "the server, Kafka and Redis never see a raw answer. " + each;
     $("event-guarantee").textContent = shuffled
       ? `each report (ε₀, 0) = (${fmtEps(g.epsilon)}, 0) on your device; each shuffled batch ` +
         `(${fmtEps(g.central_epsilon)}, ${fmtDelta(g.central_delta)}) centrally`
@@ -664,7 +640,7 @@
 
   // Local mode at user level: the user's whole history, as the global mode's user level states it (the same
   // /budget fields: epsilon spent so far, ticks_this_epoch of cap, at_cap, user_budget, at_budget).
-  function renderLocalUser(g, u, k) {
+  function renderLocalUser(g, u, k, p) {
     const eps = u.epsilon ?? 0;
     $("user-epsilon-label").textContent = "your privacy loss so far, all your reports together";
     $("user-epsilon").textContent = `ε = ${fmtEps(eps)}`;
@@ -679,18 +655,11 @@
           : u.at_cap ? " — you reached the cap, so this browser sends nothing more this epoch, and your privacy " +
                        "loss stops growing." : `; it grows with each report, up to ε = ${fmtEps(g.epsilon)} per ` +
                        "epoch" + (budget ? `, and never past your lifetime budget ε = ${fmtEps(budget)}.` : "."));
-    $("guarantee-plain").textContent = "Local mode: this page is your device. It keeps your listens and skips, " +
-      "adds the noise itself (from your browser's cryptographic random numbers) and sends only the noisy report; " +
-      "the server, Kafka and Redis never see a raw answer. It sends at most " + `${g.cap} reports per epoch, and ` +
-      `all of them together are (ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)})-DP: everything you did in ` +
-      "an epoch — every listen, every skip, which items you picked — changes the odds of what the server sees by " +
-      `at most ${Math.exp(g.epsilon).toFixed(1)}×, except with probability ${fmtDelta(g.delta)}. The ε above adds ` +
-      "this up over your whole history.";
     $("event-guarantee").textContent =
       `(ε, δ) = (${fmtEps(g.epsilon)}, ${fmtDelta(g.delta)}) for all your reports of one epoch, on your device`;
     $("mechanism").textContent = g.mechanism ? `${g.mechanism} on your device` : `${g.noise} noise on your device`;
     $("neighbours").textContent = g.neighbours || "everything you did, on your device";
-    $("accounting").textContent = g.statement || "as /local/config states it";
+    $("accounting").textContent = g.statement || p.statement || "as /local/config states it";
   }
 
   function renderMode(b, p) {

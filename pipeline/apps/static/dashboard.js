@@ -105,6 +105,8 @@
       const [b, h] = await Promise.all([api("/budget"), api("/budget/history")]);
       $("error").hidden = true;
       const p = b.privacy || {}, led = b.ledger || null;
+      // the server's statement of the guarantee (models.accounting.statement.render), not words of the dashboard's
+      let note = p.statement || (p.private ? "" : "No noise: nothing is protected (ε = ∞).");
       $("fig-releases").textContent = String(b.releases);
       $("fig-acl").textContent = b.redis_acl ? (b.redis_acl.enforced ? "yes" : "NO (--no-acl)") : "–";
       $("fig-eps-cap").textContent = p.private ? fmt(p.epsilon) : "∞ (no noise)";
@@ -118,26 +120,17 @@
         $("fig-at-budget").textContent = led.user_budget === null ? "– (no budget)" :
           `${led.users_at_budget} (ε = ${fmt(led.user_budget)})`;
         $("fig-budget-events").textContent = String(led.budget_events);
-        $("dash-note").textContent = p.mode === "local"
-          ? `Local mode, user level: each device sends at most ${led.cap} reports per epoch, calibrated so that all ` +
-            `of them together are ε = ${fmt(p.epsilon)} (δ = ${p.delta}); the server checks the cap and the lifetime ` +
-            `budget from each report's version and epoch and refuses what is past them (the counts above).`
-          : `User level: each user's interactions of one release tick are summed and clipped, ` +
-            `and a user contributes to at most ${led.cap} ticks per epoch; a user at the cap has spent ε = ` +
-            `${fmt(p.epsilon)} (δ = ${p.delta}) for this epoch, and is no longer learned from (cap policy: ${p.cap_policy}).`;
       } else {
         for (const id of ["fig-users", "fig-at-cap", "fig-cap", "fig-spent-max", "fig-spent-median", "fig-capped",
                           "fig-at-budget", "fig-budget-events"]) {
           $(id).textContent = "–";
         }
-        $("dash-note").textContent = p.relation === "add-remove"
-          ? `User level, add/remove: whether a user took part at all is protected (ε = ${fmt(p.epsilon)}, δ = ` +
-            `${p.delta} per epoch), so who took part, the users at the cap and the spent budgets are the operator's ` +
-            `figures: open this page as /dashboard#token=<the operator token> (privrec token) to see them. What is ` +
-            `public: the guarantee, the releases (one per tick) and their noisy counts.`
-          : "Event level: this server does not bound users' contributions (privacy_unit = event); " +
-          "a user's guarantee is the group bound over their interactions (see /budget?user=…).";
+        if (p.relation === "add-remove") {  // who took part is protected: the per-user figures are the operator's
+          note += " Who took part, the users at the cap and the spent budgets are the operator's figures: open " +
+            "this page as /dashboard#token=<the operator token> (privrec token) to see them.";
+        }
       }
+      $("dash-note").textContent = note;
       const hist = h.history || [];
       const withLedger = hist.filter((e) => e.ledger);
       lineChart($("chart-spent"), [

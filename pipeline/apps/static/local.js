@@ -1,10 +1,10 @@
 // privrec local mode: this page is the user's device. It keeps the user's exact statistic and noise
 // state in localStorage, perturbs in the browser, and sends only the noisy report (POST /report); a raw
-// reward never leaves the page. The protocol is docs/local-mode.md; the Python twin is
+// reward never leaves the page. The protocol is docs/local-protocol.md; the Python twin is
 // models.local.LocalClient. Noise comes from crypto.getRandomValues only (never Math.random).
 // At user level (the server's config says unit "user") the page also keeps the device's ledger — the epoch
 // of its last report and the reports made in it — and refuses an answer past the cap of the epoch or past
-// the lifetime budget (config.report_limit reports), before anything changes or is sent (docs/local-userlevel.md).
+// the lifetime budget (config.report_limit reports), before anything changes or is sent (docs/local-protocol.md).
 "use strict";
 
 window.PrivrecLocal = (() => {

@@ -1,6 +1,6 @@
 // privrec local mode, encode-shuffle-analyze: the page seals each report's content to the analyzer's public key
 // and sends the envelope to the shuffler (a separate service), never to the web server. WebCrypto twin of
-// models/local/seal.py and models/local/esa.py (docs/local-shuffler.md):
+// models/local/seal.py and models/local/esa.py (docs/local-parties.md):
 //   ephemeral P-256 key pair (e, E); Z = ECDH(e, A); k = HKDF-SHA256(Z, salt = "", info = LABEL || E || A);
 //   sealed = E (65 bytes) || nonce (12) || AES-256-GCM(k, nonce, content, aad = LABEL).
 // The content holds the noisy vector only: no user, version, list or item (they would re-identify it).

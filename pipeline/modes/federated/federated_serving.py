@@ -20,10 +20,12 @@ from ...data.catalog import Catalog, UnknownUserError
 from .federation import site_namespace, site_topic
 from ...config.keys import PublicKeys
 from ...data.records import TOPICS
+from ...serve.appkeys import RECOMMENDER, SETTINGS
+from ...serve.budget_view import BudgetQuery, ledger_overview, user_view
 from ...serve.serving import BadRequest, Recommender
 from ...config.settings import Settings
 
-__all__ = ["SiteRouter", "model_namespaces", "interactions_topic", "federated_budget", "site_epoch"]
+__all__ = ["SiteRouter", "model_namespaces", "interactions_topic", "federated_budget", "site_epoch", "federated_view"]
 
 
 def model_namespaces(settings: Settings) -> list[str]:
@@ -86,8 +88,6 @@ async def federated_budget(r: Any, settings: Settings, statement: dict[str, Any]
     users at the cap and at the budget, spent epsilon; :func:`pipeline.serve.budget_view.ledger_overview`): a user
     belongs to one site, so the ledgers are disjoint.
     """
-    from ...serve.budget_view import ledger_overview
-
     sites: list[dict[str, Any]] = []
     for i in range(settings.sites):
         keys = PublicKeys(site_namespace(settings.namespace, i))
@@ -107,3 +107,16 @@ async def federated_budget(r: Any, settings: Settings, statement: dict[str, Any]
         sites.append(entry)
     return {"mode": "federated", "topology": settings.topology, "schedule": settings.fed_schedule,
             "sites": sites}
+
+
+async def federated_view(q: BudgetQuery) -> dict[str, Any]:
+    """Federated mode's part of ``/budget`` (a :class:`pipeline.serve.budget_view.BudgetQuery`): every site's
+    ledger and statement (:func:`federated_budget`), and the user's guarantee counted at their own site, on its
+    release clock (:func:`pipeline.serve.budget_view.user_view`)."""
+    settings: Settings = q.app[SETTINGS]
+    out: dict[str, Any] = {"federated": await federated_budget(q.r, settings, q.statement)}
+    if q.user is not None:
+        site = q.app[RECOMMENDER].site_of(q.user)
+        keys = PublicKeys(site_namespace(settings.namespace, site))
+        out["user"] = await user_view(q, keys, await site_epoch(q.r, settings, site))
+    return out

@@ -45,6 +45,7 @@ from ...config.keys import PublicKeys
 from ...data.records import TOPICS
 from ...config.settings import Settings
 from ...release.stages import ReleaseStage, SolveStage
+from ...release.statements import flat_facts, rendered
 
 log = logging.getLogger("privrec.site")
 
@@ -98,7 +99,7 @@ def site_guarantee(settings: Settings, catalog: Catalog) -> dict[str, Any]:
 
     The same calibration as :meth:`SiteReleaseStage.make_mechanism` (the seed does not enter the statement): at
     user level (the default) the mechanism's multi-participation factor for ``user_cap`` ticks, the user-level
-    statement and the lifetime budget of the global mode (:func:`~pipeline.release.stages.user_level_statement`,
+    statement and the lifetime budget of the global mode (:func:`~pipeline.release.statements.user_level_statement`,
     :func:`~pipeline.config.ledger.with_budget`).
     """
     from models.ground.graphs import sensitivities
@@ -106,7 +107,8 @@ def site_guarantee(settings: Settings, catalog: Catalog) -> dict[str, Any]:
     from models.mechanisms.participation import participation_bound, participation_factor, replace_sensitivity
 
     from ...config.ledger import with_budget
-    from ...release.stages import privacy_statement, projection, user_level_statement
+    from ...release.stages import projection
+    from ...release.statements import privacy_statement, user_level_statement
 
     s = settings
     mech: Mechanism | None = None
@@ -171,6 +173,9 @@ def federated_statement(settings: Settings, site_statement: dict[str, Any]) -> d
                   "units)" + ("" if star else "; neighbours exchange consensus states, which are mixtures of "
                               "released statistics (post-processing)")),
         "per_site": per_site,
+        **rendered(flat_facts(settings, float(out["epsilon"]) if out.get("private") else math.inf,
+                              float(out.get("delta", settings.delta)),
+                              user_level=out.get("unit") == "user", federated=True)),
     })
     return out
 

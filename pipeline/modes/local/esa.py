@@ -9,14 +9,14 @@ state directory then holds ``esa/`` (:func:`create_keys`):
 * ``esa/public.json``: the public key and the shuffler's URL — what a device needs (``GET /local/config``'s
   ``"esa"``; the web server reads it through ``PRIVREC_ESA_PUBLIC``).
 
-The analyzer (:class:`pipeline.modes.local.localmode.BatchIngestProcessor`) takes a sealed batch from ``ldp-shuffled`` and
-opens it here (:func:`open_batch`): each content is decrypted and parsed; one that fails (a wrong key, changed
+The analyzer (:class:`pipeline.modes.local.ingest.BatchIngestProcessor`) takes a sealed batch from ``ldp-shuffled`` and
+opens it (:func:`models.local.esa.open_batch`, re-exported here): each content is decrypted and parsed; one that fails (a wrong key, changed
 bytes, a malformed content) is a dead letter with the reason — its sealed bytes, never an opened content. A batch
 with a failed content counts **not at all** (its other contents are dead letters too, naming why): the batch's
 shown items come as one multiset, unlinked from the contents on purpose (a content next to its list would
 re-identify it: the web server knows which list it showed to whom), so the analyzer cannot tell which items were
 the failed content's, and adding them all would put a failed report's list into the Gram with no vector
-(docs/local-fixes.md).
+(docs/local-parties.md).
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from models.local import LocalConfig, ReportError
-from models.local.esa import CONTENT_SCHEMA, ENVELOPE_SCHEMA, SEALED_BATCH_SCHEMA, SealedBatch, parse_content
-from models.local.seal import AnalyzerKey, SealError, b64encode
-from models.local.shuffle import ShuffledBatch
+from models.local.esa import CONTENT_SCHEMA, ENVELOPE_SCHEMA, OpenedBatch, is_sealed_batch, open_batch
+from models.local.seal import AnalyzerKey, b64encode
 
 __all__ = ["KEY_ENV", "PUBLIC_ENV", "ESA_DIR", "create_keys", "analyzer_key", "public_description", "open_batch",
            "OpenedBatch", "is_sealed_batch", "separate_shuffler", "parties"]
@@ -82,48 +81,6 @@ def public_description(environ: os._Environ[str] | dict[str, str] | None = None)
             "content": CONTENT_SCHEMA}
 
 
-def is_sealed_batch(raw: bytes) -> bool:
-    return SEALED_BATCH_SCHEMA.encode() in raw[:200]
-
-
-@dataclass(frozen=True)
-class OpenedBatch:
-    """A sealed batch opened: the batch the aggregate adds (``None`` if any content failed) and the dead letters
-    (sealed bytes, reason)."""
-
-    batch: ShuffledBatch | None
-    failed: list[tuple[bytes, str]]
-
-
-def open_batch(raw: bytes, key: AnalyzerKey, config: LocalConfig) -> OpenedBatch:
-    """Open every content of a sealed batch (``ValueError`` if the batch itself is malformed).
-
-    All or nothing: if a content fails, no content and no shown item of the batch counts (each content is a dead
-    letter: the failed ones with their reason, the others naming the batch's failures).
-    """
-    sealed = SealedBatch.parse(raw)
-    vectors: list[list[float]] = []
-    failed: list[tuple[bytes, str]] = []
-    for blob in sealed.sealed:
-        try:
-            if not blob:
-                raise SealError("sealed: not base64")
-            vectors.append(parse_content(key.open(blob), d=config.d, algorithm=config.algorithm).tolist())
-        except SealError as e:
-            failed.append((blob, f"sealed report: {e}"))
-        except ReportError as e:
-            failed.append((blob, f"sealed report: opened, but its content is malformed: {e}"))
-    if failed:  # its shown items cannot be told apart from the others' (they are unlinked on purpose): drop it all
-        why = (f"sealed report: not counted: {len(failed)} of the {sealed.n} contents of batch {sealed.seq} of unit "
-               f"{sealed.unit} did not open, and the batch's shown items are not linked to its contents, so the "
-               f"whole batch is dropped (a failed report's list must not enter the Gram)")
-        bad = {blob for blob, _ in failed}
-        opened = [blob for blob in sealed.sealed if blob not in bad]
-        return OpenedBatch(None, failed + [(blob, why) for blob in opened])
-    return OpenedBatch(ShuffledBatch(sealed.unit, sealed.seq, sealed.items, vectors, sealed.epsilon, sealed.delta,
-                                     sealed.bound, analysis=sealed.analysis), failed)
-
-
 def separate_shuffler(environ: os._Environ[str] | dict[str, str] | None = None) -> bool:
     """Whether this process belongs to a stack whose shuffler is its own party (the worker has the key, the web
     server the public description)."""
@@ -132,10 +89,10 @@ def separate_shuffler(environ: os._Environ[str] | dict[str, str] | None = None) 
 
 
 def parties(config: LocalConfig, *, separate: bool) -> dict[str, Any]:
-    """The guarantee of one shuffled report against each party (``/budget``'s local statement, docs/local-shuffler.md).
+    """The guarantee of one shuffled report against each party (``/budget``'s local statement, docs/local-parties.md).
 
     Laplace reports: ``epsilon0`` per report locally, ``(epsilon, delta)`` per batch centrally. Codewords
-    (docs/local-live.md): no local guarantee (``epsilon`` ``None``), and centrally ``(epsilon, delta)`` for any
+    (docs/local-protocol.md): no local guarantee (``epsilon`` ``None``), and centrally ``(epsilon, delta)`` for any
     ``cap`` batches of a device together, the blanket's exact analysis (``"analysis": "blanket"``).
 
     ``separate``: the shuffler runs as its own service (:mod:`pipeline.modes.local.shuffler_service`) and the reports are

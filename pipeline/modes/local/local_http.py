@@ -3,7 +3,7 @@
 Serving code: it imports only public things (the catalog, the public key layout, the device
 calibration of :mod:`models.local`), never the trusted store. A report is checked here as far as
 the web process can (the schema, the user, the shown list it answers, one report per list) and
-produced to ``ldp-reports``; the worker checks the version (:mod:`pipeline.modes.local.localmode`).
+produced to ``ldp-reports``; the worker checks the version (:mod:`pipeline.modes.local.ingest`).
 
 The lifetime budget (``user_budget``) in local mode: a device's reports compose, so a user may send at most
 :func:`report_limit` of them; the server counts each user's reports (atomically, :func:`budget_counter`, a key
@@ -11,7 +11,7 @@ of the web's own ``recs`` kind, no expiry) and refuses the ones past the limit w
 silently lost: the count minus the limit is the user's reports "not learned (budget)".
 
 At user level (local mode's default) the device enforces the cap per epoch and the budget itself; the worker
-checks both again from each report's version and epoch (:mod:`pipeline.modes.local.localmode`), and ``/budget`` states each
+checks both again from each report's version and epoch (:mod:`pipeline.modes.local.ingest`), and ``/budget`` states each
 user's guarantee in the fields of the global mode's user level (:func:`local_user_budget`,
 :func:`local_ledger_overview`), from the public ledger the worker writes.
 """
@@ -22,6 +22,7 @@ import dataclasses
 
 import json
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -32,18 +33,19 @@ from models.local import LocalConfig, ReportError, parse_report
 from models.local.aggregate import clip_context
 
 from ...serve.appkeys import CATALOG, KEYS, LOCAL_CONFIG, PRODUCER, REDIS, SETTINGS
-from ...serve.budget_view import spent_summary
+from ...serve.budget_view import BudgetQuery, spent_summary, user_interactions
+from ...serve.httpio import error as _error
 from ...data.catalog import Catalog, UnknownUserError
-from ...config.keys import PublicKeys
+from ...config.keys import PublicKeys, partition_of
 from ...config.ledger import LedgerRecord
 from ...serve.outbox import OUTBOX, accept
 from ...data.records import TOPICS
 from ...config.settings import Settings, SettingsError
 from ...serve.shown import SHOWN
 
-__all__ = ["add_routes", "refuse_raw_reward", "local_statement", "local_budget", "with_contexts", "RAW_REFUSED",
+__all__ = ["add_routes", "refuse_raw_reward", "local_statement", "guarantee", "local_budget", "with_contexts", "RAW_REFUSED",
            "report_limit", "budget_counter", "local_user_budget", "local_ledger_overview", "catalog_codebook",
-           "check_messages"]
+           "check_messages", "local_view"]
 
 #: A separate shuffler's public description (:func:`pipeline.modes.local.esa.public_description`), ``None`` without one.
 ESA = web.AppKey("esa", object)
@@ -51,15 +53,15 @@ ESA = web.AppKey("esa", object)
 #: Why ``/feedback`` and ``/listen`` answer 400 in local mode.
 RAW_REFUSED = ("this stack runs in local mode: the server never receives a raw reward. Build a noisy report on the "
                "device (models.local.LocalClient, or the web page) and POST it to /report; GET /local/config gives "
-               "the calibration (docs/local-mode.md)")
+               "the calibration (docs/local-protocol.md)")
 
 
 def local_statement(config: LocalConfig) -> dict[str, Any]:
     """The privacy statement of a local-mode namespace (``/budget``, the serving models' meta)."""
-    g = with_parties(config.guarantee(), config)
+    g = guarantee(config)
     out = {"private": True, **g, "note": g["statement"], "mechanism": g.get("mechanism", g.get("noise")),
-           "neighbours": "event level, replace-one, on the device: two report streams of one user differing in "
-                         "the reward of one interaction (rewards in [0, 1], contexts clipped to norm 1)",
+           "neighbours": "event level, replace-one, on the device: two report streams of one user differing in the "
+                         "reward of one interaction (rewards in [0, 1], contexts clipped to norm 1)",
            "scope": "every report a device ever sends; the server's sums, models and recommendations are "
                     "post-processing",
            # the server sees which devices report and when: their arrivals are public
@@ -73,35 +75,20 @@ def local_statement(config: LocalConfig) -> dict[str, Any]:
     return out
 
 
-def with_parties(g: dict[str, Any], config: LocalConfig) -> dict[str, Any]:
-    """Shuffling: the guarantee against each party (:func:`pipeline.modes.local.esa.parties`), ``against_operator`` to match.
-
-    Codewords: ``g``'s statement (the blanket's) stays, and ``against_operator`` keeps ``epsilon_per_report: None``
-    (no local guarantee) beside the analyzer operator's central one."""
+def guarantee(config: LocalConfig) -> dict[str, Any]:
+    """The devices' guarantee as this stack runs them: :meth:`models.local.LocalConfig.guarantee` for this stack's
+    shuffler (in the worker, or a separate service: :func:`pipeline.modes.local.esa.separate_shuffler`), and with
+    shuffling the guarantee against each party (:func:`pipeline.modes.local.esa.parties`): ``parties``, and
+    ``against_operator``, the analyzer operator's with ``epsilon_per_report``, what one report is against whoever
+    sees it with its sender's identity (``None``: no local guarantee, the blanket)."""
     if not config.shuffled:
-        return g
+        return config.guarantee()
     from .esa import parties, separate_shuffler
 
     separate = separate_shuffler()
     p = parties(config, separate=separate)
-    out = {**g, "parties": p, "against_operator": p["analyzer_operator"]}
-    if config.codewords:
-        out["against_operator"] = {**p["analyzer_operator"], "epsilon_per_report": None}
-        return out
-    if separate:  # the device-level statement names the operator's own shuffler: say what runs instead
-        out["statement"] = (f"each report m = r x + Laplace({config.laplace_scale:.3g})^d is pure "
-                            f"{config.epsilon0:.4g}-LDP; the device seals it to the analyzer's key and sends it to a "
-                            f"shuffler that is a separate service. Against the operator of the analyzer (and of "
-                            f"this server) each batch of {config.shuffle_batch} distinct users is "
-                            f"({config.epsilon:g}, {config.delta:g})-DP centrally, while the shuffler is honest; the "
-                            f"shuffler's operator sees who reports but no content; both colluding see each report "
-                            f"at its local {config.epsilon0:.4g}-LDP; a user's reports in k batches compose "
-                            f"(docs/local-shuffler.md)")
-    return out
-
-
-def _error(status: int, parameter: str | None, message: str) -> web.Response:
-    return web.json_response({"error": {"parameter": parameter, "message": message}}, status=status)
+    return {**config.guarantee(shuffler="separate" if separate else "worker"), "parties": p,
+            "against_operator": {**p["analyzer_operator"], "epsilon_per_report": p["colluding"]["epsilon"]}}
 
 
 def refuse_raw_reward(request: web.Request) -> web.Response | None:
@@ -216,7 +203,7 @@ async def report(request: web.Request) -> web.Response:
     if esa is not None:  # the web server must never see a report next to its user: the shuffler is a party apart
         return _error(400, None, f"this stack's shuffler is a separate service: seal the report's content to the "
                                  f"analyzer's key and POST the envelope to {esa['shuffler']} (GET /local/config: "
-                                 f"'esa'; docs/local-shuffler.md)")
+                                 f"'esa'; docs/local-parties.md)")
     raw = await request.read()
     try:
         rep = parse_report(raw, d=cfg.d, algorithm=cfg.algorithm)
@@ -322,7 +309,7 @@ def local_budget(settings: Settings, config: LocalConfig, user: str | None, repo
     reports cover (``sent``: the reports they sent, accepted or refused — :func:`budget_counter`; user level:
     ``record``, their public ledger record, and ``epoch``, the current one — :func:`local_user_budget`)."""
     limit = report_limit(config, settings.lifetime_budget)
-    out: dict[str, Any] = {"guarantee": with_parties(config.guarantee(), config),
+    out: dict[str, Any] = {"guarantee": guarantee(config),
                            "user_budget": {"epsilon": None if limit is None else settings.lifetime_budget,
                                            "reports_allowed": limit}}  # None: no budget (JSON has no inf)
     if config.user_level:
@@ -353,4 +340,25 @@ def local_budget(settings: Settings, config: LocalConfig, user: str | None, repo
                           f"composition); in the shuffled batches each is ({config.epsilon:g}, {config.delta:g})-DP "
                           f"centrally")
     out["user"] = entry
+    return out
+
+
+async def local_view(q: BudgetQuery) -> dict[str, Any]:
+    """Local mode's part of ``/budget`` (a :class:`pipeline.serve.budget_view.BudgetQuery`): the devices' guarantee
+    and lifetime budget (:func:`local_budget`), the user's (what their reports cover, in the global mode's fields),
+    and at user level the devices' ledger (:func:`local_ledger_overview`); epochs on the devices' clock."""
+    settings: Settings = q.app[SETTINGS]
+    cfg: LocalConfig = q.app[LOCAL_CONFIG]
+    epoch = cfg.epoch_at(time.time())
+    out: dict[str, Any] = {}
+    if q.user is None:
+        out["local"] = local_budget(settings, cfg, None, 0, epoch=epoch)
+    else:
+        k = await user_interactions(q.r, q.keys, q.partitions, q.user)
+        sent = await q.r.get(budget_counter(q.keys, q.user))
+        record = await q.r.hget(q.keys.ledger_participation(partition_of(q.user, q.partitions)), q.user)
+        out["local"] = local_budget(settings, cfg, q.user, k, sent=int(sent or 0), record=record, epoch=epoch)
+        out["user"] = {"user": q.user, "interactions": k, **out["local"]["user"]}
+    if cfg.user_level:  # the devices' ledger, in the global mode's fields
+        out["ledger"] = await local_ledger_overview(q.r, q.keys, q.partitions, cfg, epoch)
     return out

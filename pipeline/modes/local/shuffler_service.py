@@ -13,7 +13,7 @@ list they answer and their report's content sealed to the analyzer's key. The sh
    at user level it mirrors the user's ledger record (epoch, reports in it, last version) to the public ledger
    keys ``{ns}:ledger:{ns:p<P>}:participation``, and each refusal for the cap, an epoch or the budget to
    ``…:summary`` (``dropped`` / ``over_budget``), as the worker's report ingest does
-   (:meth:`pipeline.modes.local.localmode._LocalIngestBase._mirror_ledger`): participations are public, and
+   (:meth:`pipeline.modes.local.ingest.LocalIngest._mirror_ledger`): participations are public, and
    ``/budget`` and the dashboard read them there. At every level it mirrors the user's count of accepted
    envelopes to ``{ns}:ledger:{ns:p<P>}:users`` (``/budget?user=``'s ``interactions`` / ``reports``: the key the
    report ingest counts in without a shuffler). Its ACL user may write exactly those three kinds of keys;
@@ -39,6 +39,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -46,20 +47,20 @@ import redis
 from aiohttp import web
 
 from models.local import LocalConfig, ReportError
-from models.local.esa import SealedShuffler, parse_envelope
+from models.local.esa import Envelope, SealedShuffler, parse_envelope
 from models.local.shuffle import POPULATION
 
 from ...data.catalog import Catalog, UnknownUserError, load_catalog
 from ...config.keys import PublicKeys, partition_of
 from .local_http import report_limit
-from .localmode import BeyondLimit, check_user_level
+from models.local.analyzer import BeyondLimit, check_user_level
 from ...config.ledger import LedgerRecord
 from ...config.kafkaconn import client_kwargs
 from ...data.records import TOPICS
 from ...config.redisconn import connect
 from ...config.settings import Settings
 
-__all__ = ["ShufflerStore", "ShufflerService", "create_app", "shuffler_prefix", "main"]
+__all__ = ["ShufflerStore", "ShufflerService", "Refused", "create_app", "shuffler_prefix", "main"]
 
 log = logging.getLogger("privrec.shuffler")
 #: How long a claim "this list was answered" is kept (as the web keeps its shown lists).
@@ -96,6 +97,14 @@ class ShufflerStore:
         return self._answered + rec_id
 
 
+class Refused(Exception):
+    """An envelope the shuffler answers with a 4xx: the HTTP ``status``, the field (``parameter``) and why."""
+
+    def __init__(self, status: int, parameter: str | None, message: str) -> None:
+        super().__init__(message)
+        self.status, self.parameter, self.message = status, parameter, message
+
+
 class ShufflerService:
     """The shuffler's logic over its store: accept an envelope, batch, hand out completed batches."""
 
@@ -103,7 +112,8 @@ class ShufflerService:
         self.r, self.settings, self.catalog, self.config = client, settings, catalog, config
         self.store = ShufflerStore(client, settings.namespace)
         self.public = PublicKeys(settings.namespace)
-        self.lock = asyncio.Lock()
+        #: Held while one envelope is checked and saved (in an executor thread: see :meth:`accept`).
+        self.commit_lock = threading.Lock()
         self.load()
 
     def load(self) -> None:
@@ -124,55 +134,60 @@ class ShufflerService:
         return None if raw is None else dict(json.loads(raw))
 
     async def accept(self, raw: bytes) -> tuple[int, dict[str, Any]]:
-        """``(status, body)`` of ``POST /submit``; a 202 envelope is saved (and its batch, if it completed one)."""
+        """``(status, body)`` of ``POST /submit``; a 202 envelope is saved (and its batch, if it completed one).
+
+        Every Redis call runs in the loop's default executor (the client is the synchronous ``redis.Redis``), so a
+        slow store never stalls the other requests or the forwarding loop; the checks and the save of one envelope
+        run under :attr:`commit_lock`, one envelope at a time, in arrival order of the lock.
+        """
+        try:
+            env, unit = self._parse(raw)
+            env = await self._with_shown(env)
+            batches = await asyncio.to_thread(self._commit, env, unit)
+        except Refused as e:
+            return e.status, _err(e.parameter, e.message)
+        if batches:
+            log.info("shuffler: %d batch(es) of unit %d complete (%d reports each)", len(batches), unit,
+                     batches[0].n)
+        return 202, {"accepted": True, "user": env.user, "version": env.version}
+
+    def _parse(self, raw: bytes) -> tuple[Envelope, int]:
+        """The envelope and its batching unit, from what the shuffler can check without its store."""
         try:
             env = parse_envelope(raw)
         except ReportError as e:
-            return 400, _err(e.parameter, e.message)
+            raise Refused(400, e.parameter, e.message) from None
         try:
             unit = self.catalog.unit_of(env.user)
         except UnknownUserError as e:
-            return 404, _err("user", str(e))
+            raise Refused(404, "user", str(e)) from None
         if self.config.codewords:  # population-wide batches; every report carries its sealed messages
-            unit = POPULATION
             if not env.msgs:
-                return 400, _err("msgs", "missing: with codewords an envelope carries its messages, each sealed")
-        elif env.msgs:
-            return 400, _err("msgs", "this namespace takes no item messages (setting local_codewords is 0)")
-        shown = self._shown(env.rec_id)
+                raise Refused(400, "msgs", "missing: with codewords an envelope carries its messages, each sealed")
+            return env, POPULATION
+        if env.msgs:
+            raise Refused(400, "msgs", "this namespace takes no item messages (setting local_codewords is 0)")
+        return env, unit
+
+    async def _with_shown(self, env: Envelope) -> Envelope:
+        """``env`` with the items of the list it answers (the web's shown list, which must be its user's)."""
+        shown = await asyncio.to_thread(self._shown, env.rec_id)
         if shown is None:  # the web writes its lists behind the answer: look once more
             await asyncio.sleep(SHOWN_RETRY_SECONDS)
-            shown = self._shown(env.rec_id)
+            shown = await asyncio.to_thread(self._shown, env.rec_id)
         if shown is None:
-            return 404, _err("rec_id", f"unknown rec_id {env.rec_id!r} (never shown by /recommend, or expired)")
+            raise Refused(404, "rec_id", f"unknown rec_id {env.rec_id!r} (never shown by /recommend, or expired)")
         if shown.get("user") != env.user:
-            return 400, _err("user", f"list {env.rec_id!r} was shown to another user")
-        env = env.with_shown(tuple(shown["items"]))
+            raise Refused(400, "user", f"list {env.rec_id!r} was shown to another user")
+        return env.with_shown(tuple(shown["items"]))
+
+    def _commit(self, env: Envelope, unit: int) -> list[Any]:
+        """Check ``env`` against the store (one per list, a growing version, the budget, the cap) and save it with
+        the batches it completes, in one transaction; the batches closed. Blocking: runs in an executor thread,
+        under :attr:`commit_lock` (the checks and the save of one envelope are never interleaved with another's)."""
         st = self.store
-        async with self.lock:
-            if self.r.exists(st.answered(env.rec_id)):
-                return 409, _err("rec_id", f"a report on {env.rec_id!r} was already accepted (one per shown list)")
-            latest = int(self.r.hget(st.versions, env.user) or 0)
-            if env.version <= latest:
-                return 409, _err("version", f"stale or repeated version {env.version} of user {env.user!r} (latest "
-                                            f"{latest}): the device's report counter must grow")
-            limit = report_limit(self.config, self.settings.lifetime_budget)
-            if limit is not None and int(self.r.hget(st.accepted, env.user) or 0) >= limit:
-                self.mirror_ledger(env.user, refused="over_budget")
-                return 403, _err("user", f"user {env.user!r} has sent the {limit} reports their lifetime budget "
-                                         f"allows (user_budget epsilon {self.settings.lifetime_budget:g}): no further "
-                                         f"report is accepted")
-            record = None
-            if self.config.user_level:  # the cap per epoch, from the envelope's version and epoch alone
-                raw_record = self.r.hget(st.ledger, env.user)
-                ledger = {} if raw_record is None else {env.user: LedgerRecord.loads(raw_record)}
-                try:
-                    record = check_user_level(self.config, ledger, env, time.time())
-                except ReportError as e:
-                    return 400, _err(e.parameter, e.message)
-                except BeyondLimit as e:
-                    self.mirror_ledger(env.user, refused=e.counter)
-                    return 403, _err("epoch" if e.counter == "dropped" else "version", str(e))
+        with self.commit_lock:
+            record = self._check(env)
             self.shuffler.just_closed = []
             batches = self.shuffler.add_envelope(env, unit=unit)
             arrival = int(self.r.incr(st.arrivals))
@@ -199,10 +214,35 @@ class ShufflerService:
             if record is not None:
                 self.mirror_ledger(env.user, record=record)
             self.mirror_count(env.user, accepted)
-        if batches:
-            log.info("shuffler: %d batch(es) of unit %d complete (%d reports each)", len(batches), unit,
-                     batches[0].n)
-        return 202, {"accepted": True, "user": env.user, "version": env.version}
+        return list(batches)
+
+    def _check(self, env: Envelope) -> LedgerRecord | None:
+        """Refuse ``env`` if its list was answered, its version does not grow, its user's lifetime budget is spent
+        or (user level) it is beyond the cap; else the user's new ledger record (user level) or ``None``."""
+        st = self.store
+        if self.r.exists(st.answered(env.rec_id)):
+            raise Refused(409, "rec_id", f"a report on {env.rec_id!r} was already accepted (one per shown list)")
+        latest = int(self.r.hget(st.versions, env.user) or 0)
+        if env.version <= latest:
+            raise Refused(409, "version", f"stale or repeated version {env.version} of user {env.user!r} (latest "
+                                          f"{latest}): the device's report counter must grow")
+        limit = report_limit(self.config, self.settings.lifetime_budget)
+        if limit is not None and int(self.r.hget(st.accepted, env.user) or 0) >= limit:
+            self.mirror_ledger(env.user, refused="over_budget")
+            raise Refused(403, "user", f"user {env.user!r} has sent the {limit} reports their lifetime budget "
+                                       f"allows (user_budget epsilon {self.settings.lifetime_budget:g}): no further "
+                                       f"report is accepted")
+        if not self.config.user_level:
+            return None
+        raw_record = self.r.hget(st.ledger, env.user)  # the cap per epoch, from the envelope's version and epoch
+        ledger = {} if raw_record is None else {env.user: LedgerRecord.loads(raw_record)}
+        try:
+            return check_user_level(self.config, ledger, env, time.time())
+        except ReportError as e:
+            raise Refused(400, e.parameter, e.message) from None
+        except BeyondLimit as e:
+            self.mirror_ledger(env.user, refused=e.counter)
+            raise Refused(403, "epoch" if e.counter == "dropped" else "version", str(e)) from None
 
     def mirror_ledger(self, user: str, *, record: LedgerRecord | None = None, refused: str | None = None) -> None:
         """User level: ``user``'s ledger record, or one refusal (``dropped`` / ``over_budget``), to the public ledger
@@ -277,11 +317,10 @@ def create_app(settings: Settings, catalog: Catalog, client: redis.Redis) -> web
         async def loop() -> None:
             while True:
                 try:
-                    batches = service.outbox()
-                    for i, value in enumerate(batches):
+                    for value in await asyncio.to_thread(service.outbox):  # Redis off the loop, as in accept
                         unit = json.loads(value)["unit"]
                         await producer.send_and_wait(TOPICS["ldp_shuffled"], key=str(unit).encode(), value=value)
-                        service.sent(1)
+                        await asyncio.to_thread(service.sent, 1)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - broker or Redis away: the outbox keeps them; try again

@@ -1,12 +1,11 @@
-"""Local mode's fixes of issue 21's review (docs/local-fixes.md), against a real redis-server.
+"""The shuffler service's logic against a real redis-server (no stack): what it accepts, batches and mirrors.
 
-* The analyzer (:class:`pipeline.modes.local.localmode.BatchIngestProcessor`, a real analyzer key) given a sealed
-  batch with one tampered content commits nothing of that batch: no vector, and none of its shown items in the
-  partition's Gram; every content is a dead letter naming why; the next whole batch counts.
-* The separate shuffler (:class:`pipeline.modes.local.shuffler_service.ShufflerService`), connected as its own ACL
-  user (:func:`pipeline.config.acl.shuffler_rules`), mirrors each user's ledger record and its cap refusals to the
-  public ledger keys, and their accepted envelopes to the public report counts, which the ``web`` user reads for
-  ``/budget`` (:func:`local_user_budget`, :func:`local_ledger_overview`,
+* Codewords: the service batches each envelope's sealed messages population-wide (distinct users of every unit),
+  never a user id, under the blanket's guarantee; and it mirrors each user's accepted envelopes to the public
+  counts that ``/budget?user=`` reads (:func:`pipeline.serve.budget_view.user_interactions`), across a restart.
+* Connected as its own ACL user (:func:`pipeline.config.acl.shuffler_rules`), it mirrors each user's ledger record
+  and its cap refusals to the public ledger keys, and their accepted envelopes to the public report counts, which
+  the ``web`` user reads for ``/budget`` (:func:`local_user_budget`, :func:`local_ledger_overview`,
   :func:`pipeline.serve.budget_view.user_interactions`); it still cannot touch any other key of the namespace.
 """
 
@@ -22,65 +21,80 @@ import pytest
 import redis
 import redis.asyncio
 
-from models.local import LocalClient, LocalConfig, LocalReport
-from models.local.esa import SealedBatch, SealedShuffler, seal_report
+from models.local import LocalClient, LocalConfig, LocalReport, MemoryStorage
+from models.local.esa import SealedBatch, seal_report
 from models.local.seal import AnalyzerKey
+from models.local.shuffle import POPULATION
 from pipeline import services
 from pipeline.config import acl
 from pipeline.config.keys import PublicKeys, partition_of
 from pipeline.config.settings import Settings
-from pipeline.data.catalog import SyntheticCatalog
-from pipeline.modes.local.local_http import local_ledger_overview, local_user_budget
-from pipeline.modes.local.localmode import BatchIngestProcessor
+from pipeline.data.catalog import SyntheticCatalog, load_catalog
+from pipeline.modes.local.ingest import local_config
+from pipeline.modes.local.local_http import catalog_codebook, local_ledger_overview, local_user_budget
 from pipeline.modes.local.shuffler_service import ShufflerService
 from pipeline.serve.budget_view import user_interactions
 
 
 pytestmark = pytest.mark.integration
 
+N = 150  # distinct users per batch (the blanket needs n p >~ log(1 / delta) fakes per codeword)
+K = 8
+CODEWORDS = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": str(N), "PRIVREC_N_ARMS": "40",
+             "PRIVREC_ALGORITHM": "linucb", "PRIVREC_EPSILON": "2", "PRIVREC_MODE": "local",
+             "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_SHUFFLE_BATCH": str(N), "PRIVREC_USER_CAP": "2",
+             "PRIVREC_LOCAL_CODEWORDS": str(K), "PRIVREC_NAMESPACE": "cw2", "PRIVREC_MODEL": "flat"}
 
-def test_a_batch_with_a_tampered_content_adds_nothing_to_the_committed_sums(redis_client: redis.Redis) -> None:
-    catalog = SyntheticCatalog(n_users=1, d=4, n_arms=12)
-    cfg = LocalConfig(algorithm="round", d=4, epsilon=2.0, shuffle_batch=3)
+
+def test_the_service_batches_codeword_messages_population_wide(redis_client: redis.Redis, redis_server: Any) -> None:
+    """The service path of what the retired in-worker shuffler did: each envelope's sealed messages go to a batch
+    of distinct users of every unit (POPULATION), with no identity, under the blanket's exact guarantee; each
+    user's accepted envelopes are counted in the public ``ledger_users``, across a restart of the service."""
+    settings = Settings.from_mapping({}, environ={**CODEWORDS, "REDIS_URL": redis_server.url})
+    catalog = load_catalog(settings)
+    cfg = local_config(settings, catalog.d)
+    book = catalog_codebook(catalog, K)
     key = AnalyzerKey.generate()
-    proc = BatchIngestProcessor(redis_client, "fix", catalog, cfg, key)
-    arms = [str(a) for a in range(12)]  # the synthetic catalog's arm ids
-    rng = np.random.default_rng(5)
+    public = PublicKeys(settings.namespace)
+    arm = catalog.arm_ids[0]
+    service = ShufflerService(redis_client, settings, catalog, cfg)
 
-    def batch(seq: int, tamper: bool) -> tuple[bytes, list[tuple[str, ...]], list[np.ndarray]]:
-        sh = SealedShuffler(cfg)
-        sh.seq = {0: seq - 1}
-        lists = [tuple(arms[3 * i + j] for j in range(3)) for i in range(3)]
-        vecs = [rng.normal(size=4) for _ in range(3)]
-        envs = [seal_report(LocalReport(str(i), seq, "round", f"r{seq}-{i}", v), key.public_bytes()).with_shown(s)
-                for i, (s, v) in enumerate(zip(lists, vecs))]
-        (b,) = [out for e in envs for out in sh.add_envelope(e, unit=0)]
-        blobs = list(b.sealed)
-        if tamper:  # one content's GCM tag changed in transit
-            i = blobs.index(envs[1].sealed)
-            blobs[i] = blobs[i][:-1] + bytes([blobs[i][-1] ^ 1])
-        return SealedBatch(0, seq, b.items, blobs, b.epsilon, b.delta).to_json(), lists, vecs
+    def submit(service: ShufflerService, user: str, rep: LocalReport) -> int:
+        redis_client.set(public.recommendation(rep.rec_id), json.dumps({"user": user, "items": [arm]}))
+        status, body = asyncio.run(service.accept(seal_report(rep, key.public_bytes()).to_json()))
+        assert status == 202, body
+        return status
 
-    bad, _, _ = batch(1, tamper=True)
-    done = proc.process(0, [(0, bad)])
-    assert len(done.dead) == 3
-    reasons = sorted(d.reason for d in done.dead)
-    assert sum("authentication failed" in r for r in reasons) == 1
-    assert sum("not counted: 1 of the 3 contents" in r for r in reasons) == 2
-    shard = proc.shard(0)
-    assert int(shard.stats.count[0]) == 0
-    np.testing.assert_array_equal(shard.stats.gram[0], np.zeros((4, 4)))  # no list of the batch, failed or not
-    np.testing.assert_array_equal(shard.stats.b[0], np.zeros(4))
+    sent = 0
+    for u in catalog.users[:N]:
+        rep = LocalClient(u, cfg, MemoryStorage(), seed=int(u) + 7, codebook=book).report(
+            rec_id=f"first-{u}", x=book[3], reward=1.0)
+        sent += len(rep.messages)
+        assert submit(service, u, rep) == 202
+    # no producer runs here: the closed batch waits in the service's outbox, as it would until sent
+    outbox = [SealedBatch.parse(raw) for raw in redis_client.lrange(service.store.outbox, 0, -1)]
+    assert len(outbox) == 1 and service.shuffler.seq.get(POPULATION) == 1
+    (batch,) = outbox
+    assert batch.unit == POPULATION and batch.n == N and len(batch.msgs) == sent
+    assert b'"user"' not in batch.to_json() and (batch.analysis, batch.bound) == ("blanket", "blanket-exact")
 
-    good, lists, vecs = batch(2, tamper=False)
-    done = proc.process(0, [(1, good)])
-    assert done.dead == []
-    proc.forget(0)  # read back what was committed
-    shard = proc.shard(0)
-    X = np.stack([proc.context(a) for s in lists for a in s])
-    np.testing.assert_allclose(shard.stats.gram[0], X.T @ X, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(shard.stats.b[0], np.sum(vecs, axis=0), rtol=0, atol=1e-12)
-    assert int(shard.stats.count[0]) == 3
+    # /budget?user='s counts: the batch names no user, so the service mirrors what it accepted to the public counts,
+    # read back through the web's view; a second report of one user (in the open batch) and a restart keep counting
+    u0, u1 = catalog.users[0], catalog.users[1]
+    again = LocalClient(u1, cfg, MemoryStorage(), seed=int(u1) + 7, codebook=book)
+    again.report(rec_id="skip", x=book[3], reward=1.0)  # the device's first report, already accepted: version 2 next
+    second = again.report(rec_id="second-1", x=book[3], reward=1.0)
+    service = ShufflerService(redis_client, settings, catalog, cfg)  # a restart: the counts are in its store
+    assert submit(service, u1, second) == 202
+
+    async def counts() -> list[int]:
+        r = redis.asyncio.Redis.from_url(redis_server.url)
+        try:
+            return [await user_interactions(r, public, settings.partitions, u) for u in (u0, u1, "nobody")]
+        finally:
+            await r.aclose()
+
+    assert asyncio.run(counts()) == [1, 2, 0]
 
 
 def test_the_separate_shuffler_mirrors_its_ledger_to_the_public_keys_under_its_acl(
