@@ -8,3 +8,5 @@ worker_app    the faust application of a worker: registers the ingest task
 worker        ``python -m pipeline.apps.worker``: one faust worker
 web           ``python -m pipeline.apps.web``: the HTTP API and the page (``static/``)
 """
+
+__all__ = ["web", "worker", "worker_app"]

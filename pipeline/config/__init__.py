@@ -15,3 +15,5 @@ faults        fault points for the fault tests (a process kills itself at a name
 
 Nothing here imports another ``pipeline`` package or the web framework.
 """
+
+__all__ = ["acl", "faults", "fields", "kafkaconn", "keys", "ledger", "metrics", "redisconn", "settings"]

@@ -8,3 +8,5 @@ catalog_base  the catalog protocol and the lookups every catalog shares, the loo
 catalog_open  a catalog directory (:mod:`producers.catalog`) as a pipeline catalog
 records       record types of the public topics and the strict parser of ``interactions`` events
 """
+
+__all__ = ["catalog", "catalog_base", "catalog_open", "records"]

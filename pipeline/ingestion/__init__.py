@@ -9,3 +9,5 @@ agents        the batch consumer of ``interactions`` running as a task of the fa
 
 ``ingestion`` and ``release`` sit side by side: neither imports the other.
 """
+
+__all__ = ["agents", "ingest", "shown_lists"]

@@ -9,3 +9,5 @@ Subpackages
 local         devices add the noise: the server ingests reports and releases sums of reports
 federated     sites run the global flow on their own users and share their releases
 """
+
+__all__ = ["federated", "local"]

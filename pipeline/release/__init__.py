@@ -8,3 +8,5 @@ statements        the privacy statement of a release: its statistics, relation, 
 timers            the leader-only tick: one release per ``tick_seconds``, then a solve
 baseline_release  the same for the per-unit baselines (Shariff & Sheffet, DGS)
 """
+
+__all__ = ["baseline_release", "stages", "statements", "timers"]

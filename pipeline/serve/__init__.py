@@ -14,3 +14,5 @@ outbox        the web server's durable outbox: feedback survives a broker outage
 items_live    new items while the stack runs: ``POST /items``, the compacted ``items`` topic
 auth          who may read a per-user view: user tokens (HMAC of the user id) and the operator token
 """
+
+__all__ = ["appkeys", "auth", "budget_view", "httpio", "httpstats", "items_live", "openapi", "outbox", "serving", "shown"]

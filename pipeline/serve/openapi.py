@@ -1,7 +1,7 @@
 """The HTTP API's contract: an OpenAPI 3.0 document of every route of :mod:`pipeline.apps.web`, served at ``GET /openapi.json``.
 
 One entry of :data:`PATHS` per route (path → method → operation). A route added to the app must be
-added here too: ``tests/unit/test_openapi.py`` walks ``app.router`` and fails when a registered route and
+added here too: ``tests/component/test_openapi.py`` walks ``app.router`` and fails when a registered route and
 the document disagree, and validates the document with ``openapi-spec-validator``; the schemathesis run
 (``tests/integration/test_schemathesis.py``) checks every answer of the live stack against it.
 

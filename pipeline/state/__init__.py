@@ -10,3 +10,5 @@ trusted       trusted state in Redis: exact statistics, processed offsets, mecha
 userlevel     user-level privacy: per-user tick contributions, clipping, the cap, the fold into the
               public ledger (:mod:`pipeline.config.ledger`)
 """
+
+__all__ = ["trusted", "userlevel"]

@@ -119,7 +119,7 @@ def configmap(cls: type = Settings) -> str:
            "#     (secret.yaml);",
            "#   - the cluster's choices below the \"overrides\" line (privrec.ops.settings_files.CONFIGMAP_OVERRIDES): the",
            "#     LastFM catalog from a read-only volume, Kafka over SASL_SSL with SCRAM, two HTTP processes per web pod.",
-           "# tests/unit/test_deploy_k8s.py checks this correspondence; tests/unit/test_ops_deploy.py checks every name and",
+           "# tests/component/test_deploy_k8s.py checks this correspondence; tests/component/test_ops_deploy.py checks every name and",
            "# value against pipeline.config.settings and the variables the code reads.",
            "apiVersion: v1",
            "kind: ConfigMap",

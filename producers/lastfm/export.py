@@ -4,7 +4,7 @@
 ``users.csv`` (user, unit = friend-graph cluster), ``edges.csv`` (each friendship once) and ``events.csv``
 (the replay's events; ``timestamp`` is the event's index in LastFM's replay order, so a replay of the file
 plays them in the same order). Built by :func:`producers.catalog.build_catalog`, the directory gives LastFM's
-features, units and CoLin ``W`` exactly (tests/unit/test_lastfm_generic.py): the pipeline serves LastFM through
+features, units and CoLin ``W`` exactly (tests/component/test_lastfm_generic.py): the pipeline serves LastFM through
 that one path (:func:`pipeline.data.catalog_open.lastfm_catalog`).
 """
 

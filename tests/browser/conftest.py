@@ -1,6 +1,6 @@
 """Browser tests: the web page in headless Chromium against a real stack.
 
-The stack is started once per session (:func:`privrec.bench.serve.local_stack`): a
+The stack is started once per session (:func:`stacks.web_stack`): a
 fresh Tansu broker, a redis-server of its own, one worker with a short release
 tick, and ``python -m pipeline.apps.web``. The browser is Debian's Chromium
 (``/usr/bin/chromium``; ``scripts/bootstrap.sh`` installs it) driven by
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from privrec.bench.serve import LocalStack, local_stack
+from stacks import LocalStack, web_stack
 
 #: Chromium binary (Debian's package); override with PRIVREC_CHROMIUM.
 CHROMIUM = os.environ.get("PRIVREC_CHROMIUM", "/usr/bin/chromium")
@@ -59,7 +59,7 @@ def user_link(stack: LocalStack, user: str) -> str:
 @pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """Broker, redis, worker and web server, ready (a model is published)."""
-    with local_stack(tmp_path_factory.mktemp("browser-stack"), settings=SETTINGS) as st:
+    with web_stack(tmp_path_factory.mktemp("browser-stack"), settings=SETTINGS) as st:
         yield st
 
 

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from privrec.bench.serve import LocalStack
+from stacks import LocalStack, web_stack
 
 
 def _feedback(stack: LocalStack, user: str) -> None:
@@ -62,12 +62,10 @@ def test_under_add_remove_the_dashboard_shows_participation_figures_to_the_opera
     """The default model (the hierarchy, add/remove): without a token the dashboard shows the guarantee and the
     releases, "–" for every participation figure and says why; opened with the operator token in its fragment it
     shows the ledger's figures, equal to /budget asked with that token — and the token leaves the address bar."""
-    from privrec.bench.serve import local_stack
-
     from .conftest import SETTINGS
 
     settings = {k: v for k, v in SETTINGS.items() if k != "PRIVREC_ALGORITHM"}  # linucb: the hierarchy
-    with local_stack(tmp_path / "stack", settings=settings) as stack:
+    with web_stack(tmp_path / "stack", settings=settings) as stack:
         for user in ("1", "2"):
             _feedback(stack, user)
         deadline = time.monotonic() + 30

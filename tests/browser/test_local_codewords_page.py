@@ -38,6 +38,7 @@ from models.local.esa import MESSAGE_SCHEMA, message_content, parse_envelope, pa
 from models.local.seal import AnalyzerKey, b64decode
 from pipeline.config.settings import Settings
 from privrec import ops
+from stacks import up_stack
 
 K = 8  # codewords
 BUDGET = 4.0  # at epsilon 2 and cap 2: report_limit = floor(4 / 2) * 2 = 4
@@ -60,8 +61,7 @@ def cw_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pa
     settings = Settings(mode="local", namespace="cwpage", catalog="lastfm", data_dir=str(data), local_algorithm="round",
                         shuffle_batch=100, user_cap=2, user_budget=BUDGET, local_codewords=K, epsilon=2.0,
                         algorithm="linucb", tick_seconds=0.3, partitions=1)
-    ops.up(settings, state, timeout=120, supervise=False, loglevel="WARNING")
-    try:
+    with up_stack(settings, state, timeout=120, supervise=False, loglevel="WARNING"):
         base = ops.read_stack(state)["http"]
         with urllib.request.urlopen(f"{base}/local/config") as resp:
             config = json.loads(resp.read())
@@ -69,8 +69,6 @@ def cw_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pa
         assert 0 < config["noise"]["p"] < 1 and len(config["codebook"]) == K
         assert config["unit"] == "user" and config["cap"] == 2 and config["report_limit"] == 4
         yield base, state, config
-    finally:
-        ops.down(state)
 
 
 def _open_messages(key: AnalyzerKey, body: dict[str, Any]) -> list[int]:

@@ -35,7 +35,7 @@ import pytest
 from scipy import stats
 
 from models.mechanisms.factorization import BLTMechanism
-from privrec.bench.serve import LocalStack, local_stack
+from stacks import LocalStack, web_stack
 
 from .conftest import SETTINGS, user_link
 
@@ -49,7 +49,7 @@ TAIL = 1e-6
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     settings = {**SETTINGS, "PRIVREC_MODE": "local", "PRIVREC_LOCAL_ALGORITHM": "tree"}
-    with local_stack(tmp_path_factory.mktemp("local-page"), settings=settings) as st:
+    with web_stack(tmp_path_factory.mktemp("local-page"), settings=settings) as st:
         yield st
 
 

@@ -23,6 +23,7 @@ from models.local.esa import parse_content, parse_envelope
 from models.local.seal import AnalyzerKey
 from pipeline.config.settings import Settings
 from privrec import ops
+from stacks import up_stack
 
 ENVELOPE_FIELDS = {"schema", "user", "version", "rec_id", "sealed", "epoch"}  # epoch: user level, the cap
 
@@ -38,11 +39,8 @@ def esa_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, P
     state = tmp_path_factory.mktemp("esa-page") / "stack"
     settings = Settings(mode="local", namespace="esapage", catalog="lastfm", data_dir=str(data),
                         local_algorithm="round", shuffle_batch=3, epsilon=2.0, tick_seconds=0.3, partitions=1)
-    ops.up(settings, state, timeout=120, supervise=False, loglevel="WARNING")
-    try:
+    with up_stack(settings, state, timeout=120, supervise=False, loglevel="WARNING"):
         yield ops.read_stack(state)["http"], state
-    finally:
-        ops.down(state)
 
 
 def test_the_page_seals_its_reports_and_sends_them_to_the_shuffler(esa_stack: tuple[str, Path], page: Any) -> None:

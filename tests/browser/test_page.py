@@ -18,7 +18,7 @@ from typing import Any
 
 from kafka import KafkaConsumer
 
-from privrec.bench.serve import LocalStack
+from stacks import LocalStack
 
 from .conftest import user_link
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from pipeline.serve.openapi import COMPONENTS
-from privrec.bench.serve import LocalStack, local_stack
+from stacks import LocalStack, web_stack
 
 from .conftest import SETTINGS, user_link
 
@@ -47,7 +47,7 @@ def capped(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     """A stack whose users contribute to at most ``CAP`` release ticks per epoch; ``cap_policy`` as the param."""
     settings = {**SETTINGS, "PRIVREC_D": "5", "PRIVREC_N_ARMS": "40", "PRIVREC_USER_CAP": str(CAP),
                 "PRIVREC_CAP_POLICY": request.param}
-    with local_stack(tmp_path_factory.mktemp(f"page-cap-{request.param}"), settings=settings) as st:
+    with web_stack(tmp_path_factory.mktemp(f"page-cap-{request.param}"), settings=settings) as st:
         yield st
 
 

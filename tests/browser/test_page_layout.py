@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from privrec.bench.serve import LocalStack
+from stacks import LocalStack
 
 from .conftest import user_link
 

@@ -1,7 +1,7 @@
 """The page on a catalog that takes new users: its first visit makes a user of its own (``POST /session``), whose
 token it sends for that user's figures — and for no one else's.
 
-A stack of its own (:func:`privrec.bench.serve.local_stack`) over a catalog directory (users it does not list are
+A stack of its own (:func:`stacks.web_stack`) over a catalog directory (users it does not list are
 placed by the public rule, :mod:`pipeline.data.catalog_open`).
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from privrec.bench.serve import LocalStack, local_stack
+from stacks import LocalStack, web_stack
 from producers.catalog.generate import write_catalog
 
 from .conftest import SETTINGS
@@ -24,7 +24,7 @@ def open_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]
     catalog = write_catalog(root / "shop", n_items=60, n_users=20, n_events=0, seed=3)
     settings = {**SETTINGS, "PRIVREC_CATALOG": str(catalog), "PRIVREC_CATALOG_UNITS": "4", "PRIVREC_D": "8",
                 "PRIVREC_CACHE_DIR": str(root / "cache")}
-    with local_stack(root / "stack", settings=settings) as st:
+    with web_stack(root / "stack", settings=settings) as st:
         yield st
 
 

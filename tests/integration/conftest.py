@@ -4,7 +4,8 @@ Both are started once per test session by :mod:`pipeline.services`, on loopback,
 ports, with their PID files and logs in a pytest temporary directory, and stopped by PID at
 teardown (which pytest runs also when tests fail or the run is interrupted). Tests that need
 a clean slate use ``redis_client`` (flushes the database) and ``new_topic`` (a fresh,
-uniquely named topic).
+uniquely named topic); ``stack`` is a pipeline of the test's own (:func:`stacks.open_stack`), and
+``own_redis`` a redis-server of the test's own.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import redis
 
 from pipeline import services
 from pipeline.services import ServiceHandle
+from stacks import Stack, open_stack, start_redis
 
 
 @pytest.fixture(scope="session")
@@ -39,11 +41,17 @@ def broker(services_dir: Path) -> Iterator[ServiceHandle]:
 @pytest.fixture(scope="session")
 def redis_server(services_dir: Path) -> Iterator[ServiceHandle]:
     """A redis-server with AOF on; ``redis_server.url`` is ``redis://127.0.0.1:PORT/0``."""
-    handle = services.start_redis(services_dir)
-    try:
+    with start_redis(services_dir) as handle:
         yield handle
-    finally:
-        services.stop(handle)
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[ServiceHandle]:
+    """A redis-server of this test's own (one it may kill, restart or give ACL users), AOF on, its data in
+    ``tmp_path / "redis-own"`` (a restart with ``services.start_redis(tmp_path, name="redis-own", port=...)`` loads
+    it again)."""
+    with start_redis(tmp_path, name="redis-own") as handle:
+        yield handle
 
 
 @pytest.fixture
@@ -69,3 +77,16 @@ def new_topic(broker: ServiceHandle, request: pytest.FixtureRequest) -> Callable
         return name
 
     return make
+
+
+_stack_ids = itertools.count()
+
+
+@pytest.fixture
+def stack(tmp_path: Path, redis_server: ServiceHandle, request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """A fresh broker (its topics start empty) and a fresh namespace on the session's redis-server, every worker the
+    test starts stopped at the end: :func:`stacks.open_stack` with the test module's ``STACK``, a dict of its keyword
+    arguments (``env``, ``partitions``, ``world``), when the module has one. A module that needs another kind of
+    stack defines its own fixture of this name."""
+    with open_stack(tmp_path, redis_server.url, f"st{next(_stack_ids)}", **getattr(request.module, "STACK", {})) as st:
+        yield st

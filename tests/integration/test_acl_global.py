@@ -10,8 +10,6 @@ and nothing outside it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -25,13 +23,6 @@ from pipeline.config.settings import Settings
 from pipeline.release.stages import ReleaseStage, SolveStage
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[services.ServiceHandle]:
-    handle = services.start_redis(tmp_path, name="redis-acl")
-    yield handle
-    services.stop(handle)
 
 
 def test_serving_is_refused_every_trusted_key_by_redis(own_redis: services.ServiceHandle) -> None:

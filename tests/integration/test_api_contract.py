@@ -1,7 +1,7 @@
 """The HTTP API's contract against live stacks: the Python client, and schemathesis over every route.
 
 Two stacks, each a real Tansu broker, the session's redis-server, a worker and ``python -m pipeline.apps.web``
-(:func:`privrec.bench.serve.local_stack`): global mode and local mode (``tree``). On them:
+(:func:`stacks.web_stack`): global mode and local mode (``tree``). On them:
 
 * the client (:mod:`producers.client`), sync and async: typed answers, the server's named errors as
   :class:`~producers.client.APIError`, a device's report in local mode;
@@ -38,11 +38,10 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
 from models.local import LocalClient, MemoryStorage
 from pipeline import services
 from pipeline.serve.openapi import openapi_document
-from privrec.bench.serve import LocalStack, local_stack
 from producers.client import APIError, AsyncClient, Client, RetryPolicy
 from producers.devices import config_from_public
 
-from pipeline_support import publish_model
+from stacks import LocalStack, publish_model, web_stack
 
 pytestmark = pytest.mark.integration
 
@@ -60,10 +59,10 @@ EXAMPLES_SLOW = 400
 @pytest.fixture(scope="module")
 def stacks(tmp_path_factory: pytest.TempPathFactory, redis_server: services.ServiceHandle
            ) -> Iterator[dict[str, LocalStack]]:
-    with local_stack(tmp_path_factory.mktemp("api-global"), settings=MODES["global"], redis_url=redis_server.url,
-                     namespace="apiglobal") as g, \
-            local_stack(tmp_path_factory.mktemp("api-local"), settings=MODES["local"], redis_url=redis_server.url,
-                        namespace="apilocal") as loc:
+    with web_stack(tmp_path_factory.mktemp("api-global"), settings=MODES["global"], redis_url=redis_server.url,
+                   namespace="apiglobal") as g, \
+            web_stack(tmp_path_factory.mktemp("api-local"), settings=MODES["local"], redis_url=redis_server.url,
+                      namespace="apilocal") as loc:
         yield {"global": g, "local": loc}
 
 

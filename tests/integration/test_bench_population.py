@@ -12,7 +12,7 @@ import pytest
 
 from privrec.bench.population import HEADLINE
 
-from pipeline_support import REPO
+from stacks import REPO
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,7 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -28,20 +24,12 @@ from pipeline.config import acl
 from pipeline import services
 from pipeline.state.trusted import TrustedKeys, TrustedStore
 
-from pipeline_support import (Stack, Stream, assert_exact, assert_releases_deterministic, offline_stats, open_stack,
-                              produce, synthetic_events, wait_for)
+from stacks import (Stack, Stream, assert_exact, assert_releases_deterministic, http, offline_stats, open_stack,
+                    produce, start_redis, synthetic_events, wait_for)
 
 pytestmark = pytest.mark.integration
 
 _ns = itertools.count()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[services.ServiceHandle]:
-    """A redis-server of this test's own (it will be killed), AOF on."""
-    handle = services.start_redis(tmp_path, name="redis-fault")
-    yield handle
-    services.stop(handle)
 
 
 def test_redis_kill9_and_restart_loses_nothing_and_redraws_nothing(tmp_path: Path,
@@ -56,14 +44,11 @@ def test_under_acl_a_redis_kill9_loses_nothing_and_redraws_nothing(tmp_path: Pat
     ns = f"rf{next(_ns)}"
     rules = acl.global_rules(ns)
     creds = acl.new_credentials(list(rules))
-    acl.write_aclfile(tmp_path / "redis-fault", rules, creds)
-    rds = services.start_redis(tmp_path, name="redis-fault")
-    try:
-        with open_stack(tmp_path / "stack", acl.role_url(rds.url, "default", creds["default"]), ns) as stack:
-            stack.env["REDIS_URL"] = acl.role_url(rds.url, "worker", creds["worker"])
-            _redis_fault(stack, rds, tmp_path, web_url=acl.role_url(rds.url, "web", creds["web"]))
-    finally:
-        services.stop(rds)
+    acl.write_aclfile(tmp_path / "redis-own", rules, creds)
+    with start_redis(tmp_path, name="redis-own") as rds, \
+            open_stack(tmp_path / "stack", acl.role_url(rds.url, "default", creds["default"]), ns) as stack:
+        stack.env["REDIS_URL"] = acl.role_url(rds.url, "worker", creds["worker"])
+        _redis_fault(stack, rds, tmp_path, web_url=acl.role_url(rds.url, "web", creds["web"]))
 
 
 def _redis_fault(stack: Stack, rds: services.ServiceHandle, tmp_path: Path, *, web_url: str | None = None) -> None:
@@ -71,7 +56,7 @@ def _redis_fault(stack: Stack, rds: services.ServiceHandle, tmp_path: Path, *, w
     worker = stack.start_worker()
     catalog = stack.catalog()
     web = _start_web(stack, web_url)  # before the stream: a slow start must not let it finish before the kill
-    wait_for(lambda: _get(web.url + "/recommend?user=1&k=3")[0] == 200, 30, "the web to serve")
+    wait_for(lambda: http("GET", web.url + "/recommend?user=1&k=3", timeout=5)[0] == 200, 30, "the web to serve")
     stream = Stream(stack, list(synthetic_events(catalog, 3000, seed=4)), rate=600)
     wait_for(lambda: stack.released_count() > 600, 30, "a release in the middle of the stream")
     at_kill = stack.released_count()
@@ -79,17 +64,18 @@ def _redis_fault(stack: Stack, rds: services.ServiceHandle, tmp_path: Path, *, w
     wait_for(lambda: not services.is_running(rds), 10, "redis-server to exit")
     time.sleep(2.0)  # the stream goes on while Redis is down
     assert services.is_running(worker), "the worker crashed while Redis was down"
-    status, body, headers = _get(web.url + "/recommend?user=1&k=3")
+    reply = http("GET", web.url + "/recommend?user=1&k=3", timeout=5)
+    status, body, headers = reply.status, reply.body, reply.headers
     assert status == 503 and headers.get("Retry-After") == "1" and "Redis" in body["error"]["message"]
     assert at_kill < 3000
     port = int(rds.address.rsplit(":", 1)[1])
-    back = services.start_redis(tmp_path, name="redis-fault", port=port)  # the same data directory: the AOF
+    back = services.start_redis(tmp_path, name="redis-own", port=port)  # the same data directory: the AOF
     try:
         stream.join()
         wait_for(lambda: stack.released_count() == 3000, 90, "all 3000 events in a release after Redis came back")
         stream.watcher.stop()
         assert services.is_running(worker) and services.is_running(web), "a process crashed"
-        assert _get(web.url + "/recommend?user=1&k=3")[0] == 200  # the web reconnected by itself
+        assert http("GET", web.url + "/recommend?user=1&k=3", timeout=5)[0] == 200  # the web reconnected by itself
         assert b"Redis unavailable" in Path(worker.log_path).read_bytes()
         assert int(assert_exact(stack, catalog, stream.produced).count.sum()) == 3000  # nothing lost or doubled
         assert_releases_deterministic(stack, catalog, stream.produced, stream.watcher, "colin")
@@ -106,17 +92,8 @@ def _start_web(stack: Stack, redis_url: str | None = None) -> services.ServiceHa
     env = {**os.environ, **stack.env, **({"REDIS_URL": redis_url} if redis_url else {})}
     return services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], stack.state_dir,
                                   env=env, address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}", timeout=60,
-                                  ready=lambda: _get(f"http://127.0.0.1:{port}/healthz")[0] in (200, 503))
-
-
-def _get(url: str) -> tuple[int, Any, dict[str, str]]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, json.loads(resp.read()), dict(resp.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null"), dict(exc.headers)
-    except OSError:
-        return 0, None, {}
+                                  ready=lambda: http("GET", f"http://127.0.0.1:{port}/healthz", timeout=5)[0]
+                                  in (200, 503))
 
 
 @pytest.mark.parametrize("point", ["release-persisted", "solve-before-write"])

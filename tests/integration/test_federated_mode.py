@@ -42,7 +42,7 @@ from pipeline.state.trusted import TrustedKeys
 from privrec import ops
 from privrec.ops.stackfile import child_env, read_tokens
 
-from pipeline_support import wait_for
+from stacks import wait_for
 
 WORLD = {"PRIVREC_D": "4", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "30", "PRIVREC_TICK_SECONDS": "0.25",
          "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PARTITIONS": "1", "PRIVREC_PRIVACY_UNIT": "event"}

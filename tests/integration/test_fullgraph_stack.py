@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from pipeline.config.settings import Settings
 from privrec.cli import main
 from producers.lastfm.raw import resolve_data_dir
 
-from pipeline_support import REPO, wait_for
+from stacks import REPO, http, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -69,11 +68,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Servi
         for h in reversed(started):
             services.stop(h, grace_seconds=5)
         services.stop(broker)
-
-
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url) as resp:
-        return json.loads(resp.read())
 
 
 def _settled(st: dict[str, Any]) -> tuple[ReleasedStats, dict[str, bytes]]:
@@ -145,10 +139,10 @@ def test_a_user_without_interactions_is_served_with_the_prior_width(stack: dict[
     users = list(cat.users)
     idle = next(u for u in range(len(users)) if released.count[u] == 0)
     assert not stack["client"].hexists(PublicKeys(NS).model_unit(idle), "M")
-    rec = _get(f"{stack['url']}/recommend?user={users[idle]}&k=3")
+    rec = http("GET", f"{stack['url']}/recommend?user={users[idle]}&k=3").expect(200)
     assert rec["unit"] == idle and len(rec["items"]) == 3
     busy = int(np.flatnonzero(released.count > 0)[0])
-    other = _get(f"{stack['url']}/recommend?user={users[busy]}&k=3")
+    other = http("GET", f"{stack['url']}/recommend?user={users[busy]}&k=3").expect(200)
     assert other["unit"] == busy and other["unit"] != rec["unit"]
 
 

@@ -26,10 +26,9 @@ from pipeline import services
 from pipeline.config.keys import PublicKeys
 from pipeline.config.settings import Settings
 from pipeline.data.catalog import load_catalog
-from privrec.bench.serve import LocalStack, local_stack
 from producers.catalog.generate import write_catalog
 
-from pipeline_support import exact_released_count, wait_for
+from stacks import LocalStack, exact_released_count, http, wait_for, web_stack
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +78,7 @@ def _count(stack: LocalStack) -> int:
 def open_stack(tmp_path: Path, catalog_dir: Path, redis_server: services.ServiceHandle,
                request: pytest.FixtureRequest) -> Iterator[LocalStack]:
     extra = getattr(request, "param", {"PRIVREC_EPSILON": "inf"})
-    with local_stack(tmp_path, settings=_world(catalog_dir, **extra), redis_url=redis_server.url) as st:
+    with web_stack(tmp_path, settings=_world(catalog_dir, **extra), redis_url=redis_server.url) as st:
         yield st
 
 
@@ -185,7 +184,8 @@ def test_an_item_added_while_running_is_learned_by_the_item_level(open_stack: Lo
     stack = open_stack
     s = Settings.from_mapping({}, environ=stack.env)
     new = "neu ✨ hier"
-    status, ack = _post(stack, "/items", {"item": new, "name": "Neu", "tags": ["Jazz", "decade=1970s"]})
+    status, ack = http("POST", stack.base_url + "/items", {"item": new, "name": "Neu", "tags": ["Jazz", "decade=1970s"]},
+                       token=ADMIN)
     assert status == 202, ack
     wait_for(lambda: stack.get_json("/recommend?" + urllib.parse.urlencode(
         {"user": "probe", "k": "1", "candidates": new}))[0] == 200, 15, "the new item served")
@@ -213,16 +213,3 @@ def _pop_of(stack: LocalStack, s: Settings, arm: str) -> float:
                                                                             "candidates": arm}))
     assert status == 200
     return float(body["items"][0].get("popularity", 0.0))
-
-
-def _post(stack: LocalStack, path: str, body: Any) -> tuple[int, Any]:
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(stack.base_url + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN}"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")

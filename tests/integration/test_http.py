@@ -26,9 +26,8 @@ from kafka import KafkaConsumer, KafkaProducer
 from pipeline.config.keys import PublicKeys
 from pipeline.config.settings import DEFAULT_MECHANISM
 from pipeline import services
-from privrec.bench.serve import LocalStack, local_stack
 
-from pipeline_support import wait_for
+from stacks import LocalStack, wait_for, web_stack
 
 pytestmark = pytest.mark.integration
 
@@ -42,8 +41,8 @@ CONFIGURED_POOL = [str(a) for a in range(39, 9, -1)]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: services.ServiceHandle) -> Iterator[LocalStack]:
-    with local_stack(tmp_path_factory.mktemp("http"), settings=SETTINGS, redis_url=redis_server.url,
-                     namespace="http") as st:
+    with web_stack(tmp_path_factory.mktemp("http"), settings=SETTINGS, redis_url=redis_server.url,
+                   namespace="http") as st:
         yield st
 
 

@@ -8,11 +8,8 @@ they are published, and a worker restart changes nothing already published.
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,24 +18,16 @@ import pytest
 from models.ground.items import ReleasedItems, popularity_feature
 from models.mechanisms import make_mechanism
 from models.mechanisms.participation import replace_sensitivity
-from pipeline import services
 from pipeline.config.keys import PublicKeys
 from pipeline.data.records import parse_interaction
 from pipeline.release.stages import ITEM_MECHANISM, ITEM_STREAM, ITEM_THRESHOLD_STDS, item_term
 from pipeline.state.trusted import TrustedKeys
 
-from pipeline_support import Stack, open_stack, produce, wait_for
+from stacks import Stack, produce, wait_for
 
 pytestmark = pytest.mark.integration
 
-_ns = itertools.count()
-
-
-@pytest.fixture
-def stack(tmp_path: Path, redis_server: services.ServiceHandle, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    ns = f"items{next(_ns)}x{abs(hash(request.node.name)) % 10_000}"
-    with open_stack(tmp_path, redis_server.url, ns, env={"PRIVREC_ITEM_WEIGHT": "1.0"}) as st:
-        yield st
+STACK = {"env": {"PRIVREC_ITEM_WEIGHT": "1.0"}}  # the `stack` fixture's (conftest.py)
 
 
 def _events(stack: Stack, n: int, seed: int) -> list[dict[str, Any]]:

@@ -25,8 +25,6 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,6 @@ from kafka import KafkaProducer
 
 from models.accounting import gdp_epsilon, gdp_mu
 from pipeline.config import acl
-from pipeline import services
 from pipeline.modes.federated.federation import site_namespace
 from pipeline.config.keys import PUBLIC_KINDS
 from pipeline.config.ledger import LedgerRecord
@@ -48,7 +45,7 @@ from privrec import ops
 from privrec.ops.redis_users import role_redis_url
 from privrec.ops.stackfile import OpsError, read_tokens
 
-from pipeline_support import REPO, exact_released_count, wait_for
+from stacks import REPO, exact_released_count, http, start_redis, up_stack, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,14 +53,6 @@ WORLD = dict(d=4, n_users=6, n_arms=30, tick_seconds=0.3, partitions=1)
 #: Kinds the web may read (besides its own ``recs``): the public layout of pipeline.config.keys and pipeline.config.acl.
 READABLE = {*PUBLIC_KINDS, "ledger", "ops", "recs"}
 
-
-def _get(url: str, token: str | None = None) -> tuple[int, Any]:
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
 
 
 def _privrec(*args: str) -> subprocess.CompletedProcess[str]:
@@ -116,22 +105,19 @@ def _assert_web_refused_trusted_state(stack: dict[str, Any], namespaces: list[st
 
 
 @pytest.fixture
-def up_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Path, dict[str, Any]]]:
+def mode_stack(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Path, dict[str, Any]]]:
     settings = Settings(namespace="lp", **WORLD, **request.param)
     state = tmp_path / "stack"
-    ops.up(settings, state, timeout=90, supervise=False, loglevel="WARNING")
-    try:
+    with up_stack(settings, state, timeout=90, supervise=False, loglevel="WARNING"):
         stack = ops.read_stack(state)
         assert stack is not None
         yield state, stack
-    finally:
-        ops.down(state)
 
 
-@pytest.mark.parametrize("up_stack", [{}, {"mode": "local"}, {"mode": "federated", "privacy_unit": "event"}],
+@pytest.mark.parametrize("mode_stack", [{}, {"mode": "local"}, {"mode": "federated", "privacy_unit": "event"}],
                          ids=["global", "local", "federated"], indirect=True)
-def test_every_mode_runs_least_privilege_by_default(up_stack: tuple[Path, dict[str, Any]]) -> None:
-    state, stack = up_stack
+def test_every_mode_runs_least_privilege_by_default(mode_stack: tuple[Path, dict[str, Any]]) -> None:
+    state, stack = mode_stack
     settings = stack["settings"]
     creds = acl.load_credentials(state)
     assert creds is not None
@@ -142,10 +128,10 @@ def test_every_mode_runs_least_privilege_by_default(up_stack: tuple[Path, dict[s
     with pytest.raises(redis.exceptions.AuthenticationError):
         redis.Redis.from_url(stack["redis"]).ping()  # no password, no access
     # serving works as the web user
-    status, body = wait_for(lambda: (r := _get(f"{stack['http']}/recommend?user=1&k=3"))[0] == 200 and r, 60,
+    status, body = wait_for(lambda: (r := http("GET", f"{stack['http']}/recommend?user=1&k=3"))[0] == 200 and r, 60,
                             "/recommend 200")
     assert len(body["items"]) == 3
-    status, budget = _get(f"{stack['http']}/budget")
+    status, budget = http("GET", f"{stack['http']}/budget")
     assert status == 200 and budget["redis_acl"]["enforced"] is True
     ns = stack["namespace"]
     namespaces = [ns] + ([site_namespace(ns, i) for i in range(settings["sites"])]
@@ -162,15 +148,10 @@ def test_every_mode_runs_least_privilege_by_default(up_stack: tuple[Path, dict[s
     _assert_no_password_anywhere(state, stack, creds)
 
 
-def _fresh_redis(tmp_path: Path, name: str) -> services.ServiceHandle:
-    return services.start_redis(tmp_path, name=name)
-
-
 def test_external_redis_needs_the_users_or_no_acl(tmp_path: Path) -> None:
-    rds = _fresh_redis(tmp_path, "redis-ext")
     state = tmp_path / "ext"
-    settings = Settings(namespace="ext", redis_url=rds.url, **WORLD)
-    try:
+    with start_redis(tmp_path, name="redis-ext") as rds:
+        settings = Settings(namespace="ext", redis_url=rds.url, **WORLD)
         with pytest.raises(OpsError, match="ACL SETUSER ext-web") as refused:
             ops.up(settings, state, timeout=90, supervise=False)
         assert not (state / "stack.json").exists()
@@ -179,36 +160,25 @@ def test_external_redis_needs_the_users_or_no_acl(tmp_path: Path) -> None:
         admin = redis.Redis.from_url(rds.url)
         for line in lines:  # the operator applies exactly what was printed
             admin.execute_command(*shlex.split(line))
-        ops.up(settings, state, timeout=90, supervise=False)
-        try:
+        with up_stack(settings, state, timeout=90, supervise=False):
             stack = ops.read_stack(state)
             assert stack["redis_acl"]["users"] == {"web": "ext-web", "worker": "ext-worker"}
-            assert _get(f"{stack['http']}/budget")[1]["redis_acl"]["enforced"] is True
-            wait_for(lambda: _get(f"{stack['http']}/recommend?user=1&k=3")[0] == 200, 60, "/recommend 200")
+            assert http("GET", f"{stack['http']}/budget")[1]["redis_acl"]["enforced"] is True
+            wait_for(lambda: http("GET", f"{stack['http']}/recommend?user=1&k=3")[0] == 200, 60, "/recommend 200")
             _assert_web_refused_trusted_state(stack, ["ext"])
             _assert_no_password_anywhere(state, stack, acl.load_credentials(state))
-        finally:
-            ops.down(state)
         # --no-acl: runs, and /budget says serving could read trusted state
-        ops.up(settings, state, timeout=90, supervise=False, no_acl=True)
-        try:
+        with up_stack(settings, state, timeout=90, supervise=False, no_acl=True):
             stack = ops.read_stack(state)
             assert stack["redis_acl"] is None
-            acl_state = _get(f"{stack['http']}/budget")[1]["redis_acl"]
+            acl_state = http("GET", f"{stack['http']}/budget")[1]["redis_acl"]
             assert acl_state["enforced"] is False and "NOT ENFORCED" in acl_state["note"]
-        finally:
-            ops.down(state)
         # --redis-admin-url: privrec up creates the users (here on a namespace without any)
         state2 = tmp_path / "ext2"
-        ops.up(settings.replace(namespace="ext2"), state2, timeout=90, supervise=False, redis_admin_url=rds.url)
-        try:
+        with up_stack(settings.replace(namespace="ext2"), state2, timeout=90, supervise=False, redis_admin_url=rds.url):
             stack = ops.read_stack(state2)
             assert stack["redis_acl"]["users"] == {"web": "ext2-web", "worker": "ext2-worker"}
-            assert _get(f"{stack['http']}/budget")[1]["redis_acl"]["enforced"] is True
-        finally:
-            ops.down(state2)
-    finally:
-        services.stop(rds)
+            assert http("GET", f"{stack['http']}/budget")[1]["redis_acl"]["enforced"] is True
 
 
 def _ledger(admin: redis.Redis, ns: str, user: str) -> tuple[LedgerRecord, dict[bytes, bytes]]:
@@ -222,8 +192,7 @@ def test_a_user_past_the_lifetime_budget_is_no_longer_learned_from(tmp_path: Pat
     budget_eps, sent = 1.0, 10
     settings = Settings(namespace="lb", user_budget=budget_eps, user_cap=8, **WORLD)  # the budget, not the cap, stops
     state = tmp_path / "stack"
-    ops.up(settings, state, timeout=90, supervise=False)
-    try:
+    with up_stack(settings, state, timeout=90, supervise=False):
         stack = ops.read_stack(state)
         admin = redis.Redis.from_url(role_redis_url(stack, "admin"))
         prod = KafkaProducer(bootstrap_servers=stack["kafka"], linger_ms=0)
@@ -250,10 +219,10 @@ def test_a_user_past_the_lifetime_budget_is_no_longer_learned_from(tmp_path: Pat
         assert int(summary[b"over_budget"]) == sent - allowed  # every event sent is learned from or counted
         assert exact_released_count(admin, "lb") == allowed
         operator = read_tokens(state).operator  # privrec up's operator token (<state>/tokens.json)
-        wait_for(lambda: _get(f"{stack['http']}/budget?user=2", operator)[0] == 200
-                 and _get(f"{stack['http']}/budget?user=2", operator)[1]["ledger"]["budget_events"] == sent - allowed,
+        wait_for(lambda: http("GET", f"{stack['http']}/budget?user=2", token=operator)[0] == 200
+                 and http("GET", f"{stack['http']}/budget?user=2", token=operator)[1]["ledger"]["budget_events"] == sent - allowed,
                  30, "/budget to see the last release")
-        _, body = _get(f"{stack['http']}/budget?user=2", operator)
+        _, body = http("GET", f"{stack['http']}/budget?user=2", token=operator)
         u = body["user"]
         assert u["at_budget"] is True and u["user_budget"] == budget_eps
         assert u["epsilon"] == pytest.approx(gdp_epsilon(mu_cap * math.sqrt(ratios[allowed - 1]), delta), rel=1e-9)
@@ -264,32 +233,19 @@ def test_a_user_past_the_lifetime_budget_is_no_longer_learned_from(tmp_path: Pat
         assert text.returncode == 0, text.stderr
         assert re.search(r"users at the lifetime budget +1 ", text.stdout) and "AT THE LIFETIME BUDGET" in text.stdout
         assert re.search(rf"events not learned \(budget\) +{sent - allowed}\n", text.stdout)
-        metrics = urllib.request.Request(f"{stack['http']}/metrics",  # add/remove: answered to the operator only
-                                         headers={"Authorization": f"Bearer {operator}"})
-        with urllib.request.urlopen(metrics, timeout=10) as resp:
-            assert "privrec_users_at_budget 1.0" in resp.read().decode()
+        metrics = http("GET", f"{stack['http']}/metrics", token=operator)  # add/remove: answered to the operator only
+        assert "privrec_users_at_budget 1.0" in metrics.expect(200)
         worker = json.loads(admin.hget("lb:ops:{lb:ops}:workers", "worker-0"))["metrics"]
         deadline = time.monotonic() + 10
         while True:  # the worker's gauges follow its next release tick
-            with urllib.request.urlopen(worker, timeout=10) as resp:
-                text_metrics = resp.read().decode()
+            text_metrics = http("GET", worker).expect(200)
             if f"privrec_budget_events {float(sent - allowed)}" in text_metrics or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
         assert "privrec_users_at_budget 1.0" in text_metrics
         assert f"privrec_budget_events {float(sent - allowed)}" in text_metrics
         admin.close()
-    finally:
-        ops.down(state)
 
-
-def _post(url: str, body: dict[str, Any]) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
 
 
 def test_local_mode_refuses_a_users_reports_past_the_lifetime_budget(tmp_path: Path) -> None:
@@ -302,23 +258,22 @@ def test_local_mode_refuses_a_users_reports_past_the_lifetime_budget(tmp_path: P
     budget_eps = gdp_epsilon(2.5 * mu, 1e-5)  # a tree device's k reports cost k * mu: 2 fit, the 3rd does not
     state = tmp_path / "stack"
     # event level: the budget above is counted in event-level reports (user level, local mode's default since
-    # issue 21, has a device ledger of its own: tests/unit/test_local_userlevel.py)
-    ops.up(Settings(mode="local", namespace="lr", user_budget=budget_eps, privacy_unit="event", **WORLD), state,
+    # issue 21, has a device ledger of its own: tests/component/test_local_userlevel.py)
+    with up_stack(Settings(mode="local", namespace="lr", user_budget=budget_eps, privacy_unit="event", **WORLD), state,
            timeout=90,
-           supervise=False, loglevel="WARNING")
-    try:
+           supervise=False, loglevel="WARNING"):
         stack = ops.read_stack(state)
         base = stack["http"]
         # a device that does not enforce the budget itself (the server must): the public calibration, no budget
-        cfg = dataclasses.replace(config_from_public(_get(f"{base}/local/config")[1]), user_budget=math.inf)
+        cfg = dataclasses.replace(config_from_public(http("GET", f"{base}/local/config")[1]), user_budget=math.inf)
         device = LocalClient("3", cfg)
         answers = []
         for _ in range(5):
-            status, rec = wait_for(lambda: (r := _get(f"{base}/recommend?user=3&k=3"))[0] == 200 and r, 30,
+            status, rec = wait_for(lambda: (r := http("GET", f"{base}/recommend?user=3&k=3"))[0] == 200 and r, 30,
                                    "/recommend")
             item = rec["items"][0]
             rep = device.report(rec_id=rec["rec_id"], x=np.asarray(item["x"]), reward=1.0)
-            status, body = _post(f"{base}/report", rep.to_dict())
+            status, body = http("POST", f"{base}/report", rep.to_dict())
             answers.append(status)
             if status == 202:
                 device.acknowledge(rep.version)
@@ -329,9 +284,7 @@ def test_local_mode_refuses_a_users_reports_past_the_lifetime_budget(tmp_path: P
                  "the two accepted reports released")
         time.sleep(1.0)  # a refused report would have been released by now: it was never sent
         assert int(admin.hget("lr:released:{lr:rel}:stats", "count") or 0) == 2
-        local = _get(f"{base}/budget?user=3", read_tokens(state).for_user("3"))[1]["local"]  # user 3's own token
+        local = http("GET", f"{base}/budget?user=3", token=read_tokens(state).for_user("3"))[1]["local"]  # user 3's own token
         assert local["user_budget"]["reports_allowed"] == 2
         assert local["user"]["at_budget"] is True and local["user"]["not_learned_budget"] == 3
         admin.close()
-    finally:
-        ops.down(state)

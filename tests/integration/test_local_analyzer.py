@@ -33,7 +33,7 @@ from pipeline.modes.local.esa import KEY_ENV
 from pipeline.modes.local.ingest import BatchIngestProcessor, local_config
 from pipeline.modes.local.local_http import catalog_codebook
 
-from pipeline_support import open_stack, wait_for
+from stacks import open_stack, wait_for
 
 N = 150  # distinct users per batch (the codewords' blanket needs n p >~ log(1 / delta) fakes per codeword)
 BASE = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": str(N), "PRIVREC_N_ARMS": "40",

@@ -29,10 +29,9 @@ from privrec import ops
 from privrec.ops.redis_users import role_redis_url
 from privrec.ops.stackfile import read_tokens
 
-from pipeline_support import wait_for, lastfm_data_or_skip
-from test_least_privilege import _get
+from stacks import http, lastfm_data_or_skip, up_stack, wait_for
 from test_local_mode import _all_messages
-from test_local_shuffler import _post, assert_parties_apart
+from test_local_shuffler import assert_parties_apart
 
 N = 100  # distinct users per population-wide batch (the smallest the blanket reaches (2, 1e-5) with at cap 2: 66)
 NS = "cwlive"
@@ -45,15 +44,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     settings = Settings(mode="local", namespace=NS, catalog="lastfm", data_dir=str(data), local_algorithm="round",
                         shuffle_batch=N, user_cap=2, local_codewords=64, epsilon=2.0, noise_ridge=0.0,
                         algorithm="linucb", tick_seconds=0.3, partitions=2)
-    ops.up(settings, state, timeout=120, loglevel="INFO")
-    try:
+    with up_stack(settings, state, timeout=120, loglevel="INFO"):
         yield {"state": state, "info": ops.read_stack(state)}
-    finally:
-        ops.down(state)
 
 
 def _scores(base: str, user: str, pool: list[str]) -> dict[str, float]:
-    status, rec = _get(f"{base}/recommend?user={user}&k={len(pool)}&candidates={','.join(pool)}")
+    status, rec = http("GET", f"{base}/recommend?user={user}&k={len(pool)}&candidates={','.join(pool)}")
     assert status == 200, rec
     return {it["item"]: float(it["score"]) for it in rec["items"]}
 
@@ -65,12 +61,12 @@ def test_a_replay_with_codewords_moves_the_released_b_and_the_served_scores(stac
     info, state = stack["info"], stack["state"]
     base = info["http"]
     admin = redis.Redis.from_url(role_redis_url(info, "admin"))
-    status, public = _get(f"{base}/local/config")
+    status, public = http("GET", f"{base}/local/config")
     assert status == 200 and public["noise"]["kind"] == "blanket" and len(public["codebook"]) == 64
     assert public["esa"]["shuffler"].startswith("http://127.0.0.1:")
-    status, users = _get(f"{base}/users?limit=2")
+    status, users = http("GET", f"{base}/users?limit=2")
     user = str(users["users"][0])
-    pool = [it["item"] for it in _get(f"{base}/recommend?user={user}&k=10")[1]["items"]]
+    pool = [it["item"] for it in http("GET", f"{base}/recommend?user={user}&k=10")[1]["items"]]
     before = _scores(base, user, pool)
 
     assert main(["replay", "lastfm", "--mode", "local", "--events", "600", "--http", base, "--out",
@@ -107,7 +103,7 @@ def test_a_replay_with_codewords_moves_the_released_b_and_the_served_scores(stac
     assert accepted
     operator = read_tokens(state).operator  # privrec up's (<state>/tokens.json)
     for u in sorted(accepted)[:5]:
-        status, body = _get(f"{base}/budget?user={u}", operator)
+        status, body = http("GET", f"{base}/budget?user={u}", token=operator)
         assert status == 200 and body["user"]["interactions"] == body["user"]["reports"] == accepted[u]
         assert body["privacy"]["parties"]["everyone_else"]["analysis"] == "blanket"
         assert body["privacy"]["against_operator"]["epsilon_per_report"] is None
@@ -121,19 +117,19 @@ def test_the_boundary_scan_holds_with_codewords(stack: dict[str, Any]) -> None:
     info, state = stack["info"], stack["state"]
     base = info["http"]
     admin = redis.Redis.from_url(role_redis_url(info, "admin"))
-    status, public = _get(f"{base}/local/config")
+    status, public = http("GET", f"{base}/local/config")
     assert status == 200
     config = config_from_public(public)
     codebook = np.asarray(public["codebook"], dtype=np.float64)
     pk, submit = b64decode(public["esa"]["public_key"]), public["esa"]["shuffler"]
     reported = {u.decode() for u in admin.hkeys(f"{NS}-shuffler:versions:{{{NS}-shuffler}}")}
-    users = [str(u) for u in _get(f"{base}/users?limit=5000")[1]["users"] if str(u) not in reported][:N]
+    users = [str(u) for u in http("GET", f"{base}/users?limit=5000")[1]["users"] if str(u) not in reported][:N]
     assert len(users) == N  # N users new to the shuffler: with any open batch they close one
     rng = random.Random(21)
     start = _count(admin)
     envelopes, rewards, exact, rec_ids, contents = [], [], [], [], []
     for user in users:
-        status, rec = _get(f"{base}/recommend?user={user}&k=5")
+        status, rec = http("GET", f"{base}/recommend?user={user}&k=5")
         assert status == 200, rec
         dev = LocalClient(user, config, codebook=codebook)
         reward = rng.uniform(0.05, 0.95)
@@ -144,7 +140,7 @@ def test_the_boundary_scan_holds_with_codewords(stack: dict[str, Any]) -> None:
         rec_ids.append(rec["rec_id"])
         contents.append(rep.vector)
     with ThreadPoolExecutor(8) as pool:  # distinct users: their envelopes need no order
-        statuses = list(pool.map(lambda env: _post(submit, env.to_dict())[0], envelopes))
+        statuses = list(pool.map(lambda env: http("POST", submit, env.to_dict())[0], envelopes))
     assert statuses == [202] * N and all(env.msgs for env in envelopes)
     wait_for(lambda: _count(admin) >= start + N, 60, "the batch of the new users released")
     time.sleep(1.0)  # let the logs flush

@@ -35,9 +35,8 @@ from pipeline import services
 from pipeline.data.catalog import load_catalog
 from pipeline.ingestion.ingest import IngestProcessor
 from pipeline.config.settings import Settings
-from privrec.bench.serve import LocalStack, local_stack
 
-from pipeline_support import wait_for, lastfm_data_or_skip
+from stacks import LocalStack, lastfm_data_or_skip, wait_for, web_stack
 
 WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40",
          "PRIVREC_ALGORITHM": "linucb", "PRIVREC_EPSILON": "2", "PRIVREC_TICK_SECONDS": "0.3",
@@ -211,7 +210,7 @@ def test_the_scan_finds_what_it_looks_for() -> None:
 def tree_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalStack, Path]]:
     """A local-mode stack (per-user trees) and the directory where its simulated devices keep their state."""
     root = tmp_path_factory.mktemp("local-tree")
-    with local_stack(root / "stack", settings={**WORLD, "PRIVREC_LOCAL_ALGORITHM": "tree"}) as st:
+    with web_stack(root / "stack", settings={**WORLD, "PRIVREC_LOCAL_ALGORITHM": "tree"}) as st:
         yield st, root / "devices"
 
 
@@ -324,8 +323,8 @@ def test_noise_off_the_local_aggregate_equals_the_global_modes_exact_statistics(
     """Devices without noise send their exact values (the protocol does not care); the released sums then equal
     the statistics the global mode's own ingest computes from the same events."""
     # event level: the test's hand-made reports carry no epoch (the device library is not what is tested here)
-    with local_stack(tmp_path / "st", settings={**WORLD, "PRIVREC_LOCAL_ALGORITHM": "round",
-                                                "PRIVREC_PRIVACY_UNIT": "event"}) as st:
+    with web_stack(tmp_path / "st", settings={**WORLD, "PRIVREC_LOCAL_ALGORITHM": "round",
+                                              "PRIVREC_PRIVACY_UNIT": "event"}) as st:
         cfg = _config(st)
         rng = random.Random(5)
         events: list[dict[str, Any]] = []

@@ -31,8 +31,6 @@ import json
 import os
 import random
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -54,8 +52,7 @@ from privrec import ops
 from privrec.ops.redis_users import role_redis_url
 from privrec.ops.stackfile import read_tokens
 
-from pipeline_support import wait_for, lastfm_data_or_skip
-from test_least_privilege import _get
+from stacks import http, lastfm_data_or_skip, up_stack, wait_for
 from test_local_mode import _all_messages, _arrays, _assert_no_leak, _find, _redis_values, _walk
 
 pytestmark = pytest.mark.integration
@@ -64,16 +61,6 @@ N = 3  # distinct users per batch
 NS = "esa"
 
 
-def _post(url: str, body: Any) -> tuple[int, Any]:
-    """POST JSON (or raw bytes: malformed bodies) and return the status and the answer."""
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-
 
 class Stack:
     def __init__(self, state: Path) -> None:
@@ -81,7 +68,7 @@ class Stack:
         self.info = ops.read_stack(state)
         self.base = self.info["http"]
         self.admin = redis.Redis.from_url(role_redis_url(self.info, "admin"))
-        status, public = wait_for(lambda: (r := _get(f"{self.base}/local/config"))[0] == 200 and r, 30, "config")
+        status, public = wait_for(lambda: (r := http("GET", f"{self.base}/local/config"))[0] == 200 and r, 30, "config")
         self.public = public
         from producers.devices import config_from_public
 
@@ -110,7 +97,7 @@ class Stack:
         return sorted((u for u in self.catalog.users if self.catalog.unit_of(u) == unit), key=int)[:k]
 
     def recommend(self, user: str) -> dict[str, Any]:
-        status, rec = wait_for(lambda: (r := _get(f"{self.base}/recommend?user={user}&k=3"))[0] == 200 and r, 30,
+        status, rec = wait_for(lambda: (r := http("GET", f"{self.base}/recommend?user={user}&k=3"))[0] == 200 and r, 30,
                                "/recommend")
         return dict(rec)
 
@@ -130,11 +117,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     settings = Settings(mode="local", namespace=NS, catalog="lastfm", data_dir=str(data), local_algorithm="round",
                         shuffle_batch=N, epsilon=2.0, algorithm="linucb", tick_seconds=0.3, partitions=2,
                         user_cap=64)  # user level (the default): a cap above what a device here reports in one epoch
-    ops.up(settings, state, workers=2, timeout=120, loglevel="INFO")  # two analyzers, a partition each
-    try:
+    with up_stack(settings, state, workers=2, timeout=120, loglevel="INFO"):  # two analyzers, a partition each
         yield Stack(state)
-    finally:
-        ops.down(state)
 
 
 def _expected_sums(reports: list[LocalReport], unit_of: Any, d: int, n_units: int) -> tuple[np.ndarray, int]:
@@ -267,7 +251,7 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
         user = rng.choice(users)
         reward = rng.random() if rng.random() < 0.5 else float(rng.randrange(2))  # fractions: distinctive digits
         rep, env, rec = st.report(user, reward, rng)
-        status, body = _post(st.submit, env.to_dict())
+        status, body = http("POST", st.submit, env.to_dict())
         assert status == 202, body
         st.devices[user].acknowledge(rep.version)
         reports.append(rep)
@@ -276,7 +260,7 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
         exact.append(st.devices[user].exact_b)
         rec_ids.append(rec["rec_id"])
     # the web server refuses a report: it must never see one next to its user
-    status, body = _post(f"{st.base}/report", reports[-1].to_dict())
+    status, body = http("POST", f"{st.base}/report", reports[-1].to_dict())
     assert status == 400 and st.submit in body["error"]["message"]
     sums, count = _expected_sums(reports, st.catalog.unit_of, st.config.d, st.catalog.n_units)
     assert count >= 12  # several batches closed
@@ -291,7 +275,7 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
     # the shuffler checked the cap and mirrored each user's ledger record to the public keys: /budget has them
     counts = {u: sum(r.user == u for r in reports) for u in users}
     own = read_tokens(st.state).for_user(users[0])  # the user's own token (privrec up's secret)
-    status, b = _get(f"{st.base}/budget?user={users[0]}", own)
+    status, b = http("GET", f"{st.base}/budget?user={users[0]}", token=own)
     assert b["user"]["ticks_this_epoch"] == counts[users[0]] and b["user"]["epsilon"] > 0
     assert b["ledger"]["users"] >= sum(c > 0 for c in counts.values())
     time.sleep(1.0)  # let the logs flush
@@ -305,7 +289,7 @@ def test_each_party_sees_only_its_part(stack: Stack) -> None:
                if k.startswith(f"{NS}-shuffler:open")) or count == len(reports)
 
     # /budget states the guarantee against each party
-    status, b = _get(f"{st.base}/budget?user={users[0]}", own)
+    status, b = http("GET", f"{st.base}/budget?user={users[0]}", token=own)
     p = b["local"]["guarantee"]["parties"]
     assert p["analyzer_operator"]["epsilon"] == 2.0 and p["colluding"]["epsilon"] == pytest.approx(
         st.config.epsilon0)
@@ -334,14 +318,14 @@ def test_bad_envelopes_get_a_4xx_naming_the_field(stack: Stack) -> None:
         ({**good, "epoch": good["epoch"] + 5}, 403, "epoch"),
     ]
     for body, status, parameter in cases:
-        got, answer = _post(st.submit, body)
+        got, answer = http("POST", st.submit, body)
         assert (got, answer["error"]["parameter"]) == (status, parameter), (body, answer)
-    assert _post(st.submit, good)[0] == 202
-    got, answer = _post(st.submit, good)
+    assert http("POST", st.submit, good)[0] == 202
+    got, answer = http("POST", st.submit, good)
     assert got == 409 and answer["error"]["parameter"] == "rec_id"
     rep2, env2, _ = st.report(user, 0.0, rng)
     stale = {**env2.to_dict(), "version": rep.version}
-    got, answer = _post(st.submit, stale)
+    got, answer = http("POST", st.submit, stale)
     assert got == 409 and "stale or repeated version" in answer["error"]["message"]
 
 
@@ -360,13 +344,13 @@ def test_a_batch_with_a_content_that_does_not_open_counts_not_at_all(stack: Stac
             content = json.dumps({"schema": "privrec.ReportContent/1", "algorithm": "round",
                                   "m": rep.vector.tolist(), "user": user}).encode()
             env = type(env)(env.user, env.version, env.rec_id, seal(st.pk, content), epoch=env.epoch)
-        assert _post(st.submit, env.to_dict())[0] == 202
+        assert http("POST", st.submit, env.to_dict())[0] == 202
         sent.append((rep, env))
     before = st.released()
     good, shown = [], []  # then a whole batch of the same unit: it counts, the first one never did
     for user in users:
         rep, env, rec = st.report(user, 0.5, rng)
-        assert _post(st.submit, env.to_dict())[0] == 202
+        assert http("POST", st.submit, env.to_dict())[0] == 202
         good.append(rep)
         shown += [np.asarray(item["x"]) for item in rec["items"]]
     rel = st.wait_count(start + N)
@@ -424,7 +408,7 @@ def test_kill9_of_the_shuffler_keeps_accepted_envelopes(stack: Stack) -> None:
     reps = []
     for user in users[:2]:
         rep, env, _ = st.report(user, 1.0, rng)
-        assert _post(st.submit, env.to_dict())[0] == 202
+        assert http("POST", st.submit, env.to_dict())[0] == 202
         reps.append(rep)
     handle = services.read_handles(st.state)["shuffler"]
     os.kill(handle.pid, 9)
@@ -433,7 +417,7 @@ def test_kill9_of_the_shuffler_keeps_accepted_envelopes(stack: Stack) -> None:
              "the supervisor to start the shuffler again")
     assert services.read_handles(st.state)["shuffler"].pid != handle.pid
     rep, env, _ = st.report(users[2], 1.0, rng)
-    assert _post(st.submit, env.to_dict())[0] == 202
+    assert http("POST", st.submit, env.to_dict())[0] == 202
     reps.append(rep)
     rel = st.wait_count(start + N)
     np.testing.assert_allclose(rel.b_tilde.reshape(-1, st.config.d)[4], sum(r.vector for r in reps), rtol=0,
@@ -450,10 +434,7 @@ def _unknown(st: Stack, user: str) -> bool:
 
 
 def _healthy(url: str) -> bool:
-    try:
-        return _get(url)[0] == 200
-    except urllib.error.URLError:  # not listening yet
-        return False
+    return http("GET", url)[0] == 200  # 0 while not listening yet
 
 
 def _alive(st: Stack) -> bool:

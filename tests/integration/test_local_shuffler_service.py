@@ -35,7 +35,6 @@ from pipeline.modes.local.local_http import catalog_codebook, local_ledger_overv
 from pipeline.modes.local.shuffler_service import ShufflerService
 from pipeline.serve.budget_view import user_interactions
 
-from test_acl_global import own_redis  # noqa: F401 - a redis-server of the test's own (ACL users change it)
 
 pytestmark = pytest.mark.integration
 

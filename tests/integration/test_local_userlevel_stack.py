@@ -22,9 +22,8 @@ from kafka import KafkaConsumer, TopicPartition
 
 from models.local import LocalClient, LocalConfig, LocalReport, MemoryStorage, ReportRefused
 from models.streaming import ReleasedStats
-from privrec.bench.serve import LocalStack, local_stack
 
-from pipeline_support import wait_for
+from stacks import LocalStack, wait_for, web_stack
 
 CAP = 3
 WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "40",
@@ -35,7 +34,7 @@ WORLD = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": "6
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    with local_stack(tmp_path_factory.mktemp("local-user") / "stack", settings=WORLD) as st:
+    with web_stack(tmp_path_factory.mktemp("local-user") / "stack", settings=WORLD) as st:
         yield st
 
 

@@ -11,9 +11,7 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,30 +27,13 @@ from privrec.ops.stackfile import read_tokens, stack_tokens
 from producers.catalog import hash_unit
 from producers.catalog.generate import write_catalog
 
-from pipeline_support import REPO, wait_for
+from stacks import REPO, http, wait_for
 
 pytestmark = pytest.mark.integration
 
 UNITS = 4
 
 
-def _get(url: str, token: str | None = None) -> tuple[int, Any]:
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +66,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: services.Servi
                                      env={**env, **tokens.env()}, address=f"127.0.0.1:{port}",
                                      url=f"http://127.0.0.1:{port}")
         started.append(web)
-        wait_for(lambda: _get(f"{web.url}/healthz")[0] == 200, 60, "a first model")
+        wait_for(lambda: http("GET", f"{web.url}/healthz")[0] == 200, 60, "a first model")
         yield web.url, env
     finally:
         for h in reversed(started):
@@ -97,29 +78,29 @@ def test_a_new_user_is_served_over_every_item_and_learned_from(stack: tuple[str,
     url, env = stack
     user = "Zoë, new today"
     q = urllib.parse.urlencode({"user": user, "k": "5"})
-    code, body = _get(f"{url}/recommend?{q}")
+    code, body = http("GET", f"{url}/recommend?{q}")
     assert code == 200, body
     assert body["unit"] == hash_unit(user, UNITS)  # the public rule
     assert len(body["items"]) == 5 and len({it["item"] for it in body["items"]}) == 5
     target = "sku-000123-δ"
     cand = urllib.parse.urlencode({"user": user, "k": "1", "candidates": target})
-    _, before = _get(f"{url}/recommend?{cand}")
+    _, before = http("GET", f"{url}/recommend?{cand}")
     for _ in range(20):  # the new user likes one item: positive feedback on it
-        code, rec = _get(f"{url}/recommend?{cand}")
+        code, rec = http("GET", f"{url}/recommend?{cand}")
         assert code == 200
-        code, ack = _post(f"{url}/feedback", {"rec_id": rec["rec_id"], "item": target, "reward": 1})
+        code, ack = http("POST", f"{url}/feedback", {"rec_id": rec["rec_id"], "item": target, "reward": 1})
         assert code == 202, ack
 
-    wait_for(lambda: _get(f"{url}/budget")[1].get("events_released", 0) >= 20, 30, "the 20 feedbacks released")
+    wait_for(lambda: http("GET", f"{url}/budget")[1].get("events_released", 0) >= 20, 30, "the 20 feedbacks released")
     released = int(redis.Redis.from_url(env["REDIS_URL"]).hget(PublicKeys("ow").released, "version"))
     # the release is solved, then served once the web server re-reads the model's version (every 0.2 s)
-    now = wait_for(lambda: (lambda r: r if r["model_version"] >= released else None)(_get(f"{url}/recommend?{cand}")[1]),
+    now = wait_for(lambda: (lambda r: r if r["model_version"] >= released else None)(http("GET", f"{url}/recommend?{cand}")[1]),
                    30, "the release's model served")
     # exactly the 20 feedbacks in the unit's Gram (epsilon = inf, nobody else in it yet): width alpha / sqrt(1 + 20)
     assert now["items"][0]["bonus"] == pytest.approx(before["items"][0]["bonus"] / 21 ** 0.5, rel=1e-9)
     assert before["items"][0]["mean"] == 0.0 and now["items"][0]["mean"] > 0.0
     operator = read_tokens(env["PRIVREC_STATE_DIR"]).operator  # the test picked this user: the operator asks
-    code, budget = _get(f"{url}/budget?user={urllib.parse.quote(user)}", operator)
+    code, budget = http("GET", f"{url}/budget?user={urllib.parse.quote(user)}", token=operator)
     assert code == 200 and budget["user"]["interactions"] == 20
 
 
@@ -128,30 +109,30 @@ def test_a_session_is_a_new_user_with_the_token_of_their_views(stack: tuple[str,
     ``/budget?user=`` and no one else's."""
     url, env = stack
     tokens = read_tokens(env["PRIVREC_STATE_DIR"])
-    made = [_post(f"{url}/session", {}) for _ in range(2)]
+    made = [http("POST", f"{url}/session", {}) for _ in range(2)]
     assert [code for code, _ in made] == [201, 201], made
     (_, a), (_, b) = made
     assert a["user"] != b["user"] and a["user"].startswith("web-")
     assert a["token"] == tokens.for_user(a["user"])  # HMAC-SHA256(the stack's secret, the id)
 
     def view(user: str, token: str | None) -> tuple[int, Any]:
-        return _get(f"{url}/budget?{urllib.parse.urlencode({'user': user})}", token)
+        return http("GET", f"{url}/budget?{urllib.parse.urlencode({'user': user})}", token=token)
 
     code, own = view(a["user"], a["token"])
     assert code == 200 and own["user"]["user"] == a["user"] and own["user"]["interactions"] == 0
     assert view(a["user"], None)[0] == 401
     assert view(a["user"], b["token"])[0] == 403  # one session's token opens its own user's view only
     assert view("Zoë, new today", a["token"])[0] == 403  # nor a user someone else made
-    code, rec = _get(f"{url}/recommend?{urllib.parse.urlencode({'user': a['user'], 'k': '2'})}")
+    code, rec = http("GET", f"{url}/recommend?{urllib.parse.urlencode({'user': a['user'], 'k': '2'})}")
     assert code == 200 and rec["user"] == a["user"]  # served like any user the catalog does not list
 
 
 def test_every_item_is_ranked_without_candidates(stack: tuple[str, dict[str, str]], catalog_dir: Path) -> None:
     url, _ = stack
     def settled() -> Any:  # a model version that stays (after a release the unit's list is refreshed in the
-        _, first = _get(f"{url}/recommend?user=user-3@example.org&k=100")  # background: one request may be stale)
+        _, first = http("GET", f"{url}/recommend?user=user-3@example.org&k=100")  # background: one request may be stale)
         time.sleep(0.5)
-        code, again = _get(f"{url}/recommend?user=user-3@example.org&k=100")
+        code, again = http("GET", f"{url}/recommend?user=user-3@example.org&k=100")
         return again if code == 200 and again["model_version"] == first["model_version"] else None
 
     body = wait_for(settled, 30, "a settled model version")
@@ -160,7 +141,7 @@ def test_every_item_is_ranked_without_candidates(stack: tuple[str, dict[str, str
     # the top 100 of all 400 items: none of the others scores higher (the same scores through candidates)
     ids = [line.split(",")[0] for line in (catalog_dir / "items.csv").read_text(encoding="utf-8").splitlines()[1:]]
     rest = [i for i in ids if i not in {it["item"] for it in body["items"]}]
-    best_rest = max(_get(f"{url}/recommend?" + urllib.parse.urlencode(
+    best_rest = max(http("GET", f"{url}/recommend?" + urllib.parse.urlencode(
         {"user": "user-3@example.org", "k": "1", "candidates": ",".join(rest[j:j + 100])}))[1]["items"][0]["score"]
         for j in range(0, len(rest), 100))
     assert best_rest <= scores[-1] + 1e-9
@@ -208,44 +189,44 @@ def test_an_item_added_while_running_is_recommended_and_learned(stack: tuple[str
     url, env = stack
     auth = {"Authorization": "Bearer operator-secret"}
     # the operator token is required
-    assert _post(f"{url}/items", {"item": "x", "tags": ["Jazz"]})[0] == 401
-    assert _post(f"{url}/items", {"item": "x", "tags": ["Jazz"]}, {"Authorization": "Bearer nope"})[0] == 401
+    assert http("POST", f"{url}/items", {"item": "x", "tags": ["Jazz"]})[0] == 401
+    assert http("POST", f"{url}/items", {"item": "x", "tags": ["Jazz"]}, headers={"Authorization": "Bearer nope"})[0] == 401
     # malformed bodies: 400 naming the field
     for body, field in (({"tags": ["Jazz"]}, "item"), ({"item": "x", "features": [1, 2]}, "features"),
                         ({"item": "x", "features": ["a"] * 8}, "features"), ({"item": "x"}, "tags"),
                         ({"item": "x", "tags": ["no-such-label"]}, "tags"), ({"item": "x", "tags": "Jazz"}, "tags"),
                         ({"item": "x", "tags": ["Jazz"], "name": 3}, "name"), ([1, 2], "body")):
-        code, err = _post(f"{url}/items", body, auth)
+        code, err = http("POST", f"{url}/items", body, headers=auth)
         assert (code, err["error"]["parameter"]) == (400, field), (body, err)
-    assert _post(f"{url}/items", {"item": "sku-000001-β", "tags": ["Jazz"]}, auth)[0] == 409  # already there
+    assert http("POST", f"{url}/items", {"item": "sku-000001-β", "tags": ["Jazz"]}, headers=auth)[0] == 409  # already there
 
     # a unit learns to like one item: 30 new users that the public rule puts in one unit
     target = "sku-000200-α"
     unit = (hash_unit("Zoë, new today", UNITS) + 1) % UNITS
     fans = [u for u in (f"fan-{i}" for i in range(2000)) if hash_unit(u, UNITS) == unit][:30]
-    released = _get(f"{url}/budget")[1]["events_released"]
+    released = http("GET", f"{url}/budget")[1]["events_released"]
     for fan in fans:
-        _, rec = _get(f"{url}/recommend?" + urllib.parse.urlencode({"user": fan, "k": "1", "candidates": target}))
-        assert _post(f"{url}/feedback", {"rec_id": rec["rec_id"], "item": target, "reward": 1})[0] == 202
-    wait_for(lambda: _get(f"{url}/budget")[1]["events_released"] >= released + 30, 30, "the fans' feedback")
+        _, rec = http("GET", f"{url}/recommend?" + urllib.parse.urlencode({"user": fan, "k": "1", "candidates": target}))
+        assert http("POST", f"{url}/feedback", {"rec_id": rec["rec_id"], "item": target, "reward": 1})[0] == 202
+    wait_for(lambda: http("GET", f"{url}/budget")[1]["events_released"] >= released + 30, 30, "the fans' feedback")
 
     # a new item like the liked one (the same tags: the same features, from the build's tag transform)
     new = "neu ✨ 2026"
-    code, ack = _post(f"{url}/items", {"item": new, "name": "Neu ✨", "tags": _tags_of(catalog_dir, target)}, auth)
+    code, ack = http("POST", f"{url}/items", {"item": new, "name": "Neu ✨", "tags": _tags_of(catalog_dir, target)}, headers=auth)
     assert code == 202, ack
 
     def top() -> dict[str, float]:
-        _, body = _get(f"{url}/recommend?" + urllib.parse.urlencode({"user": fans[0], "k": "20"}))
+        _, body = http("GET", f"{url}/recommend?" + urllib.parse.urlencode({"user": fans[0], "k": "20"}))
         return {it["item"]: it["score"] for it in body["items"]}
 
     ranked = wait_for(lambda: (lambda t: t if new in t else None)(top()), 10, "the new item in the top 20")
     assert ranked[new] == pytest.approx(ranked[target], abs=1e-9)  # ranked with the liked item, every item ranked
     # the worker knows it too: feedback on it is learned, not dead-lettered
-    released = _get(f"{url}/budget")[1]["events_released"]
-    _, rec = _get(f"{url}/recommend?" + urllib.parse.urlencode({"user": fans[1], "k": "1", "candidates": new}))
+    released = http("GET", f"{url}/budget")[1]["events_released"]
+    _, rec = http("GET", f"{url}/recommend?" + urllib.parse.urlencode({"user": fans[1], "k": "1", "candidates": new}))
     assert rec["items"][0]["name"] == "Neu ✨"
-    assert _post(f"{url}/feedback", {"rec_id": rec["rec_id"], "item": new, "reward": 1})[0] == 202
-    wait_for(lambda: _get(f"{url}/budget")[1]["events_released"] >= released + 1, 30, "feedback on the new item")
+    assert http("POST", f"{url}/feedback", {"rec_id": rec["rec_id"], "item": new, "reward": 1})[0] == 202
+    wait_for(lambda: http("GET", f"{url}/budget")[1]["events_released"] >= released + 1, 30, "feedback on the new item")
 
 
 def test_malformed_items_and_events_naming_unknown_items_are_dead_lettered(stack: tuple[str, dict[str, str]]
@@ -320,8 +301,8 @@ def test_privrec_up_serves_a_catalog_directory(tmp_path: Path, catalog_dir: Path
         st = json.loads(privrec("status", "--state-dir", str(state), "--json").stdout)
         assert st["settings"]["catalog"] == str(catalog_dir.resolve())
         url = st["http"]
-        wait_for(lambda: _get(f"{url}/healthz")[0] == 200, 60, "a first model")
-        code, body = _get(f"{url}/recommend?user=brand-new&k=3")
+        wait_for(lambda: http("GET", f"{url}/healthz")[0] == 200, 60, "a first model")
+        code, body = http("GET", f"{url}/recommend?user=brand-new&k=3")
         assert code == 200 and body["unit"] == hash_unit("brand-new", 3) and len(body["items"]) == 3
     finally:
         down = privrec("down", "--state-dir", str(state))
@@ -341,7 +322,7 @@ def test_privrec_items_add_posts_a_file_of_items(stack: tuple[str, dict[str, str
     assert main(["items", "add", str(f), "--http", url]) == 0
     assert "added 2 items; 1 already in the catalog; 0 refused" in capsys.readouterr().out
     q = urllib.parse.urlencode({"user": "anyone", "k": "2", "candidates": "file-α,file-β"})
-    body = wait_for(lambda: (lambda r: r[1] if r[0] == 200 else None)(_get(f"{url}/recommend?{q}")), 10,
+    body = wait_for(lambda: (lambda r: r[1] if r[0] == 200 else None)(http("GET", f"{url}/recommend?{q}")), 10,
                     "the added items served (one release tick after they were published)")
     assert {it["name"] for it in body["items"]} == {"Aus der Datei", "Mit Merkmalen"}
     # a bad file is refused before anything is sent, naming file, line and column

@@ -22,7 +22,7 @@ import pytest
 
 from pipeline import services
 
-from pipeline_support import admin_url, alive, produce_synthetic as produce, released_events, wait_for
+from stacks import admin_url, alive, produce_synthetic as produce, released_events, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -31,7 +31,7 @@ from pipeline.serve.outbox import OutboxKeys
 from pipeline.config.settings import Settings
 from privrec import ops
 
-from pipeline_support import admin_url, alive, released_events, wait_for
+from stacks import admin_url, alive, http, released_events, up_stack, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -49,12 +49,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     # event level: a release covers every event counted (at user level a capped user's extra events are counted in
     # the ledger but not learned from); the ledger's per-user counts are checked too
     settings = Settings(d=5, n_users=USERS, n_arms=40, tick_seconds=0.3, namespace=NS, privacy_unit="event")
-    info = ops.up(settings, state, loglevel="WARNING", timeout=60, supervise=POLICY, say=lambda _line: None)
-    try:
+    with up_stack(settings, state, loglevel="WARNING", timeout=60, supervise=POLICY, say=lambda _line: None) as info:
         assert info["running"] and info["supervisor"]["running"], info
         yield state
-    finally:
-        ops.down(state)
 
 
 @dataclass
@@ -99,7 +96,7 @@ async def _call(session: aiohttp.ClientSession, method: str, url: str, out: Repl
         await asyncio.sleep(float(retry_after))
 
 
-async def _replay(http: str, kill: int, pid: int) -> tuple[Replay, float]:
+async def _replay(web_url: str, kill: int, pid: int) -> tuple[Replay, float]:
     """Replay :data:`EVENTS` events at :data:`RATE`; SIGKILL ``pid`` once ``kill`` feedbacks are acknowledged."""
     out = Replay()
     rng = random.Random(25)
@@ -114,13 +111,13 @@ async def _replay(http: str, kill: int, pid: int) -> tuple[Replay, float]:
             nonlocal killed_at
             await asyncio.sleep(max(0.0, t0 + i / RATE - time.monotonic()))
             user, liked = plan[i]
-            status, rec = await _call(session, "GET", f"{http}/recommend?user={user}&k=5", out, "recommend",
+            status, rec = await _call(session, "GET", f"{web_url}/recommend?user={user}&k=5", out, "recommend",
                                       deadline=deadline)
             if status != 200:
                 out.errors.append(f"recommend {i}: {status} {rec}")
                 return
             body = {"rec_id": rec["rec_id"], "item": rec["items"][0]["item"], "reward": 1.0 if liked else 0.0}
-            status, answer = await _call(session, "POST", f"{http}/feedback", out, "feedback", body,
+            status, answer = await _call(session, "POST", f"{web_url}/feedback", out, "feedback", body,
                                          deadline=deadline)
             if status in (202, 409):
                 out.acknowledged += 1
@@ -157,20 +154,16 @@ def _ledger(url: str, ns: str = NS) -> Counter[str]:
         client.close()
 
 
-def _metric(http: str, name: str, state_dir: Path) -> float:
+def _metric(base: str, name: str, state_dir: Path) -> float:
     """A gauge of the web's ``/metrics``, asked with the stack's operator token (the add/remove relation answers
     the metrics to it only)."""
-    import urllib.request
-
     from privrec.ops.stackfile import read_tokens
 
     tokens = read_tokens(state_dir)
     assert tokens is not None and tokens.operator, f"no operator token in {state_dir}"
-    request = urllib.request.Request(f"{http}/metrics", headers={"Authorization": f"Bearer {tokens.operator}"})
-    with urllib.request.urlopen(request, timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
+    for line in http("GET", f"{base}/metrics", token=tokens.operator, timeout=5).expect(200).splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
     return 0.0
 
 
@@ -203,13 +196,13 @@ def _diagnosis(stack: Path, url: str, counted: Counter[str], per_user: Counter[s
 def _outage(stack: Path, service: str) -> None:
     before = ops.status(stack)
     assert before["running"], before
-    http, url = before["http"], admin_url(stack)  # the stack's Redis as its administrator (ACL users by default)
+    web_url, url = before["http"], admin_url(stack)  # the stack's Redis as its administrator (ACL users by default)
     pid = before["processes"][service]
     repairs = before["restarts"].get(service, 0)
     wait_for(lambda: _outbox_len(url) == 0, 30, "an empty outbox before the replay")
     base = released_events(url, NS)
     counted = _ledger(url)
-    out, killed_at = asyncio.run(_replay(http, KILL_AT, pid))
+    out, killed_at = asyncio.run(_replay(web_url, KILL_AT, pid))
     assert killed_at, f"the {service} was never killed: {out.acknowledged} acknowledged"
     assert not alive(pid)
     assert out.errors == [], out.errors[:10]
@@ -241,7 +234,7 @@ def _outage(stack: Path, service: str) -> None:
     time.sleep(2.0)  # several more release ticks: nothing counted twice arrives late
     assert released_events(url, NS) == want
     assert _ledger(url) - counted == out.per_user  # per user: every acknowledged feedback counted once
-    assert _metric(http, 'privrec_stack_repairs_total{service="' + service + '"}', stack) >= 1.0
+    assert _metric(web_url, 'privrec_stack_repairs_total{service="' + service + '"}', stack) >= 1.0
     slow = max(s for _, s, _ in out.feedback_s)
     during = [s for t, s, _ in out.feedback_s if t >= killed_at and t <= killed_at + last.get("seconds", 0) + 5]
     print(f"\n{service} killed after {KILL_AT} acknowledged: repaired in {last.get('seconds')} s (supervisor), "
@@ -262,20 +255,6 @@ def test_redis_killed_during_a_replay(stack: Path) -> None:
 
 
 
-def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], float]:
-    import json
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    t0 = time.monotonic()
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return int(resp.status), dict(resp.headers), time.monotonic() - t0
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), dict(exc.headers), time.monotonic() - t0
-
 
 def test_broker_down_is_202_into_the_outbox_and_redis_down_is_503(tmp_path: Path) -> None:
     """No supervisor: with the broker dead, listens are answered 202 at once and kept in the outbox (durable:
@@ -285,7 +264,7 @@ def test_broker_down_is_202_into_the_outbox_and_redis_down_is_503(tmp_path: Path
 
     from pipeline import services
 
-    from pipeline_support import WORLD
+    from stacks import WORLD
 
     broker = services.start_broker(tmp_path / "kafka")
     rds = services.start_redis(tmp_path / "redis")
@@ -298,12 +277,12 @@ def test_broker_down_is_202_into_the_outbox_and_redis_down_is_503(tmp_path: Path
         web = services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], tmp_path,
                                      env=env, address=f"127.0.0.1:{port}")
         url = f"http://127.0.0.1:{port}/listen"
-        assert _post(url, {"user": "1", "item": "3"})[0] == 202
+        assert http("POST", url, {"user": "1", "item": "3"}, timeout=30)[0] == 202
         os.kill(broker.pid, signal.SIGKILL)
         wait_for(lambda: not services.is_running(broker), 10, "the broker to exit")
-        answers = [_post(url, {"user": str(i % 6), "item": str(i)}) for i in range(20)]
+        answers = [http("POST", url, {"user": str(i % 6), "item": str(i)}, timeout=30) for i in range(20)]
         assert [a[0] for a in answers] == [202] * 20
-        slowest_202 = max(a[2] for a in answers)
+        slowest_202 = max(a.seconds for a in answers)
         assert slowest_202 < 2.0
         keys = OutboxKeys("down")
         client = redis.Redis.from_url(rds.url)
@@ -311,16 +290,16 @@ def test_broker_down_is_202_into_the_outbox_and_redis_down_is_503(tmp_path: Path
         client.close()
         os.kill(rds.pid, signal.SIGKILL)
         wait_for(lambda: not services.is_running(rds), 10, "redis-server to exit")
-        refused = [_post(url, {"user": "2", "item": "5"}) for _ in range(5)]
-        assert all(status == 503 and "Retry-After" in headers for status, headers, _ in refused), refused
-        slowest_503 = max(t for _, _, t in refused)
+        refused = [http("POST", url, {"user": "2", "item": "5"}, timeout=30) for _ in range(5)]
+        assert all(r.status == 503 and "Retry-After" in r.headers for r in refused), refused
+        slowest_503 = max(r.seconds for r in refused)
         assert slowest_503 < 2.0
         rds = services.start_redis(tmp_path / "redis", port=int(rds.url.rsplit(":", 1)[1].split("/")[0]))
         client = redis.Redis.from_url(rds.url)
         assert client.xlen(keys.stream) == 21  # durable: from the AOF
         client.close()
-        status, _, _ = wait_for(lambda: (lambda a: a if a[0] == 202 else None)(_post(url, {"user": "2", "item": "5"})),
-                                20, "202 again once redis-server is back")
+        status, _ = wait_for(lambda: (lambda a: a if a[0] == 202 else None)(
+            http("POST", url, {"user": "2", "item": "5"}, timeout=30)), 20, "202 again once redis-server is back")
         print(f"\nbroker dead: 20 listens answered 202 in at most {slowest_202 * 1000:.0f} ms; redis dead too: "
               f"503 + Retry-After in at most {slowest_503 * 1000:.0f} ms")
     finally:
@@ -356,22 +335,23 @@ def test_a_forwarder_killed_between_the_acks_and_their_record_counts_nothing_twi
     """The web server SIGKILLs itself right after the broker acknowledged a batch, before the positions are in
     Redis (fault point ``outbox-acknowledged``). The next web server finds the batch in flight, reads where its
     entries landed, and sends none of them again: every acknowledged feedback is counted exactly once."""
-    import json
     import sys
-    import urllib.request
 
     from pipeline import services
 
-    from pipeline_support import open_stack
+    from stacks import open_stack
 
     def web(env: dict[str, str], port: int) -> services.ServiceHandle:
         return services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--port", str(port)], tmp_path,
                                       env={**os.environ, **env}, address=f"127.0.0.1:{port}")
 
     def feedback(base: str, user: str) -> int:
-        with urllib.request.urlopen(f"{base}/recommend?user={user}&k=3", timeout=10) as resp:
-            rec = json.loads(resp.read())
-        return _post(f"{base}/feedback", {"rec_id": rec["rec_id"], "item": rec["items"][0]["item"], "reward": 1})[0]
+        """The status of one feedback answering a fresh list; 0 when there was no list (the server is gone)."""
+        rec = http("GET", f"{base}/recommend?user={user}&k=3")
+        if rec.status != 200:
+            return 0
+        body = {"rec_id": rec.body["rec_id"], "item": rec.body["items"][0]["item"], "reward": 1}
+        return http("POST", f"{base}/feedback", body, timeout=30).status
 
     ns = "inflight"
     with open_stack(tmp_path, redis_server.url, ns) as st:
@@ -384,9 +364,8 @@ def test_a_forwarder_killed_between_the_acks_and_their_record_counts_nothing_twi
         try:
             for i in range(20):
                 user = str(i % 6)
-                try:
-                    status = feedback(base, user)
-                except OSError:
+                status = feedback(base, user)
+                if status == 0:
                     break  # the server killed itself
                 assert status == 202
                 acked[user] += 1

@@ -7,33 +7,21 @@ computation on the same events.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from models.ground.linalg import ucb_scores
 from models.streaming import ReleasedStats, Releaser, solve
-from pipeline import services
 from pipeline.serve.serving import Recommender
 from pipeline.release.stages import projection
 from pipeline.state.trusted import TrustedStore
 
-from pipeline_support import (Stack, Stream, assert_exact, assert_releases_deterministic, offline_stats, open_stack,
-                              produce, synthetic_events, wait_for)
+from stacks import (Stack, Stream, assert_exact, assert_releases_deterministic, offline_stats, produce,
+                    synthetic_events, wait_for)
 
 pytestmark = pytest.mark.integration
 
-_ns = itertools.count()
-
-
-@pytest.fixture
-def stack(tmp_path: Path, redis_server: services.ServiceHandle, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    """A fresh broker (so topics start empty), a fresh namespace, and cleanup of every worker."""
-    with open_stack(tmp_path, redis_server.url, f"t{next(_ns)}x{abs(hash(request.node.name)) % 10_000}") as st:
-        yield st
 
 
 @pytest.mark.parametrize("algorithm", ["linucb", "colin"])

@@ -42,7 +42,7 @@ from pipeline.serve.serving import Recommender
 from pipeline.config.settings import BASELINE_ALGORITHMS
 from pipeline.state.trusted import TrustedKeys, TrustedStore
 
-from pipeline_support import WORLD, Stack, offline_stats, produce, synthetic_events, wait_for
+from stacks import WORLD, Stack, offline_stats, produce, synthetic_events, wait_for
 
 pytestmark = pytest.mark.integration
 

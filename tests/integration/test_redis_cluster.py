@@ -19,7 +19,7 @@ import pytest
 from pipeline import services
 from privrec.ops.stackfile import stack_tokens
 
-from pipeline_support import Stream, assert_exact, assert_releases_deterministic, open_stack, synthetic_events, wait_for
+from stacks import Stream, assert_exact, assert_releases_deterministic, open_stack, synthetic_events, wait_for
 
 pytestmark = pytest.mark.integration
 

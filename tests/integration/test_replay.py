@@ -15,7 +15,7 @@ from pipeline import services
 from privrec.cli import main
 from producers.lastfm.raw import resolve_data_dir
 
-from pipeline_support import REPO, wait_for
+from stacks import REPO, wait_for
 
 pytestmark = pytest.mark.integration
 

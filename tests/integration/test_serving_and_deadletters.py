@@ -18,7 +18,7 @@ from pipeline.config.keys import PublicKeys, partition_of
 from pipeline.serve.serving import BadRequest, Recommender
 from pipeline.state.trusted import TrustedStore
 
-from pipeline_support import Stack, open_stack, shown_as_served, synthetic_events, wait_for
+from stacks import Stack, open_stack, shown_as_served, synthetic_events, wait_for
 
 pytestmark = pytest.mark.integration
 

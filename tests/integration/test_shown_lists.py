@@ -35,7 +35,7 @@ from pipeline.data.catalog import SyntheticCatalog
 from pipeline.config.keys import PublicKeys
 from pipeline.config.settings import Settings
 
-from pipeline_support import publish_model, wait_for
+from stacks import publish_model, wait_for
 
 pytestmark = pytest.mark.integration
 

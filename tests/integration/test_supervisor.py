@@ -28,7 +28,7 @@ from privrec import ops
 from privrec.ops.relaunch import SUPERVISOR
 from privrec.ops.stackfile import read_tokens
 
-from pipeline_support import admin_url, alive, produce_synthetic as produce, released_events, wait_for
+from stacks import admin_url, alive, produce_synthetic as produce, released_events, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -7,16 +7,11 @@ restart: the ledger continues — nothing reset, nothing counted twice.
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -27,22 +22,14 @@ from pipeline.config.keys import PublicKeys
 from pipeline.config.ledger import LedgerRecord
 from privrec.ops.stackfile import read_tokens, stack_tokens
 
-from pipeline_support import REPO, Stack, open_stack, shown_as_served, wait_for
+from stacks import REPO, Stack, http, shown_as_served, wait_for
 
 pytestmark = pytest.mark.integration
 
-_ns = itertools.count()
 USER_WORLD = {"PRIVREC_D": "4", "PRIVREC_N_USERS": "6", "PRIVREC_N_ARMS": "20", "PRIVREC_TICK_SECONDS": "0.4",
               "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PRIVACY_UNIT": "user",
               "PRIVREC_MODEL": "flat"}  # the flat model's clipping of b (the hierarchy's: test_hierarchy_stack.py)
-
-
-@pytest.fixture
-def stack(tmp_path: Path, redis_server: services.ServiceHandle, request: pytest.FixtureRequest) -> Iterator[Stack]:
-    ns = f"ul{next(_ns)}x{abs(hash(request.node.name)) % 10_000}"
-    with open_stack(tmp_path, redis_server.url, ns, partitions=2, world=USER_WORLD,
-                    env={"PRIVREC_PARTITIONS": "2"}) as st:
-        yield st
+STACK = {"partitions": 2, "world": USER_WORLD, "env": {"PRIVREC_PARTITIONS": "2"}}  # the `stack` fixture's (conftest.py)
 
 
 def _send(stack: Stack, user: str, n: int, tag: str) -> None:
@@ -109,14 +96,15 @@ def test_a_user_past_the_cap_stops_changing_the_releases_and_everyone_says_so(st
     try:
         base = f"http://{web.address}"
         token = read_tokens(stack.state_dir).for_user("1")  # user 1's own token (the web's secret, _start_web)
-        b = wait_for(lambda: _get_json(f"{base}/budget?user=1", token), 30, "the web's budget")
+        b = wait_for(lambda: (r := http("GET", f"{base}/budget?user=1", token=token, timeout=5)).status == 200 and r.body,
+                     30, "the web's budget")
         assert b["user"]["at_cap"] is True and b["user"]["ticks_this_epoch"] == 3 and b["user"]["cap"] == 3
         assert b["ledger"]["users_at_cap"] == 1 and b["ledger"]["capped_events"] == int(summary[b"dropped"])
-        web_metrics = _get_text(f"{base}/metrics")
+        web_metrics = http("GET", f"{base}/metrics", timeout=5).expect(200)
         assert "privrec_users_at_cap 1.0" in web_metrics
         status = f"{stack.namespace}:ops:{{{stack.namespace}:ops}}:workers"
         worker_url = json.loads(stack.client.hget(status, "worker-0"))["metrics"]
-        worker_metrics = _get_text(worker_url)
+        worker_metrics = http("GET", worker_url, timeout=5).expect(200)
         assert "privrec_users_at_cap 1.0" in worker_metrics
         assert "privrec_releases_total" in worker_metrics and "privrec_events_ingested_total 20.0" in worker_metrics
         promtool = shutil.which("promtool")
@@ -197,18 +185,4 @@ def _start_web(stack: Stack) -> services.ServiceHandle:
     env = {**__import__("os").environ, **stack.env, "PYTHONPATH": str(REPO), **tokens.env()}
     return services.start_process("web", [sys.executable, "-m", "pipeline.apps.web", "--host", "127.0.0.1", "--port",
                                           str(port)], stack.state_dir, env=env, address=f"127.0.0.1:{port}",
-                                  ready=lambda: _get_json(f"http://127.0.0.1:{port}/healthz") is not None)
-
-
-def _get_json(url: str, token: str | None = None) -> Any:
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return None
-
-
-def _get_text(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return str(resp.read().decode())
+                                  ready=lambda: http("GET", f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200)

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import services
-from privrec.bench.serve import local_stack
 
-from pipeline_support import wait_for
+from stacks import wait_for, web_stack
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +34,7 @@ def _children(pid: int) -> set[int]:
 
 
 def test_three_server_processes_share_the_port_and_end_with_the_parent(tmp_path: Path) -> None:
-    with local_stack(tmp_path / "st", settings=WORLD) as st:
+    with web_stack(tmp_path / "st", settings=WORLD) as st:
         parent = st.web.pid
         kids = wait_for(lambda: _children(parent) if len(_children(parent)) == 2 else None, 20, "two forked servers")
         seen = set()

@@ -29,6 +29,14 @@ def test_table1_writes_every_output(tmp_path: Path) -> None:
     assert "DP-GOBLin" in (out / "table1.md").read_text()
 
 
+def test_table1_runs_the_mechanism_it_is_given(tmp_path: Path) -> None:
+    """``privrec experiment table1 --mechanism M`` (docs/privacy.md): the run records M and what it is."""
+    assert main(["experiment", "table1", "--out", str(tmp_path), "--runs", "1", "--horizon", "200", "--preset", "d5",
+                 "--jobs", "1", "--no-progress", "--mechanism", "gaussian-exact"]) == 0
+    settings = json.loads((tmp_path / "table1.json").read_text())["settings"]
+    assert settings["mechanism"] == "gaussian-exact" and "Gaussian" in settings["mechanism_about"]
+
+
 def test_bench_core_writes_json(tmp_path: Path) -> None:
     assert main(["bench", "core", "--out", str(tmp_path), "--steps", "100", "--d", "5", "--users", "3"]) == 0
     doc = json.loads((tmp_path / "core.json").read_text())

@@ -27,7 +27,7 @@ def test_a_local_row_learns_below_random_play_at_epsilon_10(name: str) -> None:
     """Epsilon = inf is not a local configuration (a device without noise would send its exact b_u), so the
     check is the row at epsilon = 10 on a tiny world: finite regret, below uniform random play's."""
     # event level: at user level a device stops after its cap (8 reports in a run of one epoch, out of 600 here);
-    # tests/unit/test_local_userlevel.py checks that
+    # tests/component/test_local_userlevel.py checks that
     cfg = ModesConfig(d=10, n_users=5, horizon=3_000, tick=200, runs=1, local_unit="event")
     env = SyntheticEnvironment(d=cfg.d, n_users=cfg.n_users, horizon=cfg.horizon, seed=cfg.seed)
     row = next(r for r in ROWS if r.name == name)

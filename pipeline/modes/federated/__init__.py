@@ -9,3 +9,5 @@ federation          the transport: site messages on ``federated-updates``, conse
 coordinator         the star's coordinator (``python -m pipeline.modes.federated.coordinator``)
 federated_serving   serving each user from their site's model; feedback goes to their site
 """
+
+__all__ = ["coordinator", "federated_serving", "federation", "sites"]

@@ -10,3 +10,5 @@ ingest        the analyzer's thin ingest adapters (reports, shuffled batches) an
 release       the release of the partitions' sums, through the global release sequence
 local_http    the HTTP side: ``GET /local/config``, ``POST /report``, the refusal of raw rewards
 """
+
+__all__ = ["esa", "ingest", "local_http", "localmode", "release", "shuffler_service"]

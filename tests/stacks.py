@@ -1,4 +1,18 @@
-"""Helpers for pipeline integration tests: a fresh broker, workers as real processes, event producers."""
+"""The one place tests start stacks and talk HTTP to them (``tests/README.md``).
+
+Stacks, smallest first:
+
+- :func:`open_stack`: a fresh broker with the pipeline's topics and a namespace on a given redis-server; the test
+  starts the workers it needs (:meth:`Stack.start_worker`) and kills them at will.
+- :func:`web_stack`: a fresh broker, a redis-server (or a given one), one worker and the web server, ready to answer
+  (:func:`privrec.bench.serve.local_stack`, which the serving benchmark uses too).
+- :func:`up_stack`: ``privrec up`` itself (:func:`privrec.ops.up`), stopped by ``privrec down`` on exit; for what only
+  ``up`` arranges (the shuffler, federated sites, the ACL users, the supervisor) and for tests of ``up``.
+- :func:`start_redis`: a redis-server of the test's own (the session's is the ``redis_server`` fixture).
+
+Every process is stopped by PID on exit, also after a failure. :func:`http` is the one HTTP client of the tests.
+Also here: event producers, the offline computation a stack's release is compared with, and wait helpers.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +23,8 @@ import random
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +42,15 @@ from pipeline.data.records import parse_batch
 from pipeline.ingestion.shown_lists import rec_id_required
 from pipeline.services import ServiceHandle
 from pipeline.config.settings import Settings
+from privrec.bench.serve import LocalStack
+from privrec.bench.serve import local_stack as web_stack  # the serving benchmark starts its stacks the same way
 
-REPO = Path(__file__).resolve().parents[2]
+__all__ = ["WORLD", "REPO", "LocalStack", "web_stack", "wait_for", "Stack", "open_stack", "up_stack", "start_redis",
+           "Reply", "http", "synthetic_events", "shown_as_served", "produce", "offline_stats", "ReleaseWatcher",
+           "assert_releases_deterministic", "Stream", "assert_exact", "produce_synthetic", "admin_url",
+           "exact_released_count", "released_events", "alive", "publish_model", "lastfm_data_or_skip"]
+
+REPO = Path(__file__).resolve().parents[1]
 
 #: Small synthetic world used by the pipeline tests.
 #: Event level: these tests compare the streamed statistics with the offline computation event by event
@@ -134,6 +157,78 @@ def open_stack(state_dir: Path, redis_url: str, namespace: str, *, partitions: i
             services.stop(w, grace_seconds=5)
         for b in {broker.pid: broker, st.broker.pid: st.broker}.values():  # a test may have replaced the broker
             services.stop(b)
+
+
+@contextlib.contextmanager
+def up_stack(settings: Settings, state_dir: Path, **up: Any) -> Iterator[dict[str, Any]]:
+    """``privrec up`` in ``state_dir`` (``up``: :func:`privrec.ops.up`'s keyword arguments); yields its status, and
+    on exit ``privrec down`` stops every process it started."""
+    from privrec import ops
+
+    info = ops.up(settings, state_dir, **up)
+    try:
+        yield info
+    finally:
+        ops.down(state_dir)
+
+
+@contextlib.contextmanager
+def start_redis(state_dir: Path, **kw: Any) -> Iterator[ServiceHandle]:
+    """A redis-server of its own in ``state_dir`` (``kw``: :func:`pipeline.services.start_redis`'s: ``name``,
+    ``port``, ...), stopped on exit."""
+    handle = services.start_redis(state_dir, **kw)
+    try:
+        yield handle
+    finally:
+        services.stop(handle)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP answer: ``status`` (0 when nothing answered: refused, reset or timed out), ``body`` (the decoded
+    JSON, the text when it is not JSON, ``None`` when empty), ``headers`` and the ``seconds`` it took. It unpacks
+    and indexes as ``(status, body)``."""
+
+    status: int
+    body: Any
+    headers: dict[str, str]
+    seconds: float
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.status, self.body))
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.status, self.body)[index]
+
+    def expect(self, status: int = 200) -> Any:
+        """The body, after checking the status."""
+        assert self.status == status, f"HTTP {self.status} (expected {status}): {self.body!r}"
+        return self.body
+
+
+def http(method: str, url: str, body: Any = None, *, token: str | None = None,
+         headers: dict[str, str] | None = None, timeout: float = 10.0) -> Reply:
+    """``method`` ``url``: ``body`` goes as JSON (bytes as they are, for malformed bodies); ``token`` as
+    ``Authorization: Bearer``. Never raises for an HTTP status or a dead server: see :class:`Reply`."""
+    data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    sent = {**({} if data is None else {"Content-Type": "application/json"}),
+            **({} if token is None else {"Authorization": f"Bearer {token}"}), **(headers or {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=sent)
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw, got = int(resp.status), resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        status, raw, got = int(exc.code), exc.read(), dict(exc.headers)
+    except OSError:
+        return Reply(0, None, {}, time.monotonic() - t0)
+    seconds = time.monotonic() - t0
+    if not raw:
+        return Reply(status, None, got, seconds)
+    try:
+        return Reply(status, json.loads(raw), got, seconds)
+    except ValueError:
+        return Reply(status, raw.decode(errors="replace"), got, seconds)
 
 
 def synthetic_events(catalog: SyntheticCatalog, n: int, seed: int = 0) -> Iterator[dict[str, Any]]:

@@ -5,7 +5,7 @@ Every manifest is validated against the Kubernetes 1.30 API schemas that kuberne
 privrec.env.example's settings (plus named overrides), the workers fit the partitions, every Secret key a
 container reads exists, every path the processes write is a writable volume (read-only root filesystem),
 the ports, probes, selectors and image agree. The names and values of every variable are checked against
-the code with the other deploy files in tests/unit/test_ops_deploy.py.
+the code with the other deploy files in tests/component/test_ops_deploy.py.
 """
 
 from __future__ import annotations

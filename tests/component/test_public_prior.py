@@ -120,21 +120,3 @@ def test_the_offline_twins_use_the_same_solve() -> None:
     with pytest.raises(ValueError, match="prior"):
         LocalItemUCB(d=d, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, share=0.0, prior=np.ones(2),
                      prior_strength=1.0)
-
-
-def test_the_probe_with_an_overwhelming_prior_picks_what_the_prior_alone_picks() -> None:
-    """prior_probe's private model at a huge strength has a vanishing width (M ~ I / strength) and theta = the prior:
-    the prior's ranking, event by event, so its ratio equals ``prior_alone``'s."""
-    from privrec.experiments import prior_probe
-
-    rng = np.random.default_rng(4)
-    items, pool, n, d = 80, 5, 600, 4
-    F = rng.normal(size=(items, d)) + np.array([1.0, 0.5, 0.0, 0.0])
-    pools = np.stack([rng.choice(items, size=pool, replace=False) for _ in range(n)])
-    lf = {"users": np.array([str(u % 300) for u in range(n)]), "pools": pools, "correct": rng.integers(0, pool, n),
-          "features": F, "pool_size": pool, "d": d, "n_units": 1, "units": np.zeros(n, dtype=np.int64)}
-    cw = F[:8] / np.linalg.norm(F[:8], axis=1)[:, None]
-    alone = prior_probe.prior_alone(lf)
-    assert alone == pytest.approx(np.mean(np.argmax(F[pools] @ public_prior(F, 1 / pool), 1) == lf["correct"]) * pool)
-    strong = prior_probe.run(lf, strength=1e12, private=True, seed=0, codewords=cw)  # private: no item term
-    assert strong == pytest.approx(alone)
