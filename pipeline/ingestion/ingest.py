@@ -340,11 +340,14 @@ class UserIngestProcessor(IngestProcessor):
 
     def _fold_items(self, work: dict[str, Contribution], parsed: ParsedBatch) -> None:
         """Add each event's item reward to its user's contribution (every user of the batch is in ``work``)."""
-        if self.n_items:  # the item sums take the unscaled reward
-            for j in np.flatnonzero((parsed.items >= 0) & (parsed.items < self.n_items)).tolist():
-                c = work[parsed.users[j]]
-                a = int(parsed.items[j])
-                c.items[a] = c.items.get(a, 0.0) + float(parsed.rewards[j])
+        if not self.n_items:
+            return
+        n_items = self.n_items
+        # the item sums take the unscaled reward (Python ints and floats: no numpy scalar per event)
+        for user, a, r in zip(parsed.users, parsed.items.tolist(), parsed.rewards.tolist()):
+            if 0 <= a < n_items:
+                c = work[user]
+                c.items[a] = c.items.get(a, 0.0) + r
 
     def commit(self, batch: PreparedBatch) -> bool:
         if batch.expected_offset is not None and batch.next_offset == batch.expected_offset:
