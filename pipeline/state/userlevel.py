@@ -15,7 +15,8 @@ hash while the fold plans, then writes the plan in one transaction:
    counted in ``over_budget``);
 3. otherwise (``--model hierarchy``) the user's tick is added to the partition's hierarchy vector
    (:func:`models.streaming.hierarchy.add_contribution`: their listens' mean context and item shares, weighted by
-   ``min(1, total reward)``), and the user's ``b`` is clipped to norm ``b_clip`` and their item rewards to norm ``item_clip``
+   ``min(1, total reward)``; the hierarchy's contributions carry no Gram and no ``b``, so only the count enters the
+   unit statistics), and the user's ``b`` is clipped to norm ``b_clip`` and their item rewards to norm ``item_clip``
    (the sums of every event of the tick, so a user who clicks 50 times counts like one
    participation), added to the unit statistics (the Gram as it is: public — the items the user's
    answered lists showed, never the item they chose), and the user's ledger record counts one more
