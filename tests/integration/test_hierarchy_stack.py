@@ -279,4 +279,3 @@ def _post(stack: LocalStack, path: str, body: Any) -> tuple[int, Any]:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
-
