@@ -59,6 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -184,10 +185,18 @@ class HierarchyLayout:
         if self.shares.get("pool", 0.0) <= 0:
             raise ValueError("the pool block must be on (`shares['pool'] > 0`): every level above it shrinks toward it.")
 
-    @property
+    @cached_property
     def blocks(self) -> tuple[str, ...]:
-        """The blocks that are on, in order."""
+        """The blocks that are on, in order (computed once, as are :meth:`slice` and :meth:`weight`)."""
         return tuple(b for b in ("pool", "items", "units") if self.shares.get(b, 0.0) > 0)
+
+    @cached_property
+    def _slices(self) -> dict[str, slice]:
+        out, start = {}, 0
+        for b in self.blocks:
+            out[b] = slice(start, start + self.size(b))
+            start += self.size(b)
+        return out
 
     @property
     def units(self) -> bool:
@@ -201,12 +210,9 @@ class HierarchyLayout:
         return sum(self.size(b) for b in self.blocks)
 
     def slice(self, block: str) -> slice:
-        start = 0
-        for b in self.blocks:
-            if b == block:
-                return slice(start, start + self.size(b))
-            start += self.size(b)
-        raise KeyError(f"block {block!r} is off in this layout ({self.blocks}).")
+        if block not in self._slices:
+            raise KeyError(f"block {block!r} is off in this layout ({self.blocks}).")
+        return self._slices[block]
 
     def share(self, block: str) -> float:
         total = sum(self.shares[b] for b in self.blocks)
@@ -214,7 +220,14 @@ class HierarchyLayout:
 
     def weight(self, block: str) -> float:
         """``w_l = sqrt(s_l) / Delta_l``: the block's scale in the released vector."""
+        if block in self._weights:
+            return self._weights[block]
         return math.sqrt(self.share(block)) / float(self.sensitivity[block])
+
+    @cached_property
+    def _weights(self) -> dict[str, float]:
+        """:meth:`weight` of each block that is on, computed once (the fold asks for every user it adds)."""
+        return {b: math.sqrt(self.share(b)) / float(self.sensitivity[b]) for b in self.blocks}
 
     def exact_vector(self, contributions: Iterable[tuple[int, Mapping[int, float]]], features: FloatArray,
                      out: FloatArray | None = None) -> FloatArray:

@@ -224,6 +224,7 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
     decoded: list[tuple[int, dict[str, Any]]] = []
     dead: list[tuple[int, str]] = []
     fm = catalog.feature_matrix
+    homes: dict[str, tuple[int, int]] = {}  # user -> (unit, home partition or -1): both pure functions of the id
     for i, raw in enumerate(raws):
         try:
             obj: Any = _loads(raw)
@@ -252,12 +253,16 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
                 raise MalformedEvent(f"reward {reward!r} is not finite")
             if not 0.0 <= r <= 1.0:
                 raise MalformedEvent(f"reward {r!r} is outside [0, 1]")
-            try:
-                unit = catalog.unit_of(obj["user"])
-            except UnknownUserError as exc:
-                raise MalformedEvent(str(exc)) from None
+            hit = homes.get(obj["user"])
+            if hit is None:  # a user's events come together: hash each user once per batch
+                try:
+                    unit = catalog.unit_of(obj["user"])
+                except UnknownUserError as exc:
+                    raise MalformedEvent(str(exc)) from None
+                home = partition_of(obj["user"], partitions) if partition is not None and partitions is not None else -1
+                hit = homes[obj["user"]] = (unit, home)
+            unit, home = hit
             if partition is not None and partitions is not None:
-                home = partition_of(obj["user"], partitions)
                 if home != partition:
                     raise MalformedEvent(f"partition mismatch: user {obj['user']!r} belongs to partition {home} "
                                          f"(the message key must be the user id), the event arrived on {partition}")

@@ -134,7 +134,8 @@ def make_processor(client: redis.Redis, settings: Settings, catalog: Catalog) ->
     b_clip, item_clip = settings.clips
     return make(client, settings.namespace, catalog, item_sums=settings.item_term or settings.hierarchy,
                 listen_weight=settings.listen_weight_in_force, b_clip=b_clip, item_clip=item_clip,
-                partitions=settings.partitions, shown=ShownListCheck.for_settings(client, settings))
+                partitions=settings.partitions, shown=ShownListCheck.for_settings(client, settings),
+                **({"unit_stats": not settings.hierarchy} if settings.user_level else {}))
 
 
 async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: WorkerMetrics | None = None,

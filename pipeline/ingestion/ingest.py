@@ -224,13 +224,22 @@ class UserIngestProcessor(IngestProcessor):
     per user and capped (:mod:`pipeline.state.userlevel`). The commit checks the stored offset *and* the
     partition's fold generation, so a batch prepared against contributions that a fold has consumed
     is redone from Redis.
+
+    ``unit_stats``: whether each user's contribution carries the flat model's per-unit statistics (the Gram of the
+    shown lists and ``b``); ``False`` for ``--model hierarchy``, whose release reads only each user's unit, count and
+    item rewards (:func:`models.streaming.hierarchy.add_contribution`), so that per event the worker computes and
+    stores no ``d x d`` block.
     """
+
+    #: (the default: a processor built without the constructor, as unit tests of the fold do, keeps them)
+    unit_stats: bool = True
 
     def __init__(self, client: redis.Redis, namespace: str, catalog: Catalog, *, item_sums: bool = False,
                  listen_weight: float = 1.0, b_clip: float = B_CLIP, item_clip: float = ITEM_CLIP,
-                 partitions: int | None = None, shown: ShownListCheck | None = None) -> None:
+                 partitions: int | None = None, shown: ShownListCheck | None = None, unit_stats: bool = True) -> None:
         super().__init__(client, namespace, catalog, item_sums=item_sums, listen_weight=listen_weight,
                          b_clip=b_clip, item_clip=item_clip, partitions=partitions, shown=shown)
+        self.unit_stats = bool(unit_stats)
         self.client = client
         self.namespace = namespace
         self._pending_script = client.register_script(PENDING_SCRIPT)
@@ -285,9 +294,17 @@ class UserIngestProcessor(IngestProcessor):
         rounding; the user-level sums are clipped and noised per tick, and nothing compares them bit for bit).
 
         A contribution's ``gram`` and ``b`` are replaced by new arrays, never written in place (``prepare``
-        shares them with the committed state)."""
+        shares them with the committed state). Without :attr:`unit_stats`, only the counts and item rewards."""
         n = len(parsed.users)
         if not n:
+            return
+        if not self.unit_stats:
+            for user, unit in zip(parsed.users, parsed.units.tolist()):
+                c = work.get(user)
+                if c is None:
+                    c = work[user] = Contribution.empty(unit, d, unit_stats=False)
+                c.count += 1
+            self._fold_items(work, parsed)
             return
         X = parsed.contexts
         rb = self.reward_weights(parsed)
@@ -319,11 +336,18 @@ class UserIngestProcessor(IngestProcessor):
             c.gram = c.gram + Gu.T @ Gu
             c.b = c.b + rb[rows] @ Xu
             c.count += e - s
-        if self.n_items:  # the item sums take the unscaled reward
-            for j in np.flatnonzero((parsed.items >= 0) & (parsed.items < self.n_items)).tolist():
-                c = work[parsed.users[j]]
-                a = int(parsed.items[j])
-                c.items[a] = c.items.get(a, 0.0) + float(parsed.rewards[j])
+        self._fold_items(work, parsed)
+
+    def _fold_items(self, work: dict[str, Contribution], parsed: ParsedBatch) -> None:
+        """Add each event's item reward to its user's contribution (every user of the batch is in ``work``)."""
+        if not self.n_items:
+            return
+        n_items = self.n_items
+        # the item sums take the unscaled reward (Python ints and floats: no numpy scalar per event)
+        for user, a, r in zip(parsed.users, parsed.items.tolist(), parsed.rewards.tolist()):
+            if 0 <= a < n_items:
+                c = work[user]
+                c.items[a] = c.items.get(a, 0.0) + r
 
     def commit(self, batch: PreparedBatch) -> bool:
         if batch.expected_offset is not None and batch.next_offset == batch.expected_offset:

@@ -3,7 +3,7 @@
 With ``privacy_unit = user`` (the default), ingest does not add events to the unit statistics at
 once. It accumulates each user's events of the current tick in the partition's *pending* hash
 (``{ns}:trusted:{ns:p<P>}:pending``, field ``u:<user>``: the user's unit, count, Gram, ``b`` and item
-rewards), atomically with the partition's offset (:data:`PENDING_SCRIPT`). At each release tick the
+rewards; with ``--model hierarchy`` no Gram and no ``b``: its release reads neither), atomically with the partition's offset (:data:`PENDING_SCRIPT`). At each release tick the
 leader *folds* every partition (:meth:`Folder.fold_partition`): it takes the partition's pending hash (renamed
 to the folding hash with the fold generation bumped, :data:`TAKE_SCRIPT`), so ingest goes on into a fresh pending
 hash while the fold plans, then writes the plan in one transaction:
@@ -15,7 +15,8 @@ hash while the fold plans, then writes the plan in one transaction:
    counted in ``over_budget``);
 3. otherwise (``--model hierarchy``) the user's tick is added to the partition's hierarchy vector
    (:func:`models.streaming.hierarchy.add_contribution`: their listens' mean context and item shares, weighted by
-   ``min(1, total reward)``), and the user's ``b`` is clipped to norm ``b_clip`` and their item rewards to norm ``item_clip``
+   ``min(1, total reward)``; the hierarchy's contributions carry no Gram and no ``b``, so only the count enters the
+   unit statistics), and the user's ``b`` is clipped to norm ``b_clip`` and their item rewards to norm ``item_clip``
    (the sums of every event of the tick, so a user who clicks 50 times counts like one
    participation), added to the unit statistics (the Gram as it is: public — the items the user's
    answered lists showed, never the item they chose), and the user's ledger record counts one more
@@ -56,7 +57,7 @@ from ..config.keys import PublicKeys
 from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts
 from .trusted import TrustedKeys
 
-__all__ = ["PENDING_SCRIPT", "TAKE_SCRIPT", "Contribution", "encode_contribution", "decode_contribution",
+__all__ = ["PENDING_SCRIPT", "TAKE_SCRIPT", "Contribution", "NO_UNIT_STATS", "encode_contribution", "decode_contribution",
            "merge_contributions", "Folder",
            "UserLevelKeys"]
 
@@ -153,43 +154,72 @@ class UserLevelKeys:
 
 @dataclass
 class Contribution:
-    """One user's events of the open tick, before clipping (trusted)."""
+    """One user's events of the open tick, before clipping (trusted).
+
+    ``gram`` and ``b`` are the flat model's per-unit statistics (the shown lists' Gram, the reward-weighted contexts);
+    ``None`` for ``--model hierarchy``, whose release reads only the unit, the count and the item rewards
+    (:func:`models.streaming.hierarchy.add_contribution`): the worker then neither computes nor stores them.
+    """
 
     unit: int
     count: int
-    gram: np.ndarray   # (d, d)
-    b: np.ndarray      # (d,)
+    gram: np.ndarray | None   # (d, d)
+    b: np.ndarray | None      # (d,)
     items: dict[int, float]
 
     @classmethod
-    def empty(cls, unit: int, d: int) -> Contribution:
+    def empty(cls, unit: int, d: int, *, unit_stats: bool = True) -> Contribution:
+        if not unit_stats:
+            return cls(unit, 0, None, None, {})
         return cls(unit, 0, np.zeros((d, d)), np.zeros(d), {})
 
 
+#: The first value of an encoded contribution without ``gram`` and ``b`` (a unit is never negative).
+NO_UNIT_STATS = -1.0
+
+
 def encode_contribution(c: Contribution) -> bytes:
-    """``[unit, count, gram..., b..., n_items, (item, reward)...]`` as little-endian float64."""
+    """``[unit, count, gram..., b..., n_items, (item, reward)...]`` as little-endian float64; without the
+    statistics (``gram`` is ``None``) ``[-1, unit, count, n_items, (item, reward)...]`` (:data:`NO_UNIT_STATS`)."""
     items = sorted(c.items.items())
-    head = np.array([c.unit, c.count], dtype=np.float64)
     tail = np.array([len(items), *[v for pair in items for v in pair]], dtype=np.float64)
+    if c.gram is None or c.b is None:
+        return np.concatenate([np.array([NO_UNIT_STATS, c.unit, c.count], dtype=np.float64), tail]
+                              ).astype("<f8").tobytes()
+    head = np.array([c.unit, c.count], dtype=np.float64)
     return np.concatenate([head, c.gram.reshape(-1), c.b, tail]).astype("<f8").tobytes()
 
 
 def merge_contributions(a: Contribution, b: Contribution) -> Contribution:
-    """One user's two contributions of the same tick as one (``a``'s events, then ``b``'s)."""
+    """One user's two contributions of the same tick as one (``a``'s events, then ``b``'s); without the statistics
+    if either has none (one namespace's contributions all carry them, or none does: the model decides)."""
     items = dict(a.items)
     for item, value in b.items.items():
         items[item] = items.get(item, 0.0) + value
+    if a.gram is None or b.gram is None or a.b is None or b.b is None:
+        return Contribution(a.unit, a.count + b.count, None, None, items)
     return Contribution(a.unit, a.count + b.count, a.gram + b.gram, a.b + b.b, items)
 
 
 def decode_contribution(raw: bytes, d: int) -> Contribution:
+    """The inverse of :func:`encode_contribution` (either layout); ``ValueError`` if ``raw`` has not the length its
+    layout and item count make for dimension ``d``."""
     a = np.frombuffer(raw, dtype="<f8")
-    unit, count = int(a[0]), int(a[1])
-    gram = a[2:2 + d * d].reshape(d, d).copy()
-    b = a[2 + d * d:2 + d * d + d].copy()
-    n = int(a[2 + d * d + d])
-    pairs = a[3 + d * d + d:3 + d * d + d + 2 * n].tolist()  # Python floats: no numpy scalar per item
-    return Contribution(unit, count, gram, b, {int(k): v for k, v in zip(pairs[::2], pairs[1::2])})
+    if len(a) and a[0] == NO_UNIT_STATS:
+        stats, at = 0, 3
+        unit, count = int(a[1]), int(a[2])
+    else:
+        stats, at = d * d + d, 2 + d * d + d
+        unit, count = int(a[0]), int(a[1])
+    n = int(a[at]) if len(a) > at else -1
+    if n < 0 or len(a) != at + 1 + 2 * n:
+        raise ValueError(f"a pending contribution of {len(a)} values is neither layout of encode_contribution "
+                         f"for d = {d}")
+    pairs = a[at + 1:at + 1 + 2 * n].tolist()  # Python floats: no numpy scalar per item
+    items = {int(k): v for k, v in zip(pairs[::2], pairs[1::2])}
+    if not stats:
+        return Contribution(unit, count, None, None, items)
+    return Contribution(unit, count, a[2:2 + d * d].reshape(d, d).copy(), a[2 + d * d:at].copy(), items)
 
 
 class Folder:
@@ -293,6 +323,7 @@ class Folder:
         features = None if self.hierarchy is None else self.hierarchy[1]()
         items = decode_items(stats_raw, self.n_items) if self.n_items else np.zeros(0)
         touched_units: set[int] = set()
+        stats_units: set[int] = set()  # units whose gram and b were added to
         touched_items: set[int] = set()
         remove: list[bytes] = []
         records: dict[str, str] = {}
@@ -325,9 +356,11 @@ class Folder:
                 summary["over_budget"] += c.count  # past the lifetime budget: served and logged, not learned from
                 write(user, rec)
                 continue
-            scale = clip_scale(math.sqrt(float(c.b @ c.b)), self.b_clip)  # np.linalg.norm's sum, bit for bit
-            stats.gram[c.unit] += c.gram
-            stats.b[c.unit] += scale * c.b
+            if c.gram is not None and c.b is not None:  # the flat model's statistics (none for the hierarchy)
+                scale = clip_scale(math.sqrt(float(c.b @ c.b)), self.b_clip)  # np.linalg.norm's sum, bit for bit
+                stats.gram[c.unit] += c.gram
+                stats.b[c.unit] += scale * c.b
+                stats_units.add(c.unit)
             stats.count[c.unit] += c.count
             touched_units.add(c.unit)
             if self.n_items and c.items:
@@ -344,8 +377,9 @@ class Folder:
                 summary["at_cap"] += 1
         out_stats: dict[str, Any] = {}
         for u in touched_units:
-            out_stats[f"g:{u}"] = stats.gram[u].astype("<f8").tobytes()
-            out_stats[f"b:{u}"] = stats.b[u].astype("<f8").tobytes()
+            if u in stats_units:
+                out_stats[f"g:{u}"] = stats.gram[u].astype("<f8").tobytes()
+                out_stats[f"b:{u}"] = stats.b[u].astype("<f8").tobytes()
             out_stats[f"n:{u}"] = str(int(stats.count[u]))
         for a in touched_items:
             out_stats[f"i:{a}"] = repr(float(items[a]))

@@ -23,7 +23,7 @@ from models.mechanisms.participation import (
     tree_matrix,
 )
 from pipeline.config.ledger import LedgerRecord, spent_mu
-from pipeline.state.userlevel import Contribution, decode_contribution, encode_contribution
+from pipeline.state.userlevel import Contribution, decode_contribution, encode_contribution, merge_contributions
 
 
 @pytest.mark.parametrize("p", [3, 4])
@@ -117,6 +117,52 @@ def test_contributions_round_trip_exactly() -> None:
     back = decode_contribution(encode_contribution(c), 4)
     assert back.unit == 3 and back.count == 5 and back.items == {2: 0.5, 7: 1.0}
     assert np.array_equal(back.gram, c.gram) and np.array_equal(back.b, c.b)
+
+
+def test_contributions_without_unit_statistics_round_trip_in_a_fraction_of_the_bytes() -> None:
+    """The hierarchy's layout (no Gram, no b): the same unit, count and items; 5 values instead of 2 + d^2 + d + 5
+    for one item; decoded by the same function, and a truncated value is refused, not misread."""
+    c = Contribution(3, 5, None, None, {7: 1.0, 2: 0.5})
+    raw = encode_contribution(c)
+    back = decode_contribution(raw, 25)
+    assert (back.unit, back.count, back.items, back.gram, back.b) == (3, 5, {2: 0.5, 7: 1.0}, None, None)
+    assert len(raw) == 8 * (3 + 1 + 4)
+    full = encode_contribution(Contribution(3, 5, np.eye(25), np.ones(25), {7: 1.0, 2: 0.5}))
+    assert len(full) == 8 * (2 + 625 + 25 + 1 + 4)
+    with pytest.raises(ValueError, match="neither layout"):
+        decode_contribution(full[:-8], 25)
+    with pytest.raises(ValueError, match="neither layout"):
+        decode_contribution(raw[:-8], 25)
+    merged = merge_contributions(decode_contribution(full, 25), back)  # an old worker's value meets a new one's
+    assert merged.gram is None and merged.count == 10 and merged.items == {2: 1.0, 7: 2.0}
+
+
+def test_the_hierarchy_fold_of_a_batch_keeps_counts_and_items_and_no_statistics() -> None:
+    """``unit_stats = False`` (the hierarchy): per user the same unit, count and item rewards as the flat fold."""
+    from pipeline.ingestion.ingest import UserIngestProcessor
+    from pipeline.data.records import ParsedBatch
+
+    rng = np.random.default_rng(4)
+    n, d = 200, 5
+    users = [f"u{int(k)}" for k in rng.integers(0, 9, n)]
+    X = rng.normal(size=(n, d)) / 3
+    r = rng.random(n).round(2)
+    items = np.where(rng.random(n) < 0.8, rng.integers(0, 9, n), -1)
+    units = np.array([int(u[1:]) % 3 for u in users])
+    parsed = ParsedBatch(units, X, r, users, [], items, np.zeros(n, dtype=bool), X, np.arange(n))
+    out = {}
+    for stats in (True, False):
+        proc = object.__new__(UserIngestProcessor)
+        proc.listen_weight, proc.n_items, proc.unit_stats = 1.0, 9, stats
+        work = {"u1": Contribution.empty(1, d, unit_stats=stats)}
+        work["u1"].count, work["u1"].items = 2, {4: 1.0}
+        proc._fold_users(work, parsed, d)
+        out[stats] = work
+    assert set(out[True]) == set(out[False]) == {f"u{k}" for k in range(9)}
+    for u, c in out[False].items():
+        flat = out[True][u]
+        assert (c.unit, c.count, c.items) == (flat.unit, flat.count, flat.items)
+        assert c.gram is None and c.b is None and flat.gram is not None
 
 
 def test_the_offline_twin_calibrates_both_releases_by_the_participation_factor() -> None:

@@ -139,6 +139,59 @@ def test_without_noise_the_release_is_the_contributions_and_the_served_model_its
     assert body["items"][0]["item"] == max(pool, key=lambda a: (listened.get(a, 0), -pool.index(a)))
 
 
+def test_pending_contributions_without_the_gram_release_the_same_hierarchy(
+        catalog_dir: Path, redis_client: Any) -> None:
+    """The worker's hierarchy ingest keeps no Gram and no ``b`` in the pending contributions (``unit_stats`` off):
+    on the same events, with the same secret seed, every tick publishes the same blocks (units on too) and count as
+    an ingest that keeps them, bit for bit; the trusted stats then hold counts and no ``g:``/``b:`` fields."""
+    from pipeline.data.records import partition_of
+    from pipeline.ingestion.agents import make_processor
+    from pipeline.release.stages import ReleaseStage
+    from pipeline.state.trusted import TrustedKeys
+
+    published: dict[bool, list[ReleasedHierarchy]] = {}
+    stats: dict[bool, dict[bytes, bytes]] = {}
+    for unit_stats in (True, False):
+        ns = f"gramless{int(unit_stats)}"
+        s = Settings.from_mapping({}, environ=_world(catalog_dir, PRIVREC_NAMESPACE=ns, PRIVREC_EPSILON="2",
+                                                     PRIVREC_HIERARCHY_SHARES="pool=0.2,items=0.4,units=0.4"))
+        catalog = load_catalog(s)
+        redis_client.set(TrustedKeys(ns).secret, "20261127")
+        proc = make_processor(redis_client, s, catalog)
+        assert proc.unit_stats is False  # what the worker runs for the hierarchy
+        proc.unit_stats = unit_stats
+        stage = ReleaseStage(s, catalog, redis_client)
+        arms = list(catalog.arm_ids)
+        offsets = dict.fromkeys(range(s.partitions), 0)
+        published[unit_stats] = []
+        for tick in range(4):
+            per: dict[int, list[bytes]] = {p: [] for p in range(s.partitions)}
+            for u in range(tick * 15, tick * 15 + 25):  # 10 users return in the next tick: capped (user_cap 1)
+                user = f"g{u}"
+                for j in range(1 + u % 3):
+                    ev = {"event_id": f"{user}-{tick}-{j}", "user": user, "arm": arms[(u * 7 + j) % len(arms)],
+                          "reward": 1.0 if (u + j) % 3 else 0.0, "ts": 1.7e12, "rec_id": None}
+                    per[partition_of(user, s.partitions)].append(json.dumps(ev).encode())
+            for p, raws in per.items():
+                batch = proc.process(p, list(enumerate(raws, start=offsets[p])))
+                assert not batch.dead, batch.dead
+                offsets[p] += len(raws)
+            assert stage.tick(force=True) == tick + 1
+            published[unit_stats].append(ReleasedHierarchy.from_mapping(
+                redis_client.hgetall(PublicKeys(ns).released)))
+        stats[unit_stats] = {k: v for p in range(s.partitions)
+                             for k, v in redis_client.hgetall(TrustedKeys(ns).stats(p)).items()}
+    for full, gramless in zip(published[True], published[False]):
+        assert gramless.units is not None
+        for name in ("pool", "items", "units"):
+            assert np.array_equal(getattr(full, name), getattr(gramless, name)), name
+        assert (full.std_pool, full.std_items, full.std_units) == (gramless.std_pool, gramless.std_items,
+                                                                   gramless.std_units)
+    assert not any(k[:2] in (b"g:", b"b:") for k in stats[False]) and any(k[:2] == b"g:" for k in stats[True])
+    assert ({k: v for k, v in stats[True].items() if k[:2] == b"n:"}
+            == {k: v for k, v in stats[False].items() if k[:2] == b"n:"})
+
+
 @pytest.mark.parametrize("open_stack", [{"PRIVREC_EPSILON": "2"}], indirect=True)
 def test_at_epsilon_2_the_budget_states_the_blocks_and_a_users_second_tick_is_not_learned(
         open_stack: LocalStack) -> None:
