@@ -108,10 +108,11 @@ def test_replay_lastfm_without_listens(tmp_path: Path) -> None:
 
 
 def test_replay_lastfm_local_with_devices(tmp_path: Path) -> None:
-    """``privrec replay lastfm --mode local --devices DIR``: the devices' state is kept in DIR."""
+    """``privrec replay lastfm --mode local --devices DIR``: the devices' state is kept in DIR (the ``round`` variant:
+    a stack without the shuffler service, which the shuffled variants need)."""
     data = lastfm_data_or_skip()
     settings = {"PRIVREC_CATALOG": "lastfm", "PRIVREC_DATA_DIR": str(data), "PRIVREC_MODE": "local",
-                "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_SHUFFLE_BATCH": "4", "PRIVREC_TICK_SECONDS": "0.3",
+                "PRIVREC_LOCAL_ALGORITHM": "round", "PRIVREC_SHUFFLE_BATCH": "0", "PRIVREC_TICK_SECONDS": "0.3",
                 "PRIVREC_LOGLEVEL": "WARNING", "PRIVREC_PRIVACY_UNIT": "event"}
     devices = tmp_path / "devices"
     with web_stack(tmp_path / "stack", settings=settings) as st:
