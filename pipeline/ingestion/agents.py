@@ -156,100 +156,129 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
     # and offsets stored against the old logs must not skip (or re-count) the new ones
     ident = AIOKafkaConsumer(**client_kwargs(settings), enable_auto_commit=False)
     await ident.start()
-    known: str | None = None
-    last_identity = 0.0
     consumer.subscribe([topic], listener=_SeekToStoredOffsets(consumer, processor, settings.partitions))
     await consumer.start()
-    worker_id = os.environ.get("PRIVREC_WORKER_ID", f"worker-{os.getpid()}")
-    status_key = f"{settings.namespace}:ops:{{{settings.namespace}:ops}}:workers"
-    counted = 0
-    last_status = 0.0
-    backoff = Backoff()
-    reread = False  # whether the assigned partitions must be re-read from the offsets Redis holds
+    loop = _IngestLoop(settings, client, processor, consumer, producer, ident, metrics, metrics_url)
     try:
-        while True:
-            if reread:
-                try:
-                    await _reseek(consumer, processor, settings.partitions, list(consumer.assignment()))
-                    reread = False
-                except REDIS_DOWN as exc:
-                    log.warning("Redis unavailable (%s); retrying in %.1f s", exc, backoff.delay)
-                    await backoff.wait()
-                    continue
-            batches = await consumer.getmany(timeout_ms=int(settings.batch_seconds * 1000),
-                                             max_records=settings.batch_size)
-            # records in hand: from which broker's logs? (one small fetch per non-empty poll, and every 2 s: a new
-            # broker's shorter logs may return nothing at the old positions)
-            if batches or time.monotonic() - last_identity > 2.0:
-                last_identity = time.monotonic()
-                try:
-                    current = await _identity(ident, settings.kafka or "")
-                except Exception as exc:  # noqa: BLE001 - the broker going away: poll again
-                    log.warning("broker identity unreadable (%s); re-reading", exc)
-                    reread = True
-                    await asyncio.sleep(0.5)
-                    continue
-                if current != known:
-                    try:
-                        if processor.store.adopt_broker(current, settings.partitions):
-                            log.warning("a new broker (identity %s): its logs start again, the stored offsets "
-                                        "were reset; statistics, noise and releases are kept", current)
-                    except REDIS_DOWN as exc:
-                        log.warning("Redis unavailable (%s); retrying in %.1f s", exc, backoff.delay)
-                        reread = True
-                        await backoff.wait()
-                        continue
-                    known = current
-                    reread = True  # this poll may have been read against the old offsets: read again
-                    continue
-            try:
-                # the offsets the Redis commits of this poll stored: exactly these go to Kafka, never the consumer's
-                # positions (a batch not committed to Redis must not look counted to the web's outbox forwarder,
-                # which drops an event once the group's committed offset passes it)
-                stored_to: dict[TopicPartition, OffsetAndMetadata] = {}
-                for tp, records in batches.items():
-                    msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
-                    batch = processor.prepare(tp.partition, msgs)
-                    for item in batch.dead:
-                        await producer.send_and_wait(TOPICS["dead_letters"], key=None, value=dead_letter_value(
-                            item.raw, item.reason, tp.topic, tp.partition, item.offset))
-                        if metrics is not None:
-                            metrics.dead.labels(_reason_class(item.reason)).inc()
-                    if not processor.commit(batch):
-                        # another writer moved the offset (or Redis came back with an older state): reload, redo
-                        batch = processor.prepare(tp.partition, msgs)
-                        if not processor.commit(batch):
-                            log.warning("partition %d: stored offset moved twice; re-reading from it", tp.partition)
-                            reread = True
-                            break
-                    counted += batch.counted
-                    stored_to[tp] = OffsetAndMetadata(batch.next_offset, "")
-                    if metrics is not None:
-                        metrics.ingested.inc(batch.counted)
-                if stored_to:
-                    await consumer.commit(stored_to)
-                now = time.monotonic()
-                if now - last_status > 1.0:
-                    last_status = now
-                    assigned = consumer.assignment()
-                    if metrics is not None and assigned:
-                        await _observe_lag(consumer, assigned, metrics)
-                    client.hset(status_key, worker_id, json.dumps({
-                        "pid": os.getpid(), "counted": counted, "at_ms": int(time.time() * 1000),
-                        "partitions": sorted(tp.partition for tp in assigned), "metrics": metrics_url}))
-                backoff.reset()
-            except OffsetGap as gap:  # Redis holds an older offset than this poll continues from: re-read from it
-                log.warning("%s; re-reading from the stored offset", gap)
-                reread = True
-            except REDIS_DOWN as exc:
-                # Redis restarting: what of this poll was not committed is re-read from the offsets Redis holds
-                # once it answers (its AOF may have kept less than we wrote)
-                log.warning("Redis unavailable (%s: %s); retrying in %.1f s", type(exc).__name__, exc, backoff.delay)
-                reread = True
-                await backoff.wait()
-    except asyncio.CancelledError:
-        raise
+        await loop.run()
     finally:
         await consumer.stop()
         await producer.stop()
         await ident.stop()
+
+
+class _IngestLoop:
+    """One worker's ingest: poll, check the broker's identity, count each partition's batch into Redis, then commit
+    exactly the offsets Redis stored to Kafka; re-read from Redis's offsets whenever either side may have moved."""
+
+    def __init__(self, settings: Settings, client: redis.Redis, processor: IngestProcessor,
+                 consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, ident: AIOKafkaConsumer,
+                 metrics: WorkerMetrics | None, metrics_url: str | None) -> None:
+        self.settings, self.client, self.processor = settings, client, processor
+        self.consumer, self.producer, self.ident = consumer, producer, ident
+        self.metrics, self.metrics_url = metrics, metrics_url
+        self.worker_id = os.environ.get("PRIVREC_WORKER_ID", f"worker-{os.getpid()}")
+        self.status_key = f"{settings.namespace}:ops:{{{settings.namespace}:ops}}:workers"
+        self.known: str | None = None
+        self.last_identity = 0.0
+        self.counted = 0
+        self.last_status = 0.0
+        self.backoff = Backoff()
+        self.reread = False  # whether the assigned partitions must be re-read from the offsets Redis holds
+
+    async def run(self) -> None:
+        s = self.settings
+        while True:
+            if self.reread:
+                try:
+                    await _reseek(self.consumer, self.processor, s.partitions, list(self.consumer.assignment()))
+                    self.reread = False
+                except REDIS_DOWN as exc:
+                    log.warning("Redis unavailable (%s); retrying in %.1f s", exc, self.backoff.delay)
+                    await self.backoff.wait()
+                    continue
+            batches = await self.consumer.getmany(timeout_ms=int(s.batch_seconds * 1000), max_records=s.batch_size)
+            # records in hand: from which broker's logs? (one small fetch per non-empty poll, and every 2 s: a new
+            # broker's shorter logs may return nothing at the old positions)
+            if (batches or time.monotonic() - self.last_identity > 2.0) and await self._broker_moved():
+                continue
+            try:
+                await self._count(batches)
+                await self._report_status()
+                self.backoff.reset()
+            except OffsetGap as gap:  # Redis holds an older offset than this poll continues from: re-read from it
+                log.warning("%s; re-reading from the stored offset", gap)
+                self.reread = True
+            except REDIS_DOWN as exc:
+                # Redis restarting: what of this poll was not committed is re-read from the offsets Redis holds
+                # once it answers (its AOF may have kept less than we wrote)
+                log.warning("Redis unavailable (%s: %s); retrying in %.1f s", type(exc).__name__, exc,
+                            self.backoff.delay)
+                self.reread = True
+                await self.backoff.wait()
+
+    async def _broker_moved(self) -> bool:
+        """Read the broker's identity; ``True`` (poll again, re-reading) if it is unreadable or a new one."""
+        self.last_identity = time.monotonic()
+        try:
+            current = await _identity(self.ident, self.settings.kafka or "")
+        except Exception as exc:  # noqa: BLE001 - the broker going away: poll again
+            log.warning("broker identity unreadable (%s); re-reading", exc)
+            self.reread = True
+            await asyncio.sleep(0.5)
+            return True
+        if current == self.known:
+            return False
+        try:
+            if self.processor.store.adopt_broker(current, self.settings.partitions):
+                log.warning("a new broker (identity %s): its logs start again, the stored offsets "
+                            "were reset; statistics, noise and releases are kept", current)
+        except REDIS_DOWN as exc:
+            log.warning("Redis unavailable (%s); retrying in %.1f s", exc, self.backoff.delay)
+            self.reread = True
+            await self.backoff.wait()
+            return True
+        self.known = current
+        self.reread = True  # this poll may have been read against the old offsets: read again
+        return True
+
+    async def _count(self, batches: dict[TopicPartition, list]) -> None:  # type: ignore[type-arg]
+        """Count each partition's records into Redis, then commit to Kafka the offsets the Redis commits stored:
+        exactly these, never the consumer's positions (a batch not committed to Redis must not look counted to the
+        web's outbox forwarder, which drops an event once the group's committed offset passes it)."""
+        processor, metrics = self.processor, self.metrics
+        stored_to: dict[TopicPartition, OffsetAndMetadata] = {}
+        for tp, records in batches.items():
+            msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
+            batch = processor.prepare(tp.partition, msgs)
+            for item in batch.dead:
+                await self.producer.send_and_wait(TOPICS["dead_letters"], key=None, value=dead_letter_value(
+                    item.raw, item.reason, tp.topic, tp.partition, item.offset))
+                if metrics is not None:
+                    metrics.dead.labels(_reason_class(item.reason)).inc()
+            if not processor.commit(batch):
+                # another writer moved the offset (or Redis came back with an older state): reload, redo
+                batch = processor.prepare(tp.partition, msgs)
+                if not processor.commit(batch):
+                    log.warning("partition %d: stored offset moved twice; re-reading from it", tp.partition)
+                    self.reread = True
+                    break
+            self.counted += batch.counted
+            stored_to[tp] = OffsetAndMetadata(batch.next_offset, "")
+            if metrics is not None:
+                metrics.ingested.inc(batch.counted)
+        if stored_to:
+            await self.consumer.commit(stored_to)
+
+    async def _report_status(self) -> None:
+        """At most once a second: the worker's status hash (and the lag metrics)."""
+        now = time.monotonic()
+        if now - self.last_status <= 1.0:
+            return
+        self.last_status = now
+        assigned = self.consumer.assignment()
+        if self.metrics is not None and assigned:
+            await _observe_lag(self.consumer, assigned, self.metrics)
+        self.client.hset(self.status_key, self.worker_id, json.dumps({
+            "pid": os.getpid(), "counted": self.counted, "at_ms": int(time.time() * 1000),
+            "partitions": sorted(tp.partition for tp in assigned), "metrics": self.metrics_url}))

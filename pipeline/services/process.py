@@ -327,6 +327,20 @@ def start_process(
     """
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
+    _claim(state, name)
+    log_path = state / f"{name}.log"
+    argv = tuple(str(a) for a in argv)
+    pid = _spawn(name, argv, log_path, env)
+    stat = _proc_stat(pid)
+    handle = ServiceHandle(name=name, pid=pid, address=address, url=url, log_path=log_path, argv=argv,
+                           exe=_exe(pid) or "", start_ticks=stat[1] if stat else 0)
+    _write_handle(state, handle)
+    _await_ready(state, handle, ready, timeout)
+    return handle
+
+
+def _claim(state: Path, name: str) -> None:
+    """Raise :class:`ServiceError` if a live process is recorded under ``name``; forget a dead one's files."""
     previous = read_handles(state).get(name)
     if previous is not None:
         if is_running(previous):
@@ -336,8 +350,9 @@ def start_process(
             )
         _remove_handle(state, name)
 
-    log_path = state / f"{name}.log"
-    argv = tuple(str(a) for a in argv)
+
+def _spawn(name: str, argv: tuple[str, ...], log_path: Path, env: Mapping[str, str] | None) -> int:
+    """Launch ``argv`` in a session of its own, its output appended to ``log_path``; its PID."""
     path = shutil.which(argv[0])
     if path is None:
         raise ServiceError(f"{name}: executable {argv[0]!r} not found")
@@ -347,7 +362,7 @@ def start_process(
         # posix_spawn rather than subprocess.Popen: the handle owns the process, and no Popen
         # object is left to warn or reap it behind our back. setsid: a Ctrl-C aimed at our
         # terminal must not reach a service that outlives us (``privrec up`` returns early).
-        pid = os.posix_spawn(
+        return os.posix_spawn(
             path,
             argv,
             dict(env) if env is not None else dict(os.environ),
@@ -358,19 +373,12 @@ def start_process(
             ],
             setsid=True,
         )
-    stat = _proc_stat(pid)
-    handle = ServiceHandle(
-        name=name,
-        pid=pid,
-        address=address,
-        url=url,
-        log_path=log_path,
-        argv=argv,
-        exe=_exe(pid) or "",
-        start_ticks=stat[1] if stat else 0,
-    )
-    _write_handle(state, handle)
 
+
+def _await_ready(state: Path, handle: ServiceHandle, ready: Callable[[], bool] | None, timeout: float) -> None:
+    """Poll until ``handle``'s process listens on its address and ``ready()`` holds; on an early exit or a
+    timeout, stop it, remove its files and raise (:class:`PortInUseError` when its log says the port was taken)."""
+    name, pid, address, log_path = handle.name, handle.pid, handle.address, handle.log_path
     port = int(address.rpartition(":")[2]) if address else None
     deadline = time.monotonic() + timeout
     while True:
@@ -381,7 +389,7 @@ def start_process(
             kind = PortInUseError if _ADDR_IN_USE.search(log_tail) else ServiceError
             raise kind(f"{name} exited ({exited}) before it was ready; {log_path}:\n{log_tail}")
         if (port is None or port in _listening_ports(pid)) and (ready is None or ready()):
-            return handle
+            return
         if time.monotonic() > deadline:
             stop(handle)
             raise ServiceError(

@@ -83,20 +83,8 @@ def start_redis(
     locked = (data_dir / ACL_FILE).exists()
 
     def start(p: int) -> ServiceHandle:
-        argv = [
-            server,
-            "--port", str(p),
-            "--bind", host,
-            "--dir", str(data_dir.resolve()),
-            "--appendonly", "yes" if appendonly else "no",
-            "--save", "",
-            "--daemonize", "no",
-            "--logfile", "",  # log to stdout, which start_process sends to <name>.log
-            *(["--aclfile", str((data_dir / ACL_FILE).resolve())] if locked else []),
-            *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000",
-               "--cluster-port", str(free_port(host))]  # the bus port: explicit (default port + 10000 may be taken)
-              if cluster else []),
-        ]  # fmt: skip
+        argv = _redis_argv(server, p, host, data_dir, appendonly=appendonly, cluster=cluster,
+                           aclfile=(data_dir / ACL_FILE).resolve() if locked else None)
         url = f"redis://{host}:{p}/0"
         # with an ACL file `default` has a password: probe as its PING-only user (which still sees LOADING)
         probe = f"redis://{PROBE_USER}:probe@{host}:{p}/0" if locked else url
@@ -111,6 +99,25 @@ def start_redis(
         )
 
     return start_on_free_port(start, port, host)
+
+
+def _redis_argv(server: str, port: int, host: str, data_dir: Path, *, appendonly: bool, cluster: bool,
+                aclfile: Path | None) -> list[str]:
+    """``redis-server``'s command line (logs to stdout, which :func:`start_process` sends to ``<name>.log``)."""
+    return [
+        server,
+        "--port", str(port),
+        "--bind", host,
+        "--dir", str(data_dir.resolve()),
+        "--appendonly", "yes" if appendonly else "no",
+        "--save", "",
+        "--daemonize", "no",
+        "--logfile", "",
+        *(["--aclfile", str(aclfile)] if aclfile is not None else []),
+        *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000",
+           "--cluster-port", str(free_port(host))]  # the bus port: explicit (default port + 10000 may be taken)
+          if cluster else []),
+    ]  # fmt: skip
 
 
 def start_redis_cluster(state_dir: str | os.PathLike[str], *, nodes: int = 3, host: str = LOOPBACK,

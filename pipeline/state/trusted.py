@@ -37,7 +37,7 @@ from models.streaming.hierarchy import ReleasedHierarchy
 
 from ..config.keys import PublicKeys
 
-__all__ = ["TrustedKeys", "TrustedStore", "INGEST_SCRIPT", "PUBLISH_SCRIPT", "ConfigMismatchError", "decode_stats",
+__all__ = ["TrustedKeys", "TrustedStore", "INGEST_SCRIPT", "offset_checked_writes", "PUBLISH_SCRIPT", "ConfigMismatchError", "decode_stats",
            "decode_items"]
 
 
@@ -93,28 +93,24 @@ class TrustedKeys:
         return self._key("trusted", f"p{partition}", "broker")
 
 
-# KEYS[1] - offset key of the partition
-# KEYS[2] - stats hash of the partition
-# KEYS[3] - dead-letter counts hash of the partition
-# KEYS[4] - per-user interaction counts of the partition (ledger)
-# ARGV[1] - expected stored next offset ("" when none is stored yet)
-# ARGV[2] - new next offset
-# ARGV[3] - number of stats fields n; ARGV[4 .. 3+2n] field/value pairs
-# ARGV[4+2n] - number of dead-letter reasons m, then m reason/count pairs
-# then user/count pairs (to the end)
-# return 1 if applied, 0 if the stored offset differs (nothing written)
-INGEST_SCRIPT = """
+def offset_checked_writes(first: int, check: str = "") -> str:
+    """The Lua of an atomic commit: unless the partition's stored offset (``KEYS[1]``) is ``ARGV[1]`` (and ``check``,
+    more Lua that returns 0 on a mismatch, passes), write nothing and return 0; else HSET the ``n =
+    ARGV[first]`` field/value pairs that follow into ``KEYS[2]``, HINCRBY the ``m`` dead-letter reason/count pairs
+    after them into ``KEYS[3]`` and the user/count pairs to the end into ``KEYS[4]``, SET the offset to ``ARGV[2]``,
+    return 1. The global commit (:data:`INGEST_SCRIPT`) and user level's (``PENDING_SCRIPT``) are this one script."""
+    return f"""
 local stored = redis.call('GET', KEYS[1])
 if stored == false then stored = '' end
 if stored ~= ARGV[1] then return 0 end
-local n = tonumber(ARGV[3])
-local i = 4
+{check}local n = tonumber(ARGV[{first}])
+local i = {first + 1}
 if n > 0 then
-  local args = {}
+  local args = {{}}
   for j = 1, 2 * n do args[j] = ARGV[i + j - 1] end
   redis.call('HSET', KEYS[2], unpack(args))
 end
-i = 4 + 2 * n
+i = {first + 1} + 2 * n
 local m = tonumber(ARGV[i])
 i = i + 1
 for j = 1, m do
@@ -128,6 +124,19 @@ end
 redis.call('SET', KEYS[1], ARGV[2])
 return 1
 """
+
+
+# KEYS[1] - offset key of the partition
+# KEYS[2] - stats hash of the partition
+# KEYS[3] - dead-letter counts hash of the partition
+# KEYS[4] - per-user interaction counts of the partition (ledger)
+# ARGV[1] - expected stored next offset ("" when none is stored yet)
+# ARGV[2] - new next offset
+# ARGV[3] - number of stats fields n; ARGV[4 .. 3+2n] field/value pairs
+# ARGV[4+2n] - number of dead-letter reasons m, then m reason/count pairs
+# then user/count pairs (to the end)
+# return 1 if applied, 0 if the stored offset differs (nothing written)
+INGEST_SCRIPT = offset_checked_writes(3)
 
 # KEYS[1] - the partition's broker identity; KEYS[2] - its offset; KEYS[3] - its retired logs (public; same slot)
 # ARGV[1] - the current broker's identity

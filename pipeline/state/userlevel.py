@@ -55,7 +55,7 @@ from models.streaming.hierarchy import HierarchyLayout, add_contribution
 
 from ..config.keys import PublicKeys
 from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts
-from .trusted import TrustedKeys
+from .trusted import TrustedKeys, offset_checked_writes
 
 __all__ = ["PENDING_SCRIPT", "TAKE_SCRIPT", "Contribution", "NO_UNIT_STATS", "encode_contribution", "decode_contribution",
            "merge_contributions", "Folder",
@@ -70,34 +70,10 @@ __all__ = ["PENDING_SCRIPT", "TAKE_SCRIPT", "Contribution", "NO_UNIT_STATS", "en
 # ARGV[4] - number of pending fields n; then n field/value pairs; then m dead-letter reason/count pairs after
 #           their count; then user/count pairs to the end
 # return 1 if applied, 0 if the offset or the fold generation differ (nothing written)
-PENDING_SCRIPT = """
-local stored = redis.call('GET', KEYS[1])
-if stored == false then stored = '' end
-if stored ~= ARGV[1] then return 0 end
-local gen = redis.call('GET', KEYS[5])
+PENDING_SCRIPT = offset_checked_writes(4, check="""local gen = redis.call('GET', KEYS[5])
 if gen == false then gen = '0' end
 if gen ~= ARGV[3] then return 0 end
-local n = tonumber(ARGV[4])
-local i = 5
-if n > 0 then
-  local args = {}
-  for j = 1, 2 * n do args[j] = ARGV[i + j - 1] end
-  redis.call('HSET', KEYS[2], unpack(args))
-end
-i = 5 + 2 * n
-local m = tonumber(ARGV[i])
-i = i + 1
-for j = 1, m do
-  redis.call('HINCRBY', KEYS[3], ARGV[i], tonumber(ARGV[i + 1]))
-  i = i + 2
-end
-while i < #ARGV do
-  redis.call('HINCRBY', KEYS[4], ARGV[i], tonumber(ARGV[i + 1]))
-  i = i + 2
-end
-redis.call('SET', KEYS[1], ARGV[2])
-return 1
-"""
+""")
 
 
 #: The fold takes a partition's pending contributions: renames the pending hash to the folding hash and bumps the

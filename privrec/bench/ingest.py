@@ -454,7 +454,8 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
     say
         Called with progress lines.
     algorithm
-        ``linucb`` (default), ``colin`` or ``goblin``: what the release and solve stages run.
+        ``linucb`` (default), ``colin`` or ``goblin``: what the release and solve stages run (CoLin and GOB.Lin with
+        the flat model, which is theirs).
     two_workers
         Also ingest 3N events with two workers of one consumer group (``two_workers``; from the moment both own
         partitions) and report what the second adds (``summary["second_worker_share"]``; target >= 0.6 of the
@@ -465,6 +466,8 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
 
     note = say or (lambda _l: None)
     changes: dict[str, Any] = {"algorithm": algorithm, "catalog": "synthetic", "d": d, "n_users": n_users}
+    if algorithm != "linucb":  # CoLin and GOB.Lin pool through their graph: the flat model (the hierarchy is LinUCB's)
+        changes["model"] = "flat"
     if batch_size is not None:
         changes["batch_size"] = batch_size
     if tick_seconds is not None:
@@ -626,7 +629,8 @@ def register(bsub: Any) -> None:
     p.add_argument("--no-concurrent", action="store_true", help="skip the concurrent produce+ingest phase")
     p.add_argument("--no-two-workers", action="store_true", help="skip the two-worker phase")
     p.add_argument("--algorithm", choices=("linucb", "colin", "goblin"), default="linucb",
-                   help="the model the release and solve stages run (default linucb)")
+                   help="the model the release and solve stages run (default linucb; colin and goblin run the flat "
+                        "model)")
     p.add_argument("--profile", action="store_true",
                    help="also profile the worker in a separate pre-produced run: py-spy if installed "
                         "(pip install py-spy; writes worker.py-spy.raw), else cProfile (worker.prof)")

@@ -1,8 +1,8 @@
 """``privrec bench population``: what each user costs the live default stack as the population grows.
 
 What it drives: the default stack, as ``privrec up`` starts it (:func:`privrec.bench.serve.local_stack`: the
-embedded Tansu broker, redis-server, one worker, the web server), with every privacy and model setting at its
-default: user level, the hierarchy in global mode, the add/remove relation, ``user_cap`` 1, the 1 s release tick.
+embedded Tansu broker, redis-server, one worker or more (``--workers``), the web server), with every privacy and
+model setting at its default: user level, the hierarchy in global mode, the add/remove relation, ``user_cap`` 1, the 1 s release tick.
 The one choice made here is the catalog: a generated catalog directory (1,000 items with features, ``d = 25``,
 100 units, no users file), so that any user id is welcome (``SHA-256(user) mod n_units``, the open world of
 :mod:`pipeline.data.catalog_open`) and N distinct users need no catalog of N users.
@@ -122,6 +122,12 @@ def _rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def _rss_sum(pids: list[int]) -> float | None:
+    """The workers' RSS together (MB)."""
+    rss = [_rss_mb(p) for p in pids]
+    return None if None in rss else round(sum(r for r in rss if r is not None), 1)
 
 
 def yardstick_us() -> float:
@@ -291,7 +297,8 @@ def _catalog(root: Path) -> Path:
 def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3, 5), active: int = 10_000,
                      requests: int = 200, workdir: Path | None = None, seed: int = 0,
                      say: Callable[[str], None] | None = None, progress: bool = True,
-                     wave_timeout: float = 600.0) -> dict[str, Any]:
+                     wave_timeout: float = 600.0, workers: int = 1, tick_seconds: float | None = None
+                     ) -> dict[str, Any]:
     """Grow the live default stack's population through ``sizes`` and measure what each user costs.
 
     Parameters
@@ -312,6 +319,12 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
         Show a progress bar of the users produced (tqdm, on stderr).
     wave_timeout
         Seconds a wave may take to be released before the bench gives up.
+    workers
+        Workers of the stack's one consumer group (ingest is spread over them by partition; the first leads the
+        release tick).
+    tick_seconds
+        The release tick's period (default: the setting's, 1 s). A longer one lets a tick fold a whole wave of
+        ``active`` users (the tick's cost against the users active in it).
     """
     from privrec.bench.serve import local_stack
     from privrec.experiments.runner import machine_info
@@ -324,17 +337,21 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
         raise ValueError(f"`events_per_user` must be 1 <= low <= high, got {events_per_user}.")
     if active < 1:
         raise ValueError(f"`active` must be positive, got {active}.")
+    if workers < 1:
+        raise ValueError(f"`workers` must be positive, got {workers}.")
     note = say or (lambda _l: None)
     doc: dict[str, Any] = {"machine": machine_info(), "yardstick_before_us": yardstick_us(), "sizes": list(sizes),
-                           "events_per_user": list(events_per_user), "active_users_per_wave": active}
+                           "events_per_user": list(events_per_user), "active_users_per_wave": active,
+                           "workers": workers}
     tmp = tempfile.TemporaryDirectory(prefix="privrec-population-") if workdir is None else None
     root = Path(tmp.name) if tmp is not None else Path(workdir)  # type: ignore[arg-type]
     try:
         catalog = _catalog(root / "catalog")
         world = {"PRIVREC_CATALOG": str(catalog), "PRIVREC_D": str(D), "PRIVREC_CATALOG_UNITS": str(N_UNITS),
-                 "PRIVREC_LOGLEVEL": "WARNING"}
+                 "PRIVREC_LOGLEVEL": "WARNING",
+                 **({} if tick_seconds is None else {"PRIVREC_TICK_SECONDS": str(tick_seconds)})}
         note("starting the default stack (broker, redis-server, worker, web server)")
-        with local_stack(root / "stack", settings=world) as stack:
+        with local_stack(root / "stack", settings=world, workers=workers) as stack:
             from pipeline.config.settings import Settings
             from pipeline.data.catalog import load_catalog
 
@@ -347,11 +364,11 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                                "partitions": settings.partitions, "catalog": "generated directory: "
                                f"{N_ITEMS} items, d = {D}, {N_UNITS} units, users hashed to units"}
             obs = _Observer(stack.redis_url, stack.namespace, settings.partitions)
-            worker = next(h for h in stack.handles if h.name == "worker-0")
+            worker_pids = [h.pid for h in stack.handles if h.name.startswith("worker-")]
             obs.wait(lambda: obs.r.llen(obs.keys.tick_log) >= 2, 60, "two release ticks")
             obs.ticks()  # the empty stack's ticks are not the bench's
             mem0 = obs.memory()
-            doc["empty"] = {"used_memory": mem0["used_memory"], "worker_rss_mb": _rss_mb(worker.pid),
+            doc["empty"] = {"used_memory": mem0["used_memory"], "worker_rss_mb": _rss_sum(worker_pids),
                             "web_rss_mb": _rss_mb(stack.web.pid)}
             producer = _Producer(stack.broker.address, items, events_per_user, seed)
             bar = None
@@ -407,7 +424,7 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                            "used_memory": mem["used_memory"], "used_memory_dataset": mem["used_memory_dataset"],
                            "used_memory_population": mem["used_memory_population"],
                            "memory_by_kind": mem["by_kind"],
-                           "worker_rss_mb": _rss_mb(worker.pid), "web_rss_mb": _rss_mb(stack.web.pid),
+                           "worker_rss_mb": _rss_sum(worker_pids), "web_rss_mb": _rss_mb(stack.web.pid),
                            "ticks_at_size": tick_bands([t for t in ticks if t["population"] == users]),
                            "serving": _serving(stack, size, requests), "yardstick_us": yardstick_us()}
                     row["ingest_ratio"] = (round(row["ingest_events_per_s"] / row["consume_json_events_per_s"], 3)
@@ -496,6 +513,9 @@ def register(bsub: Any) -> None:
     p.add_argument("--active", type=int, default=10_000,
                    help="users per wave: released before the next wave is produced (default 10000)")
     p.add_argument("--requests", type=int, default=200, help="/recommend requests for new users per size")
+    p.add_argument("--workers", type=int, default=1, help="workers of the one consumer group (default 1)")
+    p.add_argument("--tick-seconds", type=float, default=None,
+                   help="release tick period (default: the setting's); longer lets one tick fold a whole wave")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run)
 
@@ -513,7 +533,7 @@ def _run(args: argparse.Namespace) -> int:
     if len(epu) != 2:
         raise ValueError(f"`--events-per-user` must be low,high, got {args.events_per_user!r}.")
     doc = bench_population(sizes, events_per_user=(epu[0], epu[1]), active=args.active, requests=args.requests,
-                           progress=not args.no_progress,
+                           progress=not args.no_progress, workers=args.workers, tick_seconds=args.tick_seconds,
                            say=lambda line: print(f"bench population: {line}", file=sys.stderr, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "population.json").write_text(json.dumps(doc, indent=2) + "\n")

@@ -165,7 +165,7 @@ _stack_ids = itertools.count()
 @contextlib.contextmanager
 def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str] | None = None,
                 redis_url: str | None = None, namespace: str | None = None,
-                worker_timeout: float = 90.0) -> Iterator[LocalStack]:
+                worker_timeout: float = 90.0, workers: int = 1) -> Iterator[LocalStack]:
     """Start a fresh broker, redis-server (unless ``redis_url``), one worker and the web server.
 
     Parameters
@@ -181,6 +181,9 @@ def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str
         Redis key namespace (default: a fresh one).
     worker_timeout
         Seconds to wait until the worker has partitions.
+    workers
+        Workers of the one consumer group (``worker-0``, ``worker-1``, ...; the first to start leads the release);
+        ready once each owns partitions.
 
     Yields
     ------
@@ -220,12 +223,22 @@ def local_stack(state_dir: str | os.PathLike[str], *, settings: Mapping[str, str
         client = redis.Redis.from_url(redis_url)
         status_key = f"{ns}:ops:{{{ns}:ops}}:workers"
 
-        def worker_ready() -> bool:
-            raw = client.hget(status_key, "worker-0")
+        def worker_ready(name: str) -> bool:
+            raw = client.hget(status_key, name)
             return raw is not None and bool(json.loads(raw)["partitions"])
 
-        started.append(services.start_process("worker-0", [sys.executable, "-m", "pipeline.apps.worker"], state,
-                                              env=env, ready=worker_ready, timeout=worker_timeout))
+        for i in range(workers):
+            name = f"worker-{i}"
+            started.append(services.start_process(name, [sys.executable, "-m", "pipeline.apps.worker"], state,
+                                                  env={**env, "PRIVREC_WORKER_ID": name},
+                                                  ready=functools.partial(worker_ready, name),
+                                                  timeout=worker_timeout))
+        # the group rebalanced as each joined: every worker owns partitions again before the stack is ready
+        deadline = time.monotonic() + worker_timeout
+        while workers > 1 and not all(worker_ready(f"worker-{i}") for i in range(workers)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not every one of {workers} workers owns partitions after {worker_timeout:g} s")
+            time.sleep(0.2)
         for attempt in range(3):
             port = services.free_port()
             try:

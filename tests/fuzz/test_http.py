@@ -27,6 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from models.local import LocalReport
+from pipeline.data.records import MAX_ID_CHARS
 
 from .webapps import D, N_ARMS, N_USERS, Reply, WebApps
 from .strategies import (JSON_ANY, QUERY_PART, TEXT, WEIRD_TEXT, decoder_input, dumps,
@@ -170,6 +171,8 @@ def check_budget(web: WebApps, app: str, q: str, who: str) -> None:
         return
     if user is None:  # the aggregate statement: public, whatever the header says
         assert r.status == 200, doc
+    elif not user or len(user) > MAX_ID_CHARS:  # not an id: refused before any token is read
+        assert r.status == 400 and doc["error"]["parameter"] == "user", (r.status, doc)
     elif who == "none" or (who.startswith("junk:") and not "".join(c for c in who[5:] if " " < c <= "~")):
         assert r.status == 401 and doc["error"]["parameter"] == "Authorization", (r.status, doc)
     elif who not in ("own", "operator"):
