@@ -50,7 +50,14 @@ def test_bench_catalog(tmp_path: Path) -> None:
                       cwd=tmp_path), tmp_path / "catalog.json")
 
 
-@pytest.mark.parametrize("algorithm", [None, "colin"])
+@pytest.mark.parametrize("algorithm", [
+    None,
+    pytest.param("colin", marks=[pytest.mark.timeout(240), pytest.mark.xfail(strict=True, reason=(
+        "docs/performance.md shows `privrec bench ingest --algorithm colin | goblin`: they run the flat model, "
+        "which with privacy on takes only feedback naming a rec_id the server stored (shown lists), and the bench "
+        "produces straight to Kafka without one, so every event is a dead letter and the bench waits for a model "
+        "(found 2026-11-27, issue 33; left open)"))]),
+])
 def test_bench_ingest(tmp_path: Path, algorithm: str | None) -> None:
     """``privrec bench ingest --events N --users U [--algorithm A] --out DIR`` at its smallest (1,000 events, 10
     users, one phase)."""
