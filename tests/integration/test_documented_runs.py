@@ -50,20 +50,11 @@ def test_bench_catalog(tmp_path: Path) -> None:
                       cwd=tmp_path), tmp_path / "catalog.json")
 
 
-@pytest.mark.parametrize("algorithm", [
-    None,
-    pytest.param("colin", marks=[pytest.mark.timeout(240), pytest.mark.xfail(strict=True, reason=(
-        "docs/performance.md shows `privrec bench ingest --algorithm colin | goblin`: they run the flat model, "
-        "which with privacy on takes only feedback naming a rec_id the server stored (shown lists), and the bench "
-        "produces straight to Kafka without one, so every event is a dead letter and the bench waits for a model "
-        "(found 2026-11-27, issue 33; left open)"))]),
-])
-def test_bench_ingest(tmp_path: Path, algorithm: str | None) -> None:
-    """``privrec bench ingest --events N --users U [--algorithm A] --out DIR`` at its smallest (1,000 events, 10
-    users, one phase)."""
-    extra = [] if algorithm is None else ["--algorithm", algorithm]
+def test_bench_ingest(tmp_path: Path) -> None:
+    """``privrec bench ingest --events N --users U --out DIR`` at its smallest (1,000 events, 10 users, one
+    phase)."""
     _written(_privrec("bench", "ingest", "--events", "1000", "--users", "10", "--no-concurrent", "--no-two-workers",
-                      *extra, "--out", str(tmp_path), cwd=tmp_path), tmp_path / "ingest.json")
+                      "--out", str(tmp_path), cwd=tmp_path), tmp_path / "ingest.json")
 
 
 def test_bench_serve(tmp_path: Path) -> None:
