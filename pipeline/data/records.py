@@ -203,6 +203,79 @@ def _shown_rows(obj: dict[str, Any], arm: str, catalog: Catalog) -> list[int] | 
 MAX_SHOWN = 1000
 
 
+def _check_event(obj: Any, catalog: Catalog, homes: dict[str, tuple[int, int]], partition: int | None,
+                 partitions: int | None) -> tuple[int, Any, float, int, str, Any, list[int] | None]:
+    """One decoded event's checks (:func:`parse_batch`'s loop): its unit, context row, reward, item row (-1: not in
+    the catalog), kind, explicit context and shown rows, or :class:`MalformedEvent` with the reason. ``homes``
+    caches each user's (unit, home partition) for the batch."""
+    d, fm = catalog.d, catalog.feature_matrix
+    if type(obj) is not dict:
+        raise MalformedEvent(f"not a JSON object but {type(obj).__name__}")
+    if not _REQUIRED_SET <= obj.keys():
+        missing = [k for k in _REQUIRED if k not in obj]
+        raise MalformedEvent(f"missing field(s): {', '.join(missing)}")
+    if not (type(obj["event_id"]) is str and obj["event_id"] and type(obj["user"]) is str and obj["user"]
+            and type(obj["arm"]) is str and obj["arm"]):  # the common case in one test; str subclasses
+        for k in ("event_id", "user", "arm"):  # cannot come from JSON
+            if not isinstance(obj[k], str) or not obj[k]:
+                raise MalformedEvent(f"field {k!r} must be a non-empty string, got {obj[k]!r}")
+    if len(obj["user"]) > MAX_ID_CHARS or len(obj["arm"]) > MAX_ID_CHARS or (
+            type(obj.get("rec_id")) is str and len(obj["rec_id"]) > MAX_ID_CHARS):
+        raise MalformedEvent(_too_long(obj))
+    reward = obj["reward"]
+    if type(reward) not in _NUM:
+        raise MalformedEvent(f"reward must be a number, got {reward!r}")
+    r = _as_float(reward, "reward is outside [0, 1]")
+    if not math.isfinite(r):
+        raise MalformedEvent(f"reward {reward!r} is not finite")
+    if not 0.0 <= r <= 1.0:
+        raise MalformedEvent(f"reward {r!r} is outside [0, 1]")
+    hit = homes.get(obj["user"])
+    if hit is None:  # a user's events come together: hash each user once per batch
+        try:
+            unit = catalog.unit_of(obj["user"])
+        except UnknownUserError as exc:
+            raise MalformedEvent(str(exc)) from None
+        home = partition_of(obj["user"], partitions) if partition is not None and partitions is not None else -1
+        hit = homes[obj["user"]] = (unit, home)
+    unit, home = hit
+    if partition is not None and partitions is not None:
+        if home != partition:
+            raise MalformedEvent(f"partition mismatch: user {obj['user']!r} belongs to partition {home} "
+                                 f"(the message key must be the user id), the event arrived on {partition}")
+    kind = obj.get("kind", "feedback")
+    if kind not in KINDS:
+        raise MalformedEvent(f"kind must be one of {KINDS} (or absent), got {kind!r}")
+    if kind == "listen" and obj.get("shown") is not None:
+        raise MalformedEvent("a listen answers no shown list: shown must be absent")
+    shown = _shown_rows(obj, obj["arm"], catalog)
+    try:
+        item = catalog.arm_row(obj["arm"])
+    except UnknownArmError:
+        item = -1
+    ctx = obj.get("context")
+    if kind == "listen" and item < 0:
+        raise MalformedEvent(f"a listen must name a catalog arm, got {obj['arm']!r}")
+    if ctx is None:
+        if item < 0:
+            raise MalformedEvent(f"unknown arm {obj['arm']!r} in catalog {catalog.name!r} (and no context given)")
+        x: Any = fm[item]
+    else:
+        types = set(map(type, ctx)) if type(ctx) is list else None
+        if types is None or not types <= _NUM:
+            raise MalformedEvent("context must be a list of numbers or null")
+        if len(ctx) != d:
+            raise MalformedEvent(f"context has {len(ctx)} values, expected d = {d}")
+        if int in types:  # JSON integers may exceed a float; checked per event, not per batch
+            try:
+                [float(v) for v in ctx]
+            except OverflowError:
+                raise MalformedEvent(_TOO_LARGE_CONTEXT) from None
+        x = ctx
+    _check_ts(obj.get("ts"))
+    return unit, x, r, item, kind, ctx, shown
+
+
 def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = None,
                 partitions: int | None = None) -> ParsedBatch:
     """``parse_interaction`` over a batch: same accepted events, bytes and reasons; one numpy pass.
@@ -232,70 +305,7 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
             dead.append((i, f"not JSON: {exc}"))
             continue
         try:
-            if type(obj) is not dict:
-                raise MalformedEvent(f"not a JSON object but {type(obj).__name__}")
-            if not _REQUIRED_SET <= obj.keys():
-                missing = [k for k in _REQUIRED if k not in obj]
-                raise MalformedEvent(f"missing field(s): {', '.join(missing)}")
-            if not (type(obj["event_id"]) is str and obj["event_id"] and type(obj["user"]) is str and obj["user"]
-                    and type(obj["arm"]) is str and obj["arm"]):  # the common case in one test; str subclasses
-                for k in ("event_id", "user", "arm"):  # cannot come from JSON
-                    if not isinstance(obj[k], str) or not obj[k]:
-                        raise MalformedEvent(f"field {k!r} must be a non-empty string, got {obj[k]!r}")
-            if len(obj["user"]) > MAX_ID_CHARS or len(obj["arm"]) > MAX_ID_CHARS or (
-                    type(obj.get("rec_id")) is str and len(obj["rec_id"]) > MAX_ID_CHARS):
-                raise MalformedEvent(_too_long(obj))
-            reward = obj["reward"]
-            if type(reward) not in _NUM:
-                raise MalformedEvent(f"reward must be a number, got {reward!r}")
-            r = _as_float(reward, "reward is outside [0, 1]")
-            if not math.isfinite(r):
-                raise MalformedEvent(f"reward {reward!r} is not finite")
-            if not 0.0 <= r <= 1.0:
-                raise MalformedEvent(f"reward {r!r} is outside [0, 1]")
-            hit = homes.get(obj["user"])
-            if hit is None:  # a user's events come together: hash each user once per batch
-                try:
-                    unit = catalog.unit_of(obj["user"])
-                except UnknownUserError as exc:
-                    raise MalformedEvent(str(exc)) from None
-                home = partition_of(obj["user"], partitions) if partition is not None and partitions is not None else -1
-                hit = homes[obj["user"]] = (unit, home)
-            unit, home = hit
-            if partition is not None and partitions is not None:
-                if home != partition:
-                    raise MalformedEvent(f"partition mismatch: user {obj['user']!r} belongs to partition {home} "
-                                         f"(the message key must be the user id), the event arrived on {partition}")
-            kind = obj.get("kind", "feedback")
-            if kind not in KINDS:
-                raise MalformedEvent(f"kind must be one of {KINDS} (or absent), got {kind!r}")
-            if kind == "listen" and obj.get("shown") is not None:
-                raise MalformedEvent("a listen answers no shown list: shown must be absent")
-            shown = _shown_rows(obj, obj["arm"], catalog)
-            try:
-                item = catalog.arm_row(obj["arm"])
-            except UnknownArmError:
-                item = -1
-            ctx = obj.get("context")
-            if kind == "listen" and item < 0:
-                raise MalformedEvent(f"a listen must name a catalog arm, got {obj['arm']!r}")
-            if ctx is None:
-                if item < 0:
-                    raise MalformedEvent(f"unknown arm {obj['arm']!r} in catalog {catalog.name!r} (and no context given)")
-                x: Any = fm[item]
-            else:
-                types = set(map(type, ctx)) if type(ctx) is list else None
-                if types is None or not types <= _NUM:
-                    raise MalformedEvent("context must be a list of numbers or null")
-                if len(ctx) != d:
-                    raise MalformedEvent(f"context has {len(ctx)} values, expected d = {d}")
-                if int in types:  # JSON integers may exceed a float; checked per event, not per batch
-                    try:
-                        [float(v) for v in ctx]
-                    except OverflowError:
-                        raise MalformedEvent(_TOO_LARGE_CONTEXT) from None
-                x = ctx
-            _check_ts(obj.get("ts"))
+            unit, x, r, item, kind, ctx, shown = _check_event(obj, catalog, homes, partition, partitions)
         except MalformedEvent as exc:
             dead.append((i, str(exc)))
             continue
@@ -311,24 +321,8 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
         decoded.append((i, obj))
     X = np.array(rows, dtype=np.float64).reshape(len(rows), d)
     if rows:
-        exp = np.asarray(explicit)
-        bad = exp & ~np.isfinite(X).all(axis=1)
-        # clip to norm 1 with the per-event formula wherever it may apply (bit-identical)
-        with np.errstate(over="ignore"):  # huge finite contexts: inf, which selects them
-            near = np.flatnonzero(exp & ~bad & (np.einsum("ij,ij->i", X, X) > 1.0 - 1e-9))
-        for j in near:
-            x = X[j]
-            with np.errstate(over="ignore"):  # an overflow is handled right below
-                norm = float(np.sqrt(x @ x))
-            if norm == math.inf:  # huge finite values: x @ x overflows (x / inf would be 0); scale first
-                x = x / np.max(np.abs(x))
-                X[j] = x / float(np.sqrt(x @ x))
-            elif norm > 1.0:
-                X[j] = x / norm
-        if bad.any():
-            for j in np.flatnonzero(bad):
-                dead.append((keep[j], "context has NaN or infinite values"))
-            ok = ~bad
+        ok = _clip_contexts(X, np.asarray(explicit), keep, dead)
+        if ok is not None:
             X = X[ok]
             units = [u for u, o in zip(units, ok) if o]
             rewards = [w for w, o in zip(rewards, ok) if o]
@@ -337,11 +331,35 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
             listens = [a for a, o in zip(listens, ok) if o]
             shown_rows = [a for a, o in zip(shown_rows, ok) if o]
             decoded = [a for a, o in zip(decoded, ok) if o]
-            dead.sort()
     gram_X, gram_events = _gram_rows(X, listens, shown_rows, fm, d)
     return ParsedBatch(np.asarray(units, dtype=np.int64), X, np.asarray(rewards, dtype=np.float64), users, dead,
                        np.asarray(items, dtype=np.int64), np.asarray(listens, dtype=bool), gram_X, gram_events,
                        decoded)
+
+
+def _clip_contexts(X: NDArray[np.float64], exp: NDArray[np.bool_], keep: list[int], dead: list[tuple[int, str]]
+                   ) -> NDArray[np.bool_] | None:
+    """Clip the explicit contexts of ``X`` to norm 1 in place (the per-event formula, bit-identical); those with NaN or
+    infinite values become dead letters (``keep``: each row's index in the batch; ``dead`` stays sorted). The rows
+    to keep, or ``None`` when all are kept."""
+    bad = exp & ~np.isfinite(X).all(axis=1)
+    with np.errstate(over="ignore"):  # huge finite contexts: inf, which selects them
+        near = np.flatnonzero(exp & ~bad & (np.einsum("ij,ij->i", X, X) > 1.0 - 1e-9))
+    for j in near:
+        x = X[j]
+        with np.errstate(over="ignore"):  # an overflow is handled right below
+            norm = float(np.sqrt(x @ x))
+        if norm == math.inf:  # huge finite values: x @ x overflows (x / inf would be 0); scale first
+            x = x / np.max(np.abs(x))
+            X[j] = x / float(np.sqrt(x @ x))
+        elif norm > 1.0:
+            X[j] = x / norm
+    if not bad.any():
+        return None
+    for j in np.flatnonzero(bad):
+        dead.append((keep[j], "context has NaN or infinite values"))
+    dead.sort()
+    return ~bad
 
 
 def _gram_rows(X: NDArray[np.float64], listens: list[bool], shown: list[list[int] | None], fm: Any,
