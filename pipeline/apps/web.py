@@ -409,7 +409,8 @@ async def budget(request: web.Request) -> web.Response:
     out = await _release_view(r, keys, s, meta, statement, figures)
     query = BudgetQuery(r=r, app=request.app, partitions=s.partitions, delta=s.delta, keys=keys, statement=statement,
                         event=event_from_dict(json.loads(meta.get("event", '{"kind": "none"}'))),
-                        epoch=out["tree"]["epoch"], user=user, figures=figures)
+                        epoch=out["tree"]["epoch"], user=user, figures=figures, settings=s,
+                        recommender=request.app[RECOMMENDER])
     out.update(await BUDGET_VIEWS[s.mode](query))
     if figures and statement.get("relation") == "add-remove":
         exact = await r.hget(keys.release_figures, "count")

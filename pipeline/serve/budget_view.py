@@ -26,6 +26,7 @@ from typing import Any
 from models.accounting import DpEvent, gdp_epsilon, group_guarantee
 
 from ..config.keys import PublicKeys, partition_of
+from ..config.settings import Settings
 from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts, spent_mu, weighted_upper_median
 
 __all__ = ["BudgetQuery", "global_view", "user_view", "ratio_of", "user_budget", "user_interactions", "learning", "ledger_overview", "spent_summary",
@@ -40,7 +41,9 @@ class BudgetQuery:
     the local calibration); ``keys``: the served model's public keys; ``statement`` and ``event``: the served
     release's privacy statement and accounting event; ``epoch``: the served release's epoch; ``user``: the user
     asked about (already authorized and known to the catalog), or ``None``; ``figures``: whether participation
-    figures (exact counts, the ledger) may be answered (always under replace; the operator only under add/remove).
+    figures (exact counts, the ledger) may be answered (always under replace; the operator only under add/remove);
+    ``settings`` and ``recommender``: the server's settings and what serves users (federated: the site router), so
+    a mode's view needs no app keys of its own.
     """
 
     r: Any
@@ -53,6 +56,8 @@ class BudgetQuery:
     epoch: int
     user: str | None
     figures: bool
+    settings: Settings
+    recommender: Any
 
 
 async def user_view(q: BudgetQuery, keys: PublicKeys, epoch: int) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from ...data.catalog import Catalog, UnknownUserError
 from .federation import site_namespace, site_topic
 from ...config.keys import PublicKeys
 from ...data.records import TOPICS
-from ...serve.appkeys import RECOMMENDER, SETTINGS
 from ...serve.budget_view import BudgetQuery, ledger_overview, user_view
 from ...serve.serving import BadRequest, Recommender
 from ...config.settings import Settings
@@ -113,10 +112,10 @@ async def federated_view(q: BudgetQuery) -> dict[str, Any]:
     """Federated mode's part of ``/budget`` (a :class:`pipeline.serve.budget_view.BudgetQuery`): every site's
     ledger and statement (:func:`federated_budget`), and the user's guarantee counted at their own site, on its
     release clock (:func:`pipeline.serve.budget_view.user_view`)."""
-    settings: Settings = q.app[SETTINGS]
+    settings = q.settings
     out: dict[str, Any] = {"federated": await federated_budget(q.r, settings, q.statement)}
     if q.user is not None:
-        site = q.app[RECOMMENDER].site_of(q.user)
+        site = q.recommender.site_of(q.user)
         keys = PublicKeys(site_namespace(settings.namespace, site))
         out["user"] = await user_view(q, keys, await site_epoch(q.r, settings, site))
     return out
