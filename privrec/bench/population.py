@@ -365,7 +365,8 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                                f"{N_ITEMS} items, d = {D}, {N_UNITS} units, users hashed to units"}
             obs = _Observer(stack.redis_url, stack.namespace, settings.partitions)
             worker_pids = [h.pid for h in stack.handles if h.name.startswith("worker-")]
-            obs.wait(lambda: obs.r.llen(obs.keys.tick_log) >= 2, 60, "two release ticks")
+            rest_s = 60 + 3 * settings.tick_seconds  # two ticks, whatever the period
+            obs.wait(lambda: obs.r.llen(obs.keys.tick_log) >= 2, rest_s, "two release ticks")
             obs.ticks()  # the empty stack's ticks are not the bench's
             mem0 = obs.memory()
             doc["empty"] = {"used_memory": mem0["used_memory"], "worker_rss_mb": _rss_sum(worker_pids),
@@ -406,7 +407,7 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                     # at rest: two more ticks after the last wave's release, nothing pending
                     last = obs.r.llen(obs.keys.tick_log)
                     first_tick = json.loads(obs.r.lindex(obs.keys.tick_log, 0))["at_ms"]
-                    obs.wait(lambda: json.loads(obs.r.lindex(obs.keys.tick_log, 1))["at_ms"] > first_tick, 60,
+                    obs.wait(lambda: json.loads(obs.r.lindex(obs.keys.tick_log, 1))["at_ms"] > first_tick, rest_s,
                              "two ticks at rest")
                     del last
                     for t in obs.ticks():
