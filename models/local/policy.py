@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,6 +43,11 @@ from .shuffle import POPULATION, ShuffledBatch, Shuffler
 __all__ = ["LocalUCB", "LocalItemUCB"]
 
 FloatArray = NDArray[np.float64]
+
+#: :class:`LocalItemUCB`'s item term, the global mode's rule (``pipeline.release.stages``): released item sums within
+#: this many noise stds of zero count as zero, and the term's weight is ``1 / (1 + (std / ITEM_NOISE_SCALE)**2)``.
+ITEM_THRESHOLD_STDS = 2.0
+ITEM_NOISE_SCALE = 2.0
 
 
 def _RUN_CLOCK() -> float:
@@ -157,37 +162,40 @@ class LocalItemUCB:
     """Local mode with shuffling, population-wide: a shared LinUCB learnt from listens, and the item term.
 
     Every interaction is one report of the user's device about the item the user listened to (the logged
-    item: their choice, protected): the round report ``x_a + Laplace`` (pure ``epsilon0``-LDP, the real
-    :class:`~models.local.LocalClient`), which trains one LinUCB shared by everyone (as the global mode's
-    organic listens train ``b``, never the Gram), and — with ``share > 0`` — the item ``a`` one-hot through
-    :class:`~models.local.items.ItemBlanket` (the item term). The Gram takes the recommended item's public
-    context. A batch holds ``batch`` *distinct* users of the whole population (no unit label: both
-    statistics are population-wide), so batches fill at the pace of the whole stream; a user's next report
-    waits for the next batch. A device reports at most ``cap`` times (one epoch: the user-level cap).
+    item: their choice, protected). The device is the real :class:`~models.local.LocalClient`: with ``codewords``
+    (a public codebook, :func:`~models.local.items.codebook`, or the catalog itself) it reports the listen as the
+    codeword of ``x_a`` among a blanket of fake messages (:func:`~models.local.client.codeword_messages`, the
+    default variant ``shuffled-items``); without, as the round report ``x_a + Laplace`` (pure ``epsilon0``-LDP).
+    With ``share > 0`` (Laplace listens only) the item ``a`` one-hot also travels through
+    :class:`~models.local.items.ItemBlanket` (the item term). A batch holds ``batch`` *distinct* users of the
+    whole population (no unit label: every statistic is population-wide), so batches fill at the pace of the
+    whole stream; a user's next report waits for the next batch. Each closed batch is folded by the worker's
+    analyzer (:meth:`models.local.analyzer.Analyzer.step`, the same code as the live worker's ingest), so what
+    the server holds is :attr:`state`. A device reports at most ``cap`` times (one epoch: the user-level cap).
+    The Gram takes the recommended item's public context (the twin's own public sum, at every interaction).
 
-    Privacy (user level, against everyone who sees only the shuffled batches): the item messages of a
-    user's ``cap`` batches are ``(share * epsilon, delta / 2)``-DP (exact blanket analysis); the round
-    reports, each batch ``((1 - share) epsilon / cap, delta / (2 cap))``-DP (Feldman, McMillan & Talwar),
-    compose over ``cap`` batches to ``((1 - share) epsilon, delta / 2)``; together ``(epsilon, delta)``
-    by basic composition. Score: ``x theta + alpha ||x||_M + w pop_a`` with the global mode's item term
+    Privacy (user level, against everyone who sees only the shuffled batches): codewords, ``share`` 0: a user's
+    ``cap`` batches are ``(epsilon, delta)``-DP (the exact blanket analysis, as the live default). Laplace
+    listens: the item messages of a user's ``cap`` batches are ``(share * epsilon, delta / 2)``-DP (exact
+    blanket analysis) and the round reports, each batch ``((1 - share) epsilon / cap, delta / (2 cap))``-DP
+    (Feldman, McMillan & Talwar), compose over ``cap`` batches to ``((1 - share) epsilon, delta / 2)``; together
+    ``(epsilon, delta)`` by basic composition (``share`` 0: the listens get the whole ``(epsilon, delta)``).
+    Score: ``x theta + alpha ||x||_M + w pop_a`` with the global mode's item term
     (:func:`~models.ground.items.popularity_feature`, threshold ``2`` noise stds, ``w`` fading with the noise).
 
-    Options: ``codewords`` (a public codebook, :func:`~models.local.items.codebook`) reports a listen as the
-    codeword of ``x_a`` through a blanket over the codes instead of a Laplace vector (the ``(1 - share) epsilon``
-    part is then an exact blanket guarantee too); ``n_units`` with ``groups`` (unit -> model group, public) keeps
-    one LinUCB per group, the messages labelled by group (the blanket covers every group's codes; ``pool_weight``
-    adds that share of the population's sums to each group's); ``private=False`` is the non-private twin of the
-    same model (exact listens and counts, no batch, no cap); ``prior`` with ``prior_strength`` is the serving
-    solve's public prior mean (:func:`models.streaming.solve.solve`: ``theta = (G + (lambda + s) I)^-1 (b + s prior)``).
+    ``private=False`` is the non-private twin of the same model (exact listens and counts, no batch, no cap);
+    ``prior`` with ``prior_strength`` is the serving solve's public prior mean (:func:`models.streaming.solve.solve`:
+    ``theta = (G + (lambda + s) I)^-1 (b + s prior)``). ``codes_are_items``: the codebook is the catalog itself
+    (the live ``shuffled-items`` default up to ``MAX_CATALOG_CODEBOOK`` items): the codes' histogram estimate is
+    also the item sums (the same estimate: no extra cost).
 
     ``hierarchy=True`` (with the catalog's ``features``) serves the global mode's hierarchical model instead of
     LinUCB plus the item term: each solve is :func:`~models.streaming.hierarchy.solve_hierarchy` of what the server
     has released (:meth:`released_hierarchy`: the pool block from the listens' sum ``b`` and the count of reports in
-    closed batches, the items block from the blanket's item sums, each with its public noise std; no unit block), so
+    closed batches, the items block from the item sums, each with its public noise std; no unit block), so
     a candidate ``a`` scores ``x_a . theta + alpha ||x_a||_M + item_scores[a]`` as
-    :class:`models.policies.hierarchy.HierarchicalUCB` does. It needs the listens' channel (``share < 1``); the Gram
-    of shown contexts is not used. A solve happens every ``tick`` interactions when a batch has closed since the
-    last one (before any, the public prior's ranking). The default (``False``) is unchanged.
+    :class:`models.policies.hierarchy.HierarchicalUCB` does. A solve happens every ``tick`` interactions when a batch
+    has closed since the last one (before any, the public prior's ranking). The default (``False``) is unchanged.
 
     >>> import numpy as np
     >>> pol = LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, share=0.5)
@@ -197,11 +205,13 @@ class LocalItemUCB:
     >>> pol.batches, pol.item_reports, int(np.argmax(pol.sums))   # 200 listens of item 2 stand out
     (1, 200, 2)
 
-    The hierarchical serving over the same releases (``hierarchy=True``): after the first batch closes, the next
-    solve ranks item 2 first by its released count, and the pool block counts the batch's 200 reports:
+    The hierarchical serving over the same releases (``hierarchy=True``), the catalog as the codebook: after the
+    first batch closes, the next solve ranks item 2 first by its released count, and the pool block counts the
+    batch's 200 reports:
 
     >>> F = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [-1.0, 0.0]])
-    >>> pol = LocalItemUCB(d=2, n_items=4, epsilon=4.0, batch=200, cap=1, seed=0, hierarchy=True, features=F)
+    >>> pol = LocalItemUCB(d=2, n_items=4, epsilon=4.0, batch=200, cap=1, seed=0, share=0.0, hierarchy=True,
+    ...                    features=F, codewords=F, codes_are_items=True)
     >>> for u in range(300):
     ...     pol.update(0, F[0], 0.0, user=str(u), item=2, x_item=F[2])
     >>> pol.batches, round(pol.released_hierarchy().count), int(np.argmax(pol.item_scores))
@@ -212,53 +222,56 @@ class LocalItemUCB:
     with_items = True
 
     def __init__(self, *, d: int, n_items: int, epsilon: float, batch: int, cap: int, seed: int,
-                 delta: float = 1e-5, share: float = 0.5, weight: float = 1.0, noise_scale: float = 2.0,
-                 threshold_stds: float = 2.0, lambda_: float = 1.0, alpha: float = 0.3, noise_ridge: float = 0.0,
-                 tick: int = 100, private: bool = True, codewords: FloatArray | None = None, n_units: int = 1,
-                 pool_weight: float = 0.0, groups: NDArray[np.int64] | None = None, prior: FloatArray | None = None,
-                 prior_strength: float = 0.0, hierarchy: bool = False, features: FloatArray | None = None,
-                 codes_are_items: bool = False) -> None:
+                 delta: float = 1e-5, share: float = 0.5, lambda_: float = 1.0, alpha: float = 0.3,
+                 noise_ridge: float = 0.0, tick: int = 100, private: bool = True, codewords: FloatArray | None = None,
+                 prior: FloatArray | None = None, prior_strength: float = 0.0, hierarchy: bool = False,
+                 features: FloatArray | None = None, codes_are_items: bool = False) -> None:
         from .items import ItemBlanket
 
-        if hierarchy:
-            if features is None or np.shape(features) != (n_items, d):
-                raise ValueError(f"`hierarchy` needs the catalog's `features` of shape ({n_items}, {d}), got "
-                                 f"{None if features is None else np.shape(features)}.")
-            if private and share >= 1.0:
-                raise ValueError(f"`hierarchy` needs the listens' channel for its pool block (`share` < 1), got "
-                                 f"{share!r}.")
-
-        # groups: model unit -> the model (group) its users share (public; default: each unit its own, or one)
-        self.group_of = (np.zeros(n_units, dtype=np.int64) if groups is None and n_units == 1 else
-                         np.arange(n_units) if groups is None else np.asarray(groups, dtype=np.int64))
-        n_units = int(self.group_of.max()) + 1 if len(self.group_of) else 1
+        if hierarchy and (features is None or np.shape(features) != (n_items, d)):
+            raise ValueError(f"`hierarchy` needs the catalog's `features` of shape ({n_items}, {d}), got "
+                             f"{None if features is None else np.shape(features)}.")
         if not private:  # the non-private twin of the same model: exact listens and counts, no batch, no cap
             epsilon, batch, cap = math.inf, 1, 1 << 62
-        elif not 0.0 <= share <= 1.0:
-            raise ValueError(f"`share` must be in [0, 1], got {share!r}.")
+        elif not 0.0 <= share < 1.0:
+            raise ValueError(f"`share` must be in [0, 1): the listens' channel is what the model learns from (items "
+                             f"alone are private popularity, models.policies.PrivatePopularity), got {share!r}.")
+        elif share and codewords is not None:
+            raise ValueError(f"`codewords` carry the whole budget (`share` 0: a report's messages are the listen's "
+                             f"codeword, no item one-hot), got share {share!r}.")
         self.d, self.n_items, self.batch, self.cap, self.tick = d, n_items, batch, cap, tick
-        self.weight, self.noise_scale, self.threshold_stds = weight, noise_scale, threshold_stds
         self.lambda_, self.alpha, self.noise_ridge = lambda_, alpha, noise_ridge
         self.private = private
-        self.items = (ItemBlanket(n_items=n_items, batch=batch, epsilon=share * epsilon, delta=delta / 2, cap=cap)
-                      if share > 0 and private else None)
         self.codewords = None if codewords is None else np.asarray(codewords, dtype=np.float64)
-        self.codes: ItemBlanket | None = None
+        self.codes_are_items = bool(codes_are_items)
+        if self.codes_are_items and (self.codewords is None or len(self.codewords) != n_items):
+            raise ValueError("`codes_are_items` needs `codewords` with one row per item (the catalog).")
+        listens_delta = delta if share == 0 else delta / 2
+        #: The listens' public calibration (the devices'), and the item reports' (``share`` > 0)
         self.config: LocalConfig | None = None
-        if share < 1 and private and self.codewords is not None:  # listens as codewords, through a blanket
-            self.codes = ItemBlanket(n_items=n_units * len(self.codewords), batch=batch, epsilon=(1.0 - share) * epsilon,
-                                     delta=delta / 2, cap=cap)
-        elif share < 1 and private:  # listens as Laplace vectors
-            self.config = LocalConfig(algorithm="round", d=d, epsilon=(1.0 - share) * epsilon / cap,
-                                      delta=delta / (2 * cap), shuffle_batch=batch)
+        self.items: ItemBlanket | None = None
+        self.analyzer: Analyzer | None = None
+        if private:
+            if self.codewords is not None:
+                self.config = LocalConfig(algorithm="round", d=d, epsilon=epsilon, delta=listens_delta,
+                                          shuffle_batch=batch, unit="user", cap=cap, codewords=len(self.codewords))
+            else:
+                self.config = LocalConfig(algorithm="round", d=d, epsilon=(1.0 - share) * epsilon / cap,
+                                          delta=listens_delta / cap, shuffle_batch=batch)
+            if share > 0:
+                self.items = ItemBlanket(n_items=n_items, batch=batch, epsilon=share * epsilon, delta=delta / 2,
+                                         cap=cap)
+            self.analyzer = Analyzer(self.config, 1, _no_contexts(d), self.codewords, self.items,
+                                     item_term=self.codes_are_items)
+        #: The server's sums (private: the analyzer's fold of the closed batches)
+        self.state = AnalyzerState.zeros(1, d)
         self._rng = np.random.default_rng(seed)
         self._clients: dict[str, LocalClient] = {}
-        self._open: dict[str, tuple[int, FloatArray | None]] = {}
-        self._waiting: list[tuple[str, int, FloatArray | None]] = []
+        self._open: dict[str, tuple[int, FloatArray]] = {}
+        self._waiting: list[tuple[str, int, FloatArray]] = []
         self._counts: dict[str, int] = {}
-        self.n_units, self.pool_weight = n_units, pool_weight
-        self.gram = np.zeros((n_units, d, d))
-        self.b = np.zeros((n_units, d))
+        self.gram = np.zeros((1, d, d))
+        self.b = np.zeros((1, d))
         self.b_var = 0.0
         self.sums = np.zeros(n_items)
         self.variance = 0.0
@@ -271,14 +284,9 @@ class LocalItemUCB:
         self.prior = np.zeros(d) if prior is None else np.asarray(prior, dtype=np.float64)
         if prior_strength and self.prior.shape != (d,):
             raise ValueError(f"`prior` must be a vector of length {d}, got shape {self.prior.shape}.")
-        self.theta = np.zeros((n_units, d))
-        self.M = np.broadcast_to(np.eye(d) / lambda_, (n_units, d, d)).copy()
+        self.theta = np.zeros((1, d))
+        self.M: FloatArray = (np.eye(d) / lambda_)[None].copy()
         self.hierarchy = bool(hierarchy)
-        # the codebook is the catalog itself (the live `--local-item-term 1`): a message names the item listened to,
-        # and the codes' histogram estimate is also released as the item sums (the same estimate: no extra cost)
-        self.codes_are_items = bool(codes_are_items)
-        if self.codes_are_items and (self.codewords is None or len(self.codewords) != n_items or n_units != 1):
-            raise ValueError("`codes_are_items` needs `codewords` with one row per item (the catalog) and one group.")
         self.features = None if features is None else np.asarray(features, dtype=np.float64)
         self.item_scores = np.zeros(n_items)
         self.info: dict[str, float] = {}
@@ -292,21 +300,18 @@ class LocalItemUCB:
 
     @property
     def item_weight(self) -> float:
-        """``weight / (1 + (std / noise_scale)**2)`` with the public noise std of the released sums."""
-        return self.weight / (1.0 + self.variance / self.noise_scale**2)
-
-    def _group(self, unit: int) -> int:
-        return int(self.group_of[unit]) if self.n_units > 1 else 0
+        """``1 / (1 + (std / 2)**2)`` with the public noise std of the released sums (the global mode's rule,
+        :func:`pipeline.release.stages.item_term`)."""
+        return 1.0 / (1.0 + self.variance / ITEM_NOISE_SCALE**2)
 
     def select(self, unit: int, X: FloatArray, user: str | None = None, items: NDArray[np.int64] | None = None) -> int:
-        g = self._group(unit)
         if self.hierarchy:
             mean, bonus = ucb_scores(self.theta[0], self.M[0], np.asarray(X, dtype=np.float64), self.alpha)
             score = mean + bonus
             if items is not None:
                 score = score + self.item_scores[np.asarray(items)]
             return argmax_random(score, self._rng)
-        mean, bonus = ucb_scores_blas(self.theta[g], self.M[g], X, self.alpha)
+        mean, bonus = ucb_scores_blas(self.theta[0], self.M[0], X, self.alpha)
         score = mean + bonus
         if items is not None and (self.items is not None or not self.private):
             score = score + self.item_weight * self._pop[np.asarray(items)]
@@ -317,7 +322,7 @@ class LocalItemUCB:
                x_item: FloatArray | None = None) -> None:
         """One interaction of ``user``: ``x`` was shown (public: the Gram); they listened to ``item`` (context
         ``x_item``), which their device reports (``reward`` is the bandit feedback; the listen carries it)."""
-        self.gram[self._group(unit)] += np.outer(clip_context(x), clip_context(x))
+        self.gram[0] += np.outer(clip_context(x), clip_context(x))
         self.events += 1
         if self.events % self.tick == 0:
             self._solve()
@@ -327,22 +332,18 @@ class LocalItemUCB:
             return
         self._counts[name] = used + 1
         self.reports += 1
-        vec = None if self.private else np.concatenate([[self._group(unit)],
-                                                        clip_context(np.asarray(x_item))])
-        if self.codes is not None and self.codewords is not None:
-            from .items import nearest_code
-
-            code = int(item) if self.codes_are_items else \
-                int(nearest_code(self.codewords, clip_context(np.asarray(x_item)))[0])
-            vec = np.array([float((self._group(unit)) * len(self.codewords) + code)])  # the message
-        if self.config is not None:
+        x_a = clip_context(np.asarray(x_item))
+        if self.config is None:  # non-private: the exact listen
+            vec = x_a
+        else:
             dev = self._clients.get(name)
             if dev is None:
                 dev = self._clients[name] = LocalClient(name, self.config, MemoryStorage(),
-                                                        seed=int(self._rng.integers(2**62)))
-            rep = dev.report(rec_id="listen", x=clip_context(np.asarray(x_item)), reward=1.0)
+                                                        seed=int(self._rng.integers(2**62)), clock=_RUN_CLOCK,
+                                                        codebook=self.codewords)
+            rep = dev.report(rec_id="listen", x=x_a, reward=1.0)
             dev.acknowledge(rep.version)
-            vec = rep.vector
+            vec = np.asarray(rep.messages, dtype=np.float64) if self.codewords is not None else rep.vector
         if name in self._open:
             self._waiting.append((name, int(item), vec))
             return
@@ -352,35 +353,22 @@ class LocalItemUCB:
 
     def _close(self) -> None:
         n = len(self._open)
-        vectors = [v for _, v in self._open.values() if v is not None]
-        if self.codes is not None and self.codewords is not None:
-            msgs = [self.codes.randomize(int(v[0]), reward=1.0, rng=self._rng) for v in vectors]
-            est = self.codes.estimate(self.codes.histogram(np.concatenate(msgs)), n)
-            self.b += est.reshape(self.n_units, -1) @ self.codewords
-            self.b_var += self.codes.variance(n) * float((self.codewords**2).sum(axis=0).max())
-            if self.codes_are_items:
-                self.sums += est
-                self.variance += self.codes.variance(n)
-        elif vectors and not self.private:
-            for v in vectors:
-                self.b[int(v[0])] += v[1:]
-        elif vectors:
-            self.b[0] += np.sum(vectors, axis=0)
-        if self.config is not None:
-            self.b_var += len(vectors) * self.config.report_variance(1)
-        if not self.private:
-            for item, _ in self._open.values():
+        opened = list(self._open.values())
+        if self.analyzer is None:  # non-private: exact sums
+            for item, vec in opened:
+                self.b[0] += vec
                 self.sums[item] += 1.0
             self._pop = popularity_feature(self.sums, total=self.item_reports + n)
-        elif self.items is not None:
-            msgs = [self.items.randomize(item, reward=1.0, rng=self._rng) for item, _ in self._open.values()]
-            hist = self.items.histogram(np.concatenate(msgs))
-            self.sums += self.items.estimate(hist, n)
-            self.variance += self.items.variance(n)
-            self._pop = popularity_feature(self.sums, total=self.item_reports + n,
-                                           threshold=self.threshold_stds * float(np.sqrt(self.variance)))
-        self.item_reports += n
-        self.batches += 1
+            self.item_reports += n
+            self.batches += 1
+        elif self.codewords is not None:  # the devices' messages (codewords, dummies); m carries nothing
+            self.fold_batch(ShuffledBatch(POPULATION, self.batches + 1, [], [[0.0] * self.d] * n, 0.0, 0.0,
+                                          messages=[int(m) for _, v in opened for m in v]))
+        else:  # the devices' Laplace vectors, and (share > 0) the item reports' messages
+            messages = [] if self.items is None else [
+                int(m) for item, _ in opened for m in self.items.randomize(item, reward=1.0, rng=self._rng)]
+            self.fold_batch(ShuffledBatch(POPULATION, self.batches + 1, [], [v.tolist() for _, v in opened], 0.0,
+                                          0.0, messages=messages))
         self._open = {}
         pending, self._waiting = self._waiting, []
         for name, item, vec in pending:
@@ -389,15 +377,32 @@ class LocalItemUCB:
             else:
                 self._open[name] = (item, vec)
 
+    def fold_batch(self, batch: ShuffledBatch) -> None:
+        """The server's step (private): one shuffled batch (opened) folded into :attr:`state` by the worker's
+        analyzer, as the live worker folds it. The twin keeps its own Gram, so the batch's shown items are not
+        folded; a refused batch is an error (the twin's devices are honest)."""
+        assert self.analyzer is not None, "the non-private twin has no analyzer"
+        self.state, dead = self.analyzer.step(self.state, Batches([(batch.seq, dataclasses.replace(batch, items=[]))]))
+        if dead:
+            raise RuntimeError(f"the analyzer refused a batch of the twin: {dead[0].reason}")
+        self.b, self.b_var = self.state.b, float(self.state.var[0])
+        if self.state.items is not None:
+            self.sums, self.variance = self.state.items, self.state.items_var
+        if self.items is not None:
+            self._pop = popularity_feature(self.sums, total=self.item_reports + batch.n,
+                                           threshold=ITEM_THRESHOLD_STDS * float(np.sqrt(self.variance)))
+        self.item_reports += batch.n
+        self.batches += 1
+
     def released_hierarchy(self) -> ReleasedHierarchy:
         """What the server has released, as the hierarchy's blocks (``hierarchy=True``; post-processing only).
 
-        Pool: ``[b, n] / sqrt(2)`` with ``b`` the sum of the listens' reports over every group and ``n`` the reports
-        in closed batches (public: a batch's size is); its noise std ``sqrt(b_var) / sqrt(2)`` (``b_var``: the
-        per-coordinate noise variance of ``b``; the count has none). Items: the blanket's unbiased item sums, std
+        Pool: ``[b, n] / sqrt(2)`` with ``b`` the sum of the listens' reports and ``n`` the reports in closed batches
+        (public: a batch's size is); its noise std ``sqrt(b_var) / sqrt(2)`` (``b_var``: the per-coordinate noise
+        variance of ``b``; the count has none). Items: the item sums (the codes' estimate, or the blanket's), std
         ``sqrt(variance)``. Without privacy both stds are 0.
         """
-        return ReleasedHierarchy.from_sums(self.b.sum(axis=0), float(self.item_reports), math.sqrt(self.b_var),
+        return ReleasedHierarchy.from_sums(self.b[0].copy(), float(self.item_reports), math.sqrt(self.b_var),
                                            self.sums.copy(), math.sqrt(self.variance), self.batches)
 
     def _solve(self) -> None:
@@ -410,7 +415,15 @@ class LocalItemUCB:
             self._solved_batches = self.batches
             return
         ridge = self.lambda_ + self.noise_ridge * float(np.sqrt(self.b_var)) + self.prior_strength
-        w = self.pool_weight
-        G = self.gram + w * self.gram.sum(axis=0) + ridge * np.eye(self.d)
-        self.M = np.linalg.inv(G)
-        self.theta = np.einsum("uij,uj->ui", self.M, self.b + w * self.b.sum(axis=0) + self.prior_strength * self.prior)
+        G = self.gram + ridge * np.eye(self.d)
+        self.M = np.asarray(np.linalg.inv(G), dtype=np.float64)
+        self.theta = np.einsum("uij,uj->ui", self.M, self.b + self.prior_strength * self.prior)
+
+
+def _no_contexts(d: int) -> Callable[[Sequence[str]], FloatArray]:
+    """The twin's batches name no shown item (its Gram is its own public sum): an empty block of contexts."""
+    def contexts(items: Sequence[str]) -> FloatArray:
+        if items:
+            raise KeyError(f"the twin's batches name no item, got {len(items)}")
+        return np.zeros((0, d))
+    return contexts

@@ -337,7 +337,7 @@ def local_default_twin(F: np.ndarray, *, eps: float, delta: float, cap: int, bat
     codes = clipped if items else codebook(F, 64, seed=0)
     if private:
         try:
-            batch = max(batch, smallest_batch(eps, delta / 2, cap))  # LocalItemUCB's blanket gets delta / 2
+            batch = max(batch, smallest_batch(eps, delta, cap))  # share 0: the codes' blanket gets the whole delta
         except ValueError:
             pass  # no batch can: the cell reports it (population.uncalibrated)
     return LocalItemUCB(d=d, n_items=K, epsilon=2.0 if not private else eps, delta=delta, batch=batch, cap=cap,

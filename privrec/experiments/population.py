@@ -149,13 +149,13 @@ def uncalibrated(policy: Any) -> str | None:
     uncalibrated whether or not its run would have filled a batch.
 
     >>> from models.local.policy import LocalItemUCB
-    >>> print(uncalibrated(LocalItemUCB(d=2, n_items=4, epsilon=0.5, batch=150, cap=2, seed=0, share=1.0)))
+    >>> print(uncalibrated(LocalItemUCB(d=2, n_items=4, epsilon=1.0, batch=150, cap=2, seed=0, share=0.5)))
     no blanket reaches (0.5, 5e-06) with n = 150 users per batch and 2 batch(es) per user: make the batch larger
     (the smallest that reaches it holds 867 users).
-    >>> uncalibrated(LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=150, cap=2, seed=0, share=1.0)) is None
+    >>> uncalibrated(LocalItemUCB(d=2, n_items=4, epsilon=4.0, batch=150, cap=2, seed=0, share=0.5)) is None
     True
     """
-    blankets = [getattr(policy, "items", None), getattr(policy, "codes", None)]
+    blankets = [getattr(policy, "items", None)]
     config = getattr(policy, "config", None)
     if getattr(config, "codewords", 0):
         blankets.append(config.blanket)  # LocalConfig with codewords: a blanket over the codes

@@ -1,4 +1,4 @@
-"""The analyzer is one fold: the offline twin and the live worker release bit-identical sums of the same sealed batches.
+"""The analyzer is one fold: the offline twins and the live worker release bit-identical sums of the same sealed batches.
 
 Devices (the real :class:`models.local.LocalClient`) seal their reports to the analyzer's key and the ESA shuffler
 (:class:`models.local.esa.SealedShuffler`) batches them. The same sealed bytes go (a) to a live worker — a real
@@ -6,7 +6,10 @@ broker, the session's redis-server, ``python -m pipeline.apps.worker`` with the 
 folds, commits and releases them, and (b) to the offline twin (:class:`models.local.LocalUCB`, what ``privrec
 experiment modes`` runs), whose server side opens them with the same key and folds them. The released ``b`` (and
 Gram and counts) must be equal bit for bit: the devices' seeds are the only noise, and both sides run
-:class:`models.local.analyzer.Analyzer` and :func:`models.local.analyzer.merge`.
+:class:`models.local.analyzer.Analyzer` and :func:`models.local.analyzer.merge`. The same holds for the default
+variant (``shuffled-items``: the catalog as the codebook, the item term) and its population-wide twin
+(:class:`models.local.policy.LocalItemUCB`, what ``privrec experiment frontier`` runs): the pool and item blocks the
+hierarchy is solved from are equal bit for bit.
 
 Against a real redis-server, the worker's analyzer (:class:`pipeline.modes.local.ingest.BatchIngestProcessor`, a real
 analyzer key) given a sealed batch with one tampered content commits nothing of that batch: no vector, and none of
@@ -21,7 +24,9 @@ from typing import Any
 import numpy as np
 import redis
 
+from models.ground.items import ReleasedItems
 from models.local import LocalClient, LocalConfig, LocalReport, LocalUCB, MemoryStorage
+from models.local.policy import LocalItemUCB
 from models.local.esa import SealedBatch, SealedShuffler, open_batch, seal_report
 from models.local.seal import AnalyzerKey
 from models.local.shuffle import POPULATION
@@ -32,6 +37,7 @@ from pipeline.data.catalog import SyntheticCatalog, load_catalog
 from pipeline.modes.local.esa import KEY_ENV
 from pipeline.modes.local.ingest import BatchIngestProcessor, local_config
 from pipeline.modes.local.local_http import catalog_codebook
+from pipeline.release.stages import local_as_hierarchy
 
 from stacks import open_stack, wait_for
 
@@ -44,13 +50,15 @@ BASE = {"PRIVREC_CATALOG": "synthetic", "PRIVREC_D": "5", "PRIVREC_N_USERS": str
 #: Codewords (the variant that learns): population-wide batches. (Sealed Laplace reports are batched per model unit,
 #: and a synthetic user is a unit of their own: no such batch fills here; LastFM's clusters fill them.)
 WORLD = {**BASE, "PRIVREC_LOCAL_CODEWORDS": "8"}
+#: The default variant, shuffled-items: the catalog (40 items) as the codebook, the messages also the item term.
+ITEMS_WORLD = {**BASE, "PRIVREC_LOCAL_CODEWORDS": "40", "PRIVREC_LOCAL_ITEM_TERM": "1"}
 
 
 def _sealed_batches(settings: Settings, key: AnalyzerKey) -> list[tuple[int, bytes]]:
     """Two reports of every user (the cap), sealed and batched by the ESA shuffler: ``(unit label, bytes)``."""
     catalog = load_catalog(settings)
     cfg = local_config(settings, catalog.d)
-    book = catalog_codebook(catalog, cfg.codewords) if cfg.codewords else None
+    book = catalog_codebook(catalog, cfg.codewords, settings.local_item_term) if cfg.codewords else None
     arms = list(catalog.arm_ids)
     shuffler = SealedShuffler(cfg)
     out = []
@@ -104,6 +112,52 @@ def test_the_twin_and_the_live_worker_release_bit_identical_b(tmp_path: Path, re
     assert np.array_equal(np.asarray(live.gram), np.asarray(offline.gram))
     assert np.array_equal(live.count, offline.count) and live.noise_std == offline.noise_std
     assert np.abs(offline.b_tilde).max() > 1.0  # the batches moved b (not a comparison of two empty releases)
+
+
+def test_the_default_variants_twin_and_the_live_worker_release_bit_identical_blocks(tmp_path: Path,
+                                                                                    redis_server: Any) -> None:
+    key = AnalyzerKey.generate()
+    pem = tmp_path / "analyzer-key.pem"
+    pem.write_bytes(key.to_pem())
+    world = {**ITEMS_WORLD, KEY_ENV: str(pem)}
+    with open_stack(tmp_path, redis_server.url, "bitwise-items", partitions=2, world=world) as st:
+        settings = st.settings()
+        catalog = load_catalog(settings)
+        cfg = local_config(settings, catalog.d)
+        batches = _sealed_batches(settings, key)
+        assert len(batches) >= 2
+        expected = sum(SealedBatch.parse(raw).n for _, raw in batches)
+
+        # (b) the population-wide twin of the default, with the live worker's calibration and codebook
+        book = catalog_codebook(catalog, cfg.codewords, True)
+        twin = LocalItemUCB(d=catalog.d, n_items=len(book), epsilon=cfg.epsilon, delta=cfg.delta, batch=N,
+                            cap=cfg.cap, seed=0, share=0.0, codewords=book, codes_are_items=True, hierarchy=True,
+                            features=catalog.feature_matrix)
+        assert twin.config is not None and twin.config.blanket == cfg.blanket
+        for _, raw in batches:
+            opened = open_batch(raw, key, cfg)
+            assert opened.batch is not None and opened.failed == []
+            twin.fold_batch(opened.batch)
+
+        # (a) the live worker, the same bytes
+        services.create_topics(st.broker.address, {"ldp-reports": 2, "ldp-shuffled": 2})
+        st.start_worker()
+        producer = st.producer()
+        for unit, raw in batches:
+            producer.send("ldp-shuffled", key=str(unit).encode(), value=raw)
+        producer.flush()
+        wait_for(lambda: st.released_count() == expected, 60, f"a release of all {expected} reports")
+        raw_released = st.released()
+        items = ReleasedItems.from_mapping(raw_released)
+        live = local_as_hierarchy(ReleasedStats.from_mapping(raw_released), items)
+
+    offline = twin.released_hierarchy()
+    assert twin.item_reports == expected and items is not None and items.total == expected
+    assert np.array_equal(live.pool, offline.pool), np.abs(live.pool - offline.pool).max()
+    assert live.items is not None and offline.items is not None
+    assert np.array_equal(live.items, offline.items), np.abs(live.items - offline.items).max()
+    assert (live.std_pool, live.std_items) == (offline.std_pool, offline.std_items)
+    assert np.abs(offline.items).max() > 10.0  # the messages moved the item sums (not two empty releases)
 
 
 def test_a_batch_with_a_tampered_content_adds_nothing_to_the_committed_sums(redis_client: redis.Redis) -> None:

@@ -137,7 +137,7 @@ def test_estimator_is_unbiased_with_the_stated_variance() -> None:
 def test_population_batches_fill() -> None:
     """Batches of distinct users from every unit: all capped reports of a stream of 2,000 users (one report each)
     reach the statistics in 2,000 / 500 batches, whatever the units."""
-    pol = LocalItemUCB(d=2, n_items=10, epsilon=2.0, batch=500, cap=1, seed=0, share=1.0)
+    pol = LocalItemUCB(d=2, n_items=10, epsilon=2.0, batch=500, cap=1, seed=0, share=0.5)
     X = np.eye(2)[[0, 1] * 5]
     for u in range(2_000):
         pol.update(u % 100, X[0], 0.0, user=str(u), item=u % 10, x_item=X[0])

@@ -1,8 +1,8 @@
 """``privrec experiment modes`` with a cell that cannot be calibrated: reported as such, never a crash.
 
 ``local-shuffled-items`` shuffles batches of 150 distinct users, 2 per user and epoch: at ε = 0.5 and 1 no blanket of
-fake messages reaches (ε, 5e-6) over 2 batches (867 and 244 users would), so those cells are uncalibrated — the
-``--quick`` grid used to end there ("no blanket reaches (1, 5e-06) with n = 150 users ...", exit 2).
+fake messages reaches (ε, 1e-5) over 2 batches (793 and 225 users would), so those cells are uncalibrated — the
+``--quick`` grid used to end there ("no blanket reaches (1, 1e-05) with n = 150 users ...", exit 2).
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def test_modes_cli_reports_an_uncalibrated_cell_and_exits_0(tmp_path: Path, monk
     m = doc["modes"]["local-shuffled-items"]
     assert doc["epsilons"] == [0.5, 1.0, 2.0, 5.0, 10.0]
     why = m["lastfm_uncalibrated"]
-    assert why[0].startswith("no blanket reaches (0.5, 5e-06) with n = 150 users per batch and 2 batch(es)")
-    assert why[1].startswith("no blanket reaches (1, 5e-06) with n = 150 users per batch and 2 batch(es)")
-    assert "867 users" in why[0] and "244 users" in why[1]  # the smallest batch that would do
+    assert why[0].startswith("no blanket reaches (0.5, 1e-05) with n = 150 users per batch and 2 batch(es)")
+    assert why[1].startswith("no blanket reaches (1, 1e-05) with n = 150 users per batch and 2 batch(es)")
+    assert "793 users" in why[0] and "225 users" in why[1]  # the smallest batch that would do (share 0: the whole delta)
     assert why[2:] == [None, None, None]
     # nothing measured in an uncalibrated cell: no value, never a zero; the calibrated cells ran
     assert m["lastfm_ratio"][:2] == [None, None] and m["lastfm_ratio_sd"][:2] == [None, None]
@@ -69,8 +69,8 @@ def test_modes_cli_reports_an_uncalibrated_cell_and_exits_0(tmp_path: Path, monk
     cells = [c.strip() for c in row.split("|")[3:8]]  # after the mode and its non-private twin
     assert cells[:2] == ["n/c", "n/c"] and all(c not in ("n/c", "—", "0.00") for c in cells[2:])
     assert "- local-shuffled-items, LastFM, ε = 0.5, 1: " not in md  # two reasons, one line each
-    assert "- local-shuffled-items, LastFM, ε = 0.5: no blanket reaches (0.5, 5e-06)" in md
-    assert "- local-shuffled-items, LastFM, ε = 1: no blanket reaches (1, 5e-06)" in md
+    assert "- local-shuffled-items, LastFM, ε = 0.5: no blanket reaches (0.5, 1e-05)" in md
+    assert "- local-shuffled-items, LastFM, ε = 1: no blanket reaches (1, 1e-05)" in md
     assert (out / "modes.png").stat().st_size > 0
 
 
