@@ -75,6 +75,20 @@ def _sealed_batches(settings: Settings, key: AnalyzerKey) -> list[tuple[int, byt
     return out
 
 
+def _release_live(st: Any, batches: list[tuple[int, bytes]], expected: int) -> dict[bytes, bytes]:
+    """Send the sealed batches to a live worker of ``st`` on ``ldp-shuffled`` (keyed by their unit, as the shuffler
+    service sends them); the released hash once it counts all ``expected`` reports."""
+    services.create_topics(st.broker.address, {"ldp-reports": 2, "ldp-shuffled": 2})
+    st.start_worker()
+    producer = st.producer()
+    for unit, raw in batches:
+        producer.send("ldp-shuffled", key=str(unit).encode(), value=raw)
+    producer.flush()
+    wait_for(lambda: st.released_count() == expected, 60, f"a release of all {expected} reports")
+    released: dict[bytes, bytes] = st.released()
+    return released
+
+
 def test_the_twin_and_the_live_worker_release_bit_identical_b(tmp_path: Path, redis_server: Any) -> None:
     key = AnalyzerKey.generate()
     pem = tmp_path / "analyzer-key.pem"
@@ -98,14 +112,7 @@ def test_the_twin_and_the_live_worker_release_bit_identical_b(tmp_path: Path, re
         offline = twin.released()
 
         # (a) the live worker: the same bytes on ldp-shuffled, keyed by their unit as the shuffler service sends them
-        services.create_topics(st.broker.address, {"ldp-reports": 2, "ldp-shuffled": 2})
-        st.start_worker()
-        producer = st.producer()
-        for unit, raw in batches:
-            producer.send("ldp-shuffled", key=str(unit).encode(), value=raw)
-        producer.flush()
-        wait_for(lambda: st.released_count() == expected, 60, f"a release of all {expected} reports")
-        live = ReleasedStats.from_mapping(st.released())
+        live = ReleasedStats.from_mapping(_release_live(st, batches, expected))
 
     assert int(offline.count.sum()) == expected
     assert np.array_equal(live.b_tilde, offline.b_tilde), np.abs(live.b_tilde - offline.b_tilde).max()
@@ -140,14 +147,7 @@ def test_the_default_variants_twin_and_the_live_worker_release_bit_identical_blo
             twin.fold_batch(opened.batch)
 
         # (a) the live worker, the same bytes
-        services.create_topics(st.broker.address, {"ldp-reports": 2, "ldp-shuffled": 2})
-        st.start_worker()
-        producer = st.producer()
-        for unit, raw in batches:
-            producer.send("ldp-shuffled", key=str(unit).encode(), value=raw)
-        producer.flush()
-        wait_for(lambda: st.released_count() == expected, 60, f"a release of all {expected} reports")
-        raw_released = st.released()
+        raw_released = _release_live(st, batches, expected)
         items = ReleasedItems.from_mapping(raw_released)
         live = local_as_hierarchy(ReleasedStats.from_mapping(raw_released), items)
 
