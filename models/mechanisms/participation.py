@@ -45,7 +45,7 @@ from numpy.typing import NDArray
 
 from .base import Mechanism
 
-__all__ = ["B_CLIP", "ITEM_CLIP", "clip_scale", "replace_sensitivity", "toeplitz_autocorrelation", "toeplitz_bound", "tree_bound", "exact_participation_bound",
+__all__ = ["B_CLIP", "ITEM_CLIP", "clip_scale", "clip_scales", "replace_sensitivity", "toeplitz_autocorrelation", "toeplitz_bound", "tree_bound", "exact_participation_bound",
            "tree_matrix", "toeplitz_matrix", "participation_bound", "participation_factor",
            "UnsupportedMechanismError", "USER_LEVEL_MECHANISMS"]
 
@@ -86,6 +86,18 @@ def replace_sensitivity(clip: float, *, signed: bool) -> float:
 def clip_scale(norm: float, clip: float) -> float:
     """The factor that scales a vector of norm ``norm`` to norm at most ``clip`` (1 when it is already shorter)."""
     return 1.0 if norm <= clip else clip / norm
+
+
+def clip_scales(norms: NDArray[np.float64], clip: float) -> NDArray[np.float64]:
+    """:func:`clip_scale` of each of ``norms`` (the same values: one division each).
+
+    >>> clip_scales(np.array([0.5, 4.0]), 2.0).tolist(), [clip_scale(0.5, 2.0), clip_scale(4.0, 2.0)]
+    ([1.0, 0.5], [1.0, 0.5])
+    """
+    norms = np.asarray(norms, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero norm is within a nonnegative clip: quotient unused
+        out: NDArray[np.float64] = np.where(norms <= clip, 1.0, clip / norms)
+    return out
 
 
 class UnsupportedMechanismError(ValueError):

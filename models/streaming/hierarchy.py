@@ -68,7 +68,7 @@ from numpy.typing import NDArray
 from models.ground.codec import decode_arrays, encode_arrays
 
 __all__ = ["HierarchyLayout", "ReleasedHierarchy", "HierarchyModel", "contribution", "item_shares", "solve_hierarchy",
-           "default_shares", "parse_shares", "add_contribution", "UNITS_MIN_USERS",
+           "default_shares", "parse_shares", "add_contribution", "add_contributions", "add_rows_in_order", "UNITS_MIN_USERS",
            "prior_direction", "sure_shrinkage", "eb_prior_variance", "SHARES", "REPLACE_SENSITIVITY"]
 
 FloatArray = NDArray[np.float64]
@@ -262,14 +262,20 @@ def contribution(items: Mapping[int, float], features: FloatArray) -> tuple[Floa
     for a, r in w.items():
         if a >= len(features):  # an item the contexts do not cover yet (added to an open catalog): a zero context
             continue
-        x = features[a]
-        n = float(np.linalg.norm(x))
-        xs += r * (x / n if n > 1.0 else x)
+        xs += r * _clipped_context(features[a])
     pool = np.empty(d + 1)
     pool[:d] = xs / total
     pool[d] = 1.0
     pool *= c * _H
     return pool, shares
+
+
+def _clipped_context(x: FloatArray) -> FloatArray:
+    """An item's context clipped to norm 1 (the one computation :func:`contribution` and :func:`add_contributions`
+    share, so that both give the same bits)."""
+    n = float(np.linalg.norm(x))
+    out: FloatArray = x / n if n > 1.0 else x
+    return out
 
 
 def item_shares(items: Mapping[int, float]) -> dict[int, float]:
@@ -306,6 +312,98 @@ def add_contribution(v: FloatArray, layout: HierarchyLayout, unit: int, items: M
         s, w = layout.slice("units"), layout.weight("units")
         start = s.start + unit * (layout.d + 1)
         v[start:start + layout.d + 1] += w * pool
+
+
+def add_contributions(v: FloatArray, layout: HierarchyLayout, units: NDArray[np.int64], starts: NDArray[np.int64],
+                      items: NDArray[np.int64], rewards: FloatArray, features: FloatArray) -> None:
+    """Add many users' ticks to ``v`` (in place): the same bits as :func:`add_contribution` for each user in turn.
+
+    User ``i`` (of unit ``units[i]``) holds the items ``items[starts[i]:starts[i + 1]]`` with their summed rewards
+    ``rewards[...]``, in the order :func:`add_contribution` would see them (``starts`` has one entry more than
+    ``units``). Every sum is taken in the users' order (``np.add.at`` applies repeated indices one after the
+    other), and each user's terms are the same floating-point operations as :func:`contribution`'s, so the vector
+    is equal bit for bit, not merely up to rounding; the release's offline twin relies on it.
+
+    >>> F = np.array([[1.0, 0.0], [0.0, 3.0]])
+    >>> layout = HierarchyLayout(d=2, n_items=3, n_units=2, shares={"pool": 0.5, "items": 0.5, "units": 0.5})
+    >>> ticks = [(1, {0: 1.0, 1: 0.5}), (0, {2: 0.0}), (1, {1: 2.0, 2: 1.0})]
+    >>> v = np.zeros(layout.dim)
+    >>> add_contributions(v, layout, np.array([1, 0, 1]), np.array([0, 2, 3, 5]), np.array([0, 1, 2, 1, 2]),
+    ...                   np.array([1.0, 0.5, 0.0, 2.0, 1.0]), F)
+    >>> v.tobytes() == layout.exact_vector(ticks, F).tobytes()
+    True
+    """
+    n_users = len(units)
+    owner = np.repeat(np.arange(n_users), np.diff(starts))
+    positive = rewards > 0  # _tick_weights: only positive rewards count
+    owner, a, r = owner[positive], np.asarray(items, dtype=np.int64)[positive], rewards[positive]
+    live = np.flatnonzero(np.bincount(owner, minlength=n_users))  # users with a positive reward: total > 0
+    if not len(live):
+        return
+    owner = np.searchsorted(live, owner)  # the pairs' users, numbered among the live ones
+    unit = np.asarray(units, dtype=np.int64)[live]
+    total = np.zeros(len(live))
+    np.add.at(total, owner, r)  # 0.0 + r_1 + r_2 + ...: Python's sum, in the same order
+    c = np.minimum(1.0, total)
+    shares = c[owner] * r / total[owner]
+    d, m = layout.d, len(live)
+    # column 0: v's pool block; column 1 + i: live user i's pool block, built in place (users along the rows, so
+    # that the block's sum over users is one accumulate along contiguous memory)
+    buf = np.empty((d + 1, m + 1))
+    buf[:, 0] = v[layout.slice("pool")]
+    pool = buf[:, 1:]
+    pool[:d] = 0.0
+    covered = a < len(features)  # an item beyond the contexts: a zero context (contribution)
+    if covered.any():
+        owner_c = owner[covered]
+        distinct, which = np.unique(a[covered], return_inverse=True)
+        contexts = np.array([_clipped_context(features[i]) for i in distinct.tolist()]).reshape(len(distinct), d)
+        terms = contexts.T[:, which] * r[covered]  # r x, one column per pair
+        # xs += r x item after item: all users' i-th items at once (the pairs are in their users' order)
+        sizes = np.bincount(owner_c)
+        rank = np.arange(len(owner_c)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        by_rank = np.argsort(rank, kind="stable")
+        lo = 0
+        for n in np.bincount(rank).tolist():
+            pick = by_rank[lo:lo + n]
+            pool[:d, owner_c[pick]] += terms[:, pick]  # one pair per user: no repeated index
+            lo += n
+    pool[:d] /= total  # x_mean
+    pool[d] = 1.0
+    pool *= c * _H
+    if layout.units:
+        s, w = layout.slice("units"), layout.weight("units")
+        add_rows_in_order(v[s].reshape(layout.n_units, d + 1), unit, (w * pool).T)
+    pool *= layout.weight("pool")
+    # accumulate: each partial sum is the one before plus the next user's block (never pairwise, unlike sum)
+    v[layout.slice("pool")] = np.add.accumulate(buf, axis=1, out=buf)[:, -1]
+    if "items" in layout.blocks:
+        s, w = layout.slice("items"), layout.weight("items")
+        np.add.at(v, s.start + a, w * shares)
+
+
+def add_rows_in_order(out: FloatArray, rows: NDArray[np.int64], terms: FloatArray) -> None:
+    """``out[rows[i]] += terms[i]`` for each ``i`` in turn (in place): each row's sum is taken in that order, so it
+    is equal bit for bit to the loop's (``np.add.at`` is too, but slow on rows).
+
+    >>> out = np.array([[1.0, 0.0], [0.0, 0.0]])
+    >>> add_rows_in_order(out, np.array([0, 1, 0]), np.array([[1e16, 1.0], [2.0, 2.0], [-1e16, 3.0]]))
+    >>> out.tolist()  # (1 + 1e16) - 1e16: the order the loop adds in
+    [[0.0, 4.0], [2.0, 2.0]]
+    """
+    if not len(rows):
+        return
+    terms = terms.reshape(len(rows), -1)
+    order = np.argsort(rows, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, np.diff(rows[order]) != 0, True])
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        pick = order[lo:hi]
+        row = int(rows[pick[0]])
+        column = np.empty((terms.shape[1], hi - lo + 1))
+        column[:, 0] = out[row].reshape(-1)
+        column[:, 1:] = terms[pick].T
+        # accumulate: each partial sum is the one before plus the next term (never pairwise, unlike sum)
+        out[row] = np.add.accumulate(column, axis=1)[:, -1].reshape(out.shape[1:])
 
 
 @dataclass(frozen=True)

@@ -49,16 +49,18 @@ from typing import Any
 
 import numpy as np
 import redis
+from numpy.typing import NDArray
 
-from models.mechanisms.participation import B_CLIP, ITEM_CLIP, clip_scale
-from models.streaming.hierarchy import HierarchyLayout, add_contribution
+from models.accounting.ledger import LedgerColumns
+from models.mechanisms.participation import B_CLIP, ITEM_CLIP, clip_scales
+from models.streaming.hierarchy import HierarchyLayout, add_contributions, add_rows_in_order
 
 from ..config.keys import PublicKeys
 from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts
 from .trusted import TrustedKeys, offset_checked_writes
 
 __all__ = ["PENDING_SCRIPT", "TAKE_SCRIPT", "Contribution", "NO_UNIT_STATS", "encode_contribution", "decode_contribution",
-           "merge_contributions", "Folder",
+           "Contributions", "decode_contributions", "merge_contributions", "Folder",
            "UserLevelKeys"]
 
 #: Ingest (user level): write the touched users' pending contributions and the new offset atomically, if the
@@ -198,6 +200,88 @@ def decode_contribution(raw: bytes, d: int) -> Contribution:
     return Contribution(unit, count, a[2:2 + d * d].reshape(d, d).copy(), a[2 + d * d:at].copy(), items)
 
 
+@dataclass(frozen=True)
+class Contributions:
+    """Many users' contributions as arrays (:func:`decode_contributions`), user ``i`` of ``n`` in row ``i``.
+
+    User ``i``'s items and their rewards are ``items[starts[i]:starts[i + 1]]`` and ``rewards[...]``, in the order
+    :func:`decode_contribution` gives them; ``gram`` and ``b`` hold one row per user with the flat model's
+    statistics (``stats_row[i]``: user ``i``'s row, ``-1`` for a contribution without them).
+    """
+
+    unit: NDArray[np.int64]
+    count: NDArray[np.int64]
+    starts: NDArray[np.int64]
+    items: NDArray[np.int64]
+    rewards: NDArray[np.float64]
+    stats_row: NDArray[np.int64]
+    gram: NDArray[np.float64]   # (users with statistics, d, d)
+    b: NDArray[np.float64]      # (users with statistics, d)
+
+    def take(self, rows: NDArray[np.int64]) -> Contributions:
+        """The contributions of the users ``rows`` (increasing), in that order."""
+        sizes = np.diff(self.starts)[rows]
+        pairs = np.repeat(self.starts[rows], sizes) + _ranks(sizes)
+        with_stats = self.stats_row[rows]
+        kept = with_stats[with_stats >= 0]
+        stats_row = np.full(len(rows), -1, dtype=np.int64)
+        stats_row[with_stats >= 0] = np.arange(len(kept))
+        return Contributions(self.unit[rows], self.count[rows], np.r_[0, np.cumsum(sizes)].astype(np.int64),
+                             self.items[pairs], self.rewards[pairs], stats_row, self.gram[kept], self.b[kept])
+
+
+def _ranks(sizes: NDArray[np.int64]) -> NDArray[np.int64]:
+    """``0, 1, ..., sizes[0] - 1, 0, 1, ..., sizes[1] - 1, ...``: each element's rank within its group."""
+    ends = np.cumsum(sizes)
+    out: NDArray[np.int64] = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - sizes, sizes)
+    return out
+
+
+def decode_contributions(raws: Sequence[bytes], d: int) -> Contributions:
+    """:func:`decode_contribution` of each of ``raws`` at once (either layout, mixed), as arrays; ``ValueError``
+    as :func:`decode_contribution` when one has not the length its layout and item count make for dimension ``d``.
+
+    >>> raws = [encode_contribution(Contribution(3, 2, None, None, {5: 1.0, 9: 0.5})),
+    ...         encode_contribution(Contribution(1, 1, np.eye(2), np.ones(2), {}))]
+    >>> c = decode_contributions(raws, 2)
+    >>> c.unit.tolist(), c.count.tolist(), c.starts.tolist(), c.items.tolist(), c.rewards.tolist()
+    ([3, 1], [2, 1], [0, 2, 2], [5, 9], [1.0, 0.5])
+    >>> c.stats_row.tolist(), c.gram.tolist(), c.b.tolist()
+    ([-1, 0], [[[1.0, 0.0], [0.0, 1.0]]], [[1.0, 1.0]])
+    """
+    n = len(raws)
+    lengths = np.fromiter(map(len, raws), dtype=np.int64, count=n)
+
+    def refuse(ok: NDArray[np.bool_]) -> None:
+        if not ok.all():
+            bad = int(np.flatnonzero(~ok)[0])
+            raise ValueError(f"a pending contribution of {lengths[bad] / 8:g} values is neither layout of "
+                             f"encode_contribution for d = {d}")
+
+    refuse((lengths > 0) & (lengths % 8 == 0))
+    a = np.frombuffer(b"".join(raws), dtype="<f8")
+    size = lengths // 8
+    start = np.cumsum(size) - size
+    plain = a[start] == NO_UNIT_STATS
+    at = np.where(plain, 3, 2 + d * d + d)
+    refuse(size > at)
+    unit, count, n_items = a[np.where(plain, start + 1, start)], a[np.where(plain, start + 2, start + 1)], a[start + at]
+    refuse(np.isfinite(unit) & np.isfinite(count) & np.isfinite(n_items))
+    n_items = n_items.astype(np.int64)  # int(): toward zero
+    refuse((n_items >= 0) & (size == at + 1 + 2 * n_items))
+    pairs = np.repeat(start + at + 1, n_items) + 2 * _ranks(n_items)
+    items = a[pairs]
+    if not np.isfinite(items).all():
+        raise ValueError("a pending contribution names an item that is not a finite number")
+    stats = np.flatnonzero(~plain)
+    stats_row = np.full(n, -1, dtype=np.int64)
+    stats_row[stats] = np.arange(len(stats))
+    gram = a[start[stats, None] + 2 + np.arange(d * d)].reshape(len(stats), d, d)
+    b = a[start[stats, None] + 2 + d * d + np.arange(d)].reshape(len(stats), d)
+    return Contributions(unit.astype(np.int64), count.astype(np.int64), np.r_[0, np.cumsum(n_items)].astype(np.int64),
+                         items.astype(np.int64), a[pairs + 1], stats_row, gram, b)
+
+
 class Folder:
     """The release tick's first step at user level: fold each partition's pending contributions."""
 
@@ -292,65 +376,58 @@ class Folder:
 
     def _plan(self, pending: dict[bytes, bytes], stats_raw: dict[bytes, bytes], users: Sequence[str],
               records_raw: Sequence[bytes | None], version: int, epoch: int) -> dict[str, Any]:
+        """What folding ``pending`` into release ``version`` writes, computed over all its users at once.
+
+        Each user's fate depends only on their record's class (epoch, ``k``, ``past``: :class:`LedgerColumns`) and
+        ``last_version``, so the cap and the budget are asked per class, with the ledger's own rules
+        (:meth:`LedgerRecord.at`, :meth:`LifetimeBudget.allows`). The statistics are the sums the users' turns
+        would make one after the other, bit for bit: every sum runs in the users' order (``np.add.at``) over the
+        same floating-point terms (:func:`~models.streaming.hierarchy.add_contributions`)."""
         from .trusted import HIERARCHY_FIELD, decode_hierarchy, decode_items, decode_stats  # exact statistics
 
         stats = decode_stats(stats_raw, self.n_units, self.d)
         hvec = None if self.hierarchy is None else decode_hierarchy(stats_raw, self.hierarchy[0].dim)
-        features = None if self.hierarchy is None else self.hierarchy[1]()
         items = decode_items(stats_raw, self.n_items) if self.n_items else np.zeros(0)
-        touched_units: set[int] = set()
-        stats_units: set[int] = set()  # units whose gram and b were added to
+        fields = list(pending)
+        ledger = LedgerColumns.loads(records_raw)
+        # per class (the last: no record stored, class_of -1): the record as of this epoch and what it allows
+        stored = [*ledger.classes, LedgerRecord()]
+        now = [c.at(epoch, self.ratio) for c in stored]
+        cls = ledger.class_of
+        budget = self.budget
+        at_cap = np.array([r.k >= self.cap for r in now])[cls]
+        allowed = np.array([budget is None or r.k >= self.cap or budget.allows(r, epoch) for r in now])[cls]
+        waiting = ledger.last_version >= version  # already in this release: the events wait for the next one
+        taken = np.flatnonzero(~waiting)
+        c = decode_contributions([pending[fields[i]] for i in taken.tolist()], self.d)
+        capped = at_cap[taken]  # served and logged, not learned from
+        over = ~capped & ~allowed[taken]  # past the lifetime budget: served and logged, not learned from
+        folded = ~capped & ~over
+        k_next = np.array([r.k + 1 for r in now], dtype=np.int64)[cls[taken]]
+        summary = {"folded": int(folded.sum()), "at_cap": int((folded & (k_next == self.cap)).sum()),
+                   "dropped": int(c.count[capped].sum()), "waiting": int(waiting.sum()),
+                   "over_budget": int(c.count[over].sum())}
+        records, classes = self._records(ledger, now, users, records_raw, taken, folded, version, epoch)
+        f = c.take(np.flatnonzero(folded))
+        np.add.at(stats.count, f.unit, f.count)
+        touched_units = set(f.unit.tolist())
+        with_stats = np.flatnonzero(f.stats_row >= 0)  # the flat model's statistics (none for the hierarchy)
+        stats_units = set(f.unit[with_stats].tolist())
+        if len(with_stats):
+            # one dot per user: np.linalg.norm's sum, bit for bit
+            scale = clip_scales(np.array([math.sqrt(float(row @ row)) for row in f.b]), self.b_clip)
+            add_rows_in_order(stats.gram, f.unit[with_stats], f.gram)
+            add_rows_in_order(stats.b, f.unit[with_stats], scale[:, None] * f.b)
         touched_items: set[int] = set()
-        remove: list[bytes] = []
-        records: dict[str, str] = {}
-        summary = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
-        # users per record class (LedgerRecord.class_field): -1 for each rewritten record's old class, +1 for its new
-        classes: Counter[str] = Counter()
-        old_class: dict[str, str] = {}
-
-        def write(user: str, record: LedgerRecord) -> None:
-            records[user] = record.dumps()
-            if user in old_class:
-                classes[old_class[user]] -= 1
-            classes[record.class_field] += 1
-
-        for field_name, user, raw_rec in zip(list(pending), users, records_raw):
-            stored = LedgerRecord.loads(raw_rec)
-            if raw_rec is not None:
-                old_class[user] = stored.class_field
-            rec = stored.at(epoch, self.ratio)
-            if rec.last_version >= version:
-                summary["waiting"] += 1  # already in this release: the events wait for the next one
-                continue
-            c = decode_contribution(pending[field_name], self.d)
-            remove.append(field_name)
-            if rec.k >= self.cap:
-                summary["dropped"] += c.count  # at the cap: served and logged, not learned from
-                write(user, LedgerRecord(rec.epoch, rec.k, rec.last_version, rec.past))
-                continue
-            if self.budget is not None and not self.budget.allows(rec, epoch):
-                summary["over_budget"] += c.count  # past the lifetime budget: served and logged, not learned from
-                write(user, rec)
-                continue
-            if c.gram is not None and c.b is not None:  # the flat model's statistics (none for the hierarchy)
-                scale = clip_scale(math.sqrt(float(c.b @ c.b)), self.b_clip)  # np.linalg.norm's sum, bit for bit
-                stats.gram[c.unit] += c.gram
-                stats.b[c.unit] += scale * c.b
-                stats_units.add(c.unit)
-            stats.count[c.unit] += c.count
-            touched_units.add(c.unit)
-            if self.n_items and c.items:
-                iscale = clip_scale(math.sqrt(sum(v * v for v in c.items.values())), self.item_clip)
-                for item, value in c.items.items():
-                    items[item] += iscale * value
-                    touched_items.add(item)
-            if hvec is not None and self.hierarchy is not None and features is not None:
-                add_contribution(hvec, self.hierarchy[0], c.unit, c.items, features)
-            k = rec.k + 1
-            write(user, LedgerRecord(epoch, k, version, rec.past))
-            summary["folded"] += 1
-            if k == self.cap:
-                summary["at_cap"] += 1
+        if self.n_items and len(f.items):
+            owner = np.repeat(np.arange(len(f.unit)), np.diff(f.starts))
+            squares = np.zeros(len(f.unit))
+            np.add.at(squares, owner, f.rewards * f.rewards)  # 0 + r_1^2 + r_2^2 + ...: Python's sum, in order
+            iscale = clip_scales(np.sqrt(squares), self.item_clip)
+            np.add.at(items, f.items, iscale[owner] * f.rewards)
+            touched_items = set(f.items.tolist())
+        if hvec is not None and self.hierarchy is not None:
+            add_contributions(hvec, self.hierarchy[0], f.unit, f.starts, f.items, f.rewards, self.hierarchy[1]())
         out_stats: dict[str, Any] = {}
         for u in touched_units:
             if u in stats_units:
@@ -363,6 +440,40 @@ class Folder:
             out_stats[HIERARCHY_FIELD.decode()] = hvec.astype("<f8").tobytes()
         counts = {f"at_cap:{epoch}": summary["at_cap"], "dropped": summary["dropped"], "folded": summary["folded"],
                   "over_budget": summary["over_budget"]}
-        return {"stats": out_stats, "remove": remove, "records": records, "counts": counts, "summary": summary,
-                "classes": classes}
+        return {"stats": out_stats, "remove": [fields[i] for i in taken.tolist()], "records": records,
+                "counts": counts, "summary": summary, "classes": classes}
 
+    def _records(self, ledger: LedgerColumns, now: list[LedgerRecord], users: Sequence[str],
+                 records_raw: Sequence[bytes | None], taken: NDArray[np.int64], folded: NDArray[np.bool_],
+                 version: int, epoch: int) -> tuple[dict[str, str], Counter[str]]:
+        """The ledger records the fold writes for the ``taken`` users (a folded user: one more participation, in
+        ``version``; the others: their record as of ``epoch``, left out where the stored one reads the same), and
+        the change in users per record class."""
+        classes: Counter[str] = Counter()
+        if not len(taken):
+            return {}, classes
+        cls = ledger.class_of[taken]
+        out: list[str | None] = [None] * len(taken)
+        rows = taken.tolist()
+        order = np.lexsort((folded, cls))
+        bounds = np.flatnonzero(np.r_[True, (np.diff(cls[order]) != 0) | (np.diff(folded[order]) != 0), True])
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            group = order[lo:hi].tolist()
+            c = int(cls[group[0]])
+            rec = now[c]
+            if folded[group[0]]:
+                new = LedgerRecord(epoch, rec.k + 1, version, rec.past)
+                texts = [new.dumps()] * len(group)
+            else:  # at the cap or past the budget: the record as of this epoch, its last_version kept
+                new = rec
+                texts = rec.dumps_many(ledger.last_version[taken[group]].tolist())
+            written = 0
+            for i, text in zip(group, texts):
+                raw = records_raw[rows[i]]
+                if raw is None or raw != text.encode():  # (an unchanged record: nothing to write, no class moves)
+                    out[i] = text
+                    written += 1
+            classes[new.class_field] += written
+            if c >= 0:
+                classes[ledger.classes[c].class_field] -= written  # the rewritten records' old class
+        return {users[row]: text for row, text in zip(rows, out) if text is not None}, classes

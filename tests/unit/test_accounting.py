@@ -98,3 +98,38 @@ def test_bad_epsilon_is_refused(bad: float) -> None:
 def test_bad_delta_is_refused(bad: float) -> None:
     with pytest.raises(ValueError, match=r"`delta` must be in \(0, 1\)"):
         rho_from_epsilon(1.0, bad)
+
+
+@pytest.mark.parametrize("form", ["dumped", "reformatted", "mixed"])
+def test_many_ledger_records_read_at_once_are_the_records_read_one_by_one(form: str) -> None:
+    """:class:`LedgerColumns` (the fold's reader) against :meth:`LedgerRecord.loads`: the same records and classes,
+    whether written by ``dumps`` (read by a regular expression) or as other JSON (fields reordered, spaced, left
+    out, ``past`` an integer: read by ``json``)."""
+    import json
+
+    from models.accounting.ledger import LedgerColumns, LedgerRecord
+
+    rng = np.random.default_rng(3)
+    raws: list[bytes | None] = []
+    for i in range(300):
+        rec = LedgerRecord(int(rng.integers(0, 4)), int(rng.integers(0, 3)), int(rng.integers(0, 10**12)),
+                           [0.0, 0.5, 1e-17, 12.25, 0][int(rng.integers(0, 5))])
+        raw = rec.dumps()
+        if form == "reformatted" or (form == "mixed" and i % 7 == 0):
+            fields = {"past": rec.past, "k": rec.k, "epoch": rec.epoch, "last_version": rec.last_version}
+            raw = json.dumps({k: v for k, v in fields.items() if not (k == "k" and v == 0)}, separators=(",", ":"))
+        raws.append(None if i % 5 == 0 else raw.encode())
+    cols = LedgerColumns.loads(raws)
+    for i, raw in enumerate(raws):
+        one = LedgerRecord.loads(raw)
+        assert cols.record(i) == one
+        assert cols.record(i).class_field == one.class_field
+    assert {c.class_field for c in cols.classes} == {LedgerRecord.loads(r).class_field for r in raws if r}
+
+
+def test_a_ledger_record_dumped_for_many_versions_is_each_dumped_record() -> None:
+    from models.accounting.ledger import LedgerRecord
+
+    for rec in (LedgerRecord(3, 1, 0, 0.1 + 0.2), LedgerRecord(0, 0, 0, 0), LedgerRecord(7, 2, 0, 1e300)):
+        assert rec.dumps_many([0, 5, 10**15]) == [LedgerRecord(rec.epoch, rec.k, v, rec.past).dumps()
+                                                   for v in (0, 5, 10**15)]

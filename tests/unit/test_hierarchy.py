@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from models.mechanisms import make_mechanism
 from models.policies.hierarchy import HierarchicalUCB, PriorScorer
 from models.streaming.hierarchy import (REPLACE_SENSITIVITY, HierarchyLayout, ReleasedHierarchy, add_contribution,
-                                        contribution, default_shares, parse_shares, prior_direction,
-                                        solve_hierarchy, sure_shrinkage)
+                                        add_contributions, add_rows_in_order, contribution, default_shares,
+                                        parse_shares, prior_direction, solve_hierarchy, sure_shrinkage)
 
 
 def _features(K: int = 30, d: int = 4, seed: int = 0) -> np.ndarray:
@@ -159,3 +159,45 @@ def test_the_prior_scorer_ranks_by_the_catalogs_mean_context() -> None:
     F = _features(K=25, d=3, seed=9)
     scorer = PriorScorer(F)
     assert scorer.select(0, F) == int(np.argmax(F @ prior_direction(F)))
+
+
+ticks_st = st.lists(st.tuples(st.integers(0, 2), st.dictionaries(
+    st.integers(0, 33), st.floats(-1.0, 1e3, allow_nan=False) | st.sampled_from([0.0, 1e-300, 0.1, 1.0]),
+    max_size=6)), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ticks=ticks_st, units_on=st.booleans(), seed=st.integers(0, 3))
+def test_many_users_ticks_at_once_give_the_bits_of_one_user_after_the_other(
+        ticks: list[tuple[int, dict[int, float]]], units_on: bool, seed: int) -> None:
+    """The fold adds a tick's users at once (:func:`add_contributions`): the same vector, bit for bit, as adding
+    them one after the other, from a vector that already holds sums; with several items per user, zero and
+    negative rewards, items beyond the contexts (30 of them) and contexts longer than 1."""
+    rng = np.random.default_rng(seed)
+    F = rng.normal(size=(30, 4)) * rng.choice([0.2, 3.0], size=(30, 1))
+    layout = HierarchyLayout(d=4, n_items=34, n_units=3,
+                             shares={"pool": 0.3, "items": 0.7, "units": 0.2 if units_on else 0.0})
+    start = rng.normal(size=layout.dim)
+    want = layout.exact_vector(ticks, F, out=start.copy())
+    got = start.copy()
+    sizes = [len(items) for _, items in ticks]
+    add_contributions(got, layout, np.array([u for u, _ in ticks], dtype=np.int64),
+                      np.r_[0, np.cumsum(sizes)].astype(np.int64),
+                      np.array([a for _, items in ticks for a in items], dtype=np.int64),
+                      np.array([r for _, items in ticks for r in items.values()], dtype=np.float64), F)
+    assert got.tobytes() == want.tobytes()
+
+
+def test_rows_added_in_order_give_the_loops_bits() -> None:
+    """Sums whose rounding depends on the order (terms from 1e-3 to 1e16) come out as the loop's."""
+    rng = np.random.default_rng(1)
+    rows = rng.integers(0, 4, size=300)
+    terms = rng.normal(size=(300, 3, 2)) * 10.0 ** rng.integers(-3, 17, size=(300, 1, 1))
+    start = rng.normal(size=(4, 3, 2))
+    want = start.copy()
+    for row, term in zip(rows, terms):
+        want[row] += term
+    got = start.copy()
+    add_rows_in_order(got, rows, terms)
+    assert got.tobytes() == want.tobytes()
+    assert got.tobytes() != (start + np.stack([terms[rows == k].sum(axis=0) for k in range(4)])).tobytes()
