@@ -287,6 +287,23 @@ def _serving(stack: Any, size: int, requests: int) -> dict[str, Any]:
             "dashboard": _ms(_timed_gets(host, ["/dashboard"] * 5))}
 
 
+@contextlib.contextmanager
+def _paused(pids: list[int]) -> Iterator[None]:
+    """The processes ``pids`` stopped (``SIGSTOP``) inside the block and continued (``SIGCONT``) after it, whatever
+    happens in it: the workers ingest a wave only once all of it is in the topic, so their rate is that of a backlog
+    on cores they do not share with the bench's producer (the reference, consume + ``json.loads``, reads a backlog
+    alone too)."""
+    import signal
+
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
 def _catalog(root: Path) -> Path:
     from producers.catalog.generate import write_catalog
 
@@ -388,7 +405,8 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                     while users < size:
                         wave = min(active, size - users)
                         t0 = time.perf_counter()
-                        n = producer.wave(users, wave)
+                        with _paused(worker_pids):  # the wave becomes a backlog, as consume + json.loads reads it
+                            n = producer.wave(users, wave)
                         produce_s += time.perf_counter() - t0
                         target = producer.produced
                         c, c_s = obs.wait_ingested(target - n, target, wave_timeout)
