@@ -16,10 +16,11 @@ so a user's events are ingested together and take part in one tick (``user_cap``
 be capped by design). At each size N of ``--sizes`` (a running total: the population grows from one size to the
 next), measured at rest (the waves' events released, two more ticks done):
 
-* ``ingest_events_per_s``: the worker's rate, from its committed offsets polled every 5 ms: per wave, the events
-  committed after the first commit seen over the time until the last (the producer still runs beside it on the same
-  cores); ``send_to_committed_events_per_s``: the size's new events over the time from each wave's first send until
-  the committed offsets cover it; and
+* ``ingest_events_per_s``: the worker's rate on a backlog, from its committed offsets polled every 5 ms: each wave is
+  produced while the workers are stopped (``SIGSTOP``, continued once the wave is in the topic), and the rate is the
+  events committed after the first commit seen over the time until the last (the release ticks run beside it, as
+  they do in service; the bench's producer does not); ``send_to_committed_events_per_s``: the size's new events over
+  the time from each wave's first send until the committed offsets cover it (production included); and
   ``consume_json_events_per_s``: aiokafka ``getmany`` + ``json.loads`` of the whole topic (every event so far)
   in the same run, the worker idle; ``ingest_ratio`` is their quotient;
 * Redis ``used_memory`` and the memory of each kind of key (``MEMORY USAGE``), the worker's and web server's RSS;
