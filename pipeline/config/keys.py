@@ -17,11 +17,38 @@ Examples
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
-from kafka.partitioner.default import murmur2
 
 __all__ = ["PublicKeys", "PUBLIC_KINDS", "partition_of"]
+
+
+_M = 0x5BD1E995
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's default partitioner hash (the Java client's ``Utils.murmur2``, as kafka-python's
+    ``kafka.partitioner.default.murmur2`` computes it, the same value) over 4-byte words at once: about half its time.
+
+    >>> murmur2(b"42"), murmur2(b"")
+    (417700972, 275646681)
+    """
+    length = len(data)
+    h = 0x9747B28C ^ length
+    for k in struct.unpack_from(f"<{length >> 2}I", data):
+        k = (k * _M) & 0xFFFFFFFF
+        k = ((k ^ (k >> 24)) * _M) & 0xFFFFFFFF
+        h = ((h * _M) & 0xFFFFFFFF) ^ k
+    extra, tail = length & 3, length & ~3
+    if extra:
+        if extra == 3:
+            h ^= data[tail + 2] << 16
+        if extra >= 2:
+            h ^= data[tail + 1] << 8
+        h = ((h ^ data[tail]) * _M) & 0xFFFFFFFF
+    h = ((h ^ (h >> 13)) * _M) & 0xFFFFFFFF
+    return h ^ (h >> 15)
 
 
 def partition_of(user: str, partitions: int) -> int:

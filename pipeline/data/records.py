@@ -136,6 +136,10 @@ def _too_long(obj: dict[str, Any]) -> str:
     return f"field {k!r} has {len(obj[k])} characters, at most {MAX_ID_CHARS} (MAX_ID_CHARS)"
 
 
+#: A JSON integer ``ts`` of smaller magnitude is a finite float (the common case, checked inline by :func:`_check_event`).
+_TS_EXACT = 1 << 1000
+
+
 def _check_ts(ts: Any) -> None:
     if ts is None:
         return
@@ -203,12 +207,12 @@ def _shown_rows(obj: dict[str, Any], arm: str, catalog: Catalog) -> list[int] | 
 MAX_SHOWN = 1000
 
 
-def _check_event(obj: Any, catalog: Catalog, homes: dict[str, tuple[int, int]], partition: int | None,
-                 partitions: int | None) -> tuple[int, Any, float, int, str, Any, list[int] | None]:
-    """One decoded event's checks (:func:`parse_batch`'s loop): its unit, context row, reward, item row (-1: not in
-    the catalog), kind, explicit context and shown rows, or :class:`MalformedEvent` with the reason. ``homes``
-    caches each user's (unit, home partition) for the batch."""
-    d, fm = catalog.d, catalog.feature_matrix
+def _check_event(obj: Any, catalog: Catalog, d: int, homes: dict[str, tuple[int, int]], partition: int | None,
+                 partitions: int | None) -> tuple[int, float, int, str, Any, list[int] | None]:
+    """One decoded event's checks (:func:`parse_batch`'s loop): its unit, reward, item row (-1: not in the catalog),
+    kind, explicit context (``None``: the item's features, which :func:`parse_batch` gathers for the whole batch) and
+    shown rows, or :class:`MalformedEvent` with the reason. ``d`` is the catalog's dimension (read once per batch);
+    ``homes`` caches each user's (unit, home partition) for the batch."""
     if type(obj) is not dict:
         raise MalformedEvent(f"not a JSON object but {type(obj).__name__}")
     if not _REQUIRED_SET <= obj.keys():
@@ -223,13 +227,16 @@ def _check_event(obj: Any, catalog: Catalog, homes: dict[str, tuple[int, int]], 
             type(obj.get("rec_id")) is str and len(obj["rec_id"]) > MAX_ID_CHARS):
         raise MalformedEvent(_too_long(obj))
     reward = obj["reward"]
-    if type(reward) not in _NUM:
-        raise MalformedEvent(f"reward must be a number, got {reward!r}")
-    r = _as_float(reward, "reward is outside [0, 1]")
-    if not math.isfinite(r):
-        raise MalformedEvent(f"reward {reward!r} is not finite")
-    if not 0.0 <= r <= 1.0:
-        raise MalformedEvent(f"reward {r!r} is outside [0, 1]")
+    if type(reward) is float and 0.0 <= reward <= 1.0:  # the common case (NaN fails the comparison)
+        r = reward
+    else:
+        if type(reward) not in _NUM:
+            raise MalformedEvent(f"reward must be a number, got {reward!r}")
+        r = _as_float(reward, "reward is outside [0, 1]")
+        if not math.isfinite(r):
+            raise MalformedEvent(f"reward {reward!r} is not finite")
+        if not 0.0 <= r <= 1.0:
+            raise MalformedEvent(f"reward {r!r} is outside [0, 1]")
     hit = homes.get(obj["user"])
     if hit is None:  # a user's events come together: hash each user once per batch
         try:
@@ -248,7 +255,7 @@ def _check_event(obj: Any, catalog: Catalog, homes: dict[str, tuple[int, int]], 
         raise MalformedEvent(f"kind must be one of {KINDS} (or absent), got {kind!r}")
     if kind == "listen" and obj.get("shown") is not None:
         raise MalformedEvent("a listen answers no shown list: shown must be absent")
-    shown = _shown_rows(obj, obj["arm"], catalog)
+    shown = None if obj.get("shown") is None else _shown_rows(obj, obj["arm"], catalog)
     try:
         item = catalog.arm_row(obj["arm"])
     except UnknownArmError:
@@ -259,7 +266,6 @@ def _check_event(obj: Any, catalog: Catalog, homes: dict[str, tuple[int, int]], 
     if ctx is None:
         if item < 0:
             raise MalformedEvent(f"unknown arm {obj['arm']!r} in catalog {catalog.name!r} (and no context given)")
-        x: Any = fm[item]
     else:
         types = set(map(type, ctx)) if type(ctx) is list else None
         if types is None or not types <= _NUM:
@@ -271,9 +277,10 @@ def _check_event(obj: Any, catalog: Catalog, homes: dict[str, tuple[int, int]], 
                 [float(v) for v in ctx]
             except OverflowError:
                 raise MalformedEvent(_TOO_LARGE_CONTEXT) from None
-        x = ctx
-    _check_ts(obj.get("ts"))
-    return unit, x, r, item, kind, ctx, shown
+    ts = obj.get("ts")
+    if not (ts is None or (type(ts) is int and -_TS_EXACT < ts < _TS_EXACT)):  # else the full check
+        _check_ts(ts)
+    return unit, r, item, kind, ctx, shown
 
 
 def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = None,
@@ -286,7 +293,7 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
     """
     d = catalog.d
     units: list[int] = []
-    rows: list[Any] = []
+    contexts: list[Any] = []
     rewards: list[float] = []
     users: list[str] = []
     items: list[int] = []
@@ -305,12 +312,12 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
             dead.append((i, f"not JSON: {exc}"))
             continue
         try:
-            unit, x, r, item, kind, ctx, shown = _check_event(obj, catalog, homes, partition, partitions)
+            unit, r, item, kind, ctx, shown = _check_event(obj, catalog, d, homes, partition, partitions)
         except MalformedEvent as exc:
             dead.append((i, str(exc)))
             continue
         units.append(unit)
-        rows.append(x)
+        contexts.append(ctx)
         rewards.append(r)
         users.append(obj["user"])
         items.append(item)
@@ -319,8 +326,8 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
         shown_rows.append(shown)
         keep.append(i)
         decoded.append((i, obj))
-    X = np.array(rows, dtype=np.float64).reshape(len(rows), d)
-    if rows:
+    X = _contexts(contexts, items, fm, d)
+    if contexts:
         ok = _clip_contexts(X, np.asarray(explicit), keep, dead)
         if ok is not None:
             X = X[ok]
@@ -335,6 +342,19 @@ def parse_batch(raws: list[bytes], catalog: Catalog, *, partition: int | None = 
     return ParsedBatch(np.asarray(units, dtype=np.int64), X, np.asarray(rewards, dtype=np.float64), users, dead,
                        np.asarray(items, dtype=np.int64), np.asarray(listens, dtype=bool), gram_X, gram_events,
                        decoded)
+
+
+def _contexts(explicit: list[Any], items: list[int], fm: Any, d: int) -> NDArray[np.float64]:
+    """The events' contexts as rows of a new array: the catalog's features of each event's item, gathered at once,
+    and the explicit ones (``explicit[j]`` not ``None``) over them."""
+    idx = np.asarray(items, dtype=np.intp)
+    X = np.zeros((len(items), d))
+    known = idx >= 0  # an arm outside the catalog has an explicit context
+    X[known] = fm[idx[known]]
+    for j, ctx in enumerate(explicit):
+        if ctx is not None:
+            X[j] = ctx
+    return X
 
 
 def _clip_contexts(X: NDArray[np.float64], exp: NDArray[np.bool_], keep: list[int], dead: list[tuple[int, str]]

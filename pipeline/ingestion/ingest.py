@@ -244,10 +244,24 @@ class UserIngestProcessor(IngestProcessor):
         self.namespace = namespace
         self._pending_script = client.register_script(PENDING_SCRIPT)
         self._users: dict[int, tuple[dict[str, Contribution], int, int | None]] = {}
+        #: per partition, the last batch's parse, under its (first offset, last offset, events): a batch redone after
+        #: a fold took the pending contributions (every tick) is not parsed again (a partition's log is immutable)
+        self._parsed: dict[int, tuple[tuple[int, int, int], ParsedBatch]] = {}
 
     def forget(self, partition: int) -> None:
         super().forget(partition)
         self._users.pop(partition, None)
+        self._parsed.pop(partition, None)
+
+    def _parse_once(self, partition: int, fresh: list[tuple[int, bytes]]) -> ParsedBatch:
+        """:meth:`parse` of ``fresh``, or the parse of the same offsets kept from the batch's first attempt."""
+        span = (fresh[0][0], fresh[-1][0], len(fresh)) if fresh else (0, -1, 0)
+        hit = self._parsed.get(partition)
+        if hit is not None and hit[0] == span:
+            return hit[1]
+        parsed = self.parse(partition, [v for _, v in fresh])
+        self._parsed[partition] = (span, parsed)
+        return parsed
 
     def _pending(self, partition: int) -> tuple[dict[str, Contribution], int, int | None]:
         hit = self._users.get(partition)
@@ -268,7 +282,7 @@ class UserIngestProcessor(IngestProcessor):
         pending, gen, stored = self._pending(partition)
         msgs = sorted(messages, key=lambda m: m[0])
         fresh = fresh_messages(partition, msgs, stored)
-        parsed = self.parse(partition, [v for _, v in fresh])
+        parsed = self._parse_once(partition, fresh)
         dead = [DeadLetterItem(fresh[i][0], fresh[i][1], reason) for i, reason in parsed.dead]
         d = self.catalog.d
         touched = set(parsed.users)
@@ -372,6 +386,8 @@ class UserIngestProcessor(IngestProcessor):
                                        args=args))
         if ok:
             self._users[batch.partition] = (batch.work, batch.foldgen, batch.next_offset)  # type: ignore[attr-defined]
-        else:  # the offset moved (another owner) or a fold consumed pending contributions: reload
-            self.forget(batch.partition)
+            self._parsed.pop(batch.partition, None)
+        else:  # the offset moved (another owner) or a fold consumed pending contributions: reload (the parse is kept)
+            IngestProcessor.forget(self, batch.partition)
+            self._users.pop(batch.partition, None)
         return ok

@@ -151,7 +151,10 @@ class ShownListCheck:
 
         The lists are read in one ``MGET`` (every key of the namespace's shown lists shares the hash tag
         ``{ns:recs}``, so this holds on a Redis Cluster too)."""
-        feedback = [(i, ev) for i, ev in events if ev.get("kind", "feedback") != "listen"]
+        # a feedback without rec_id is refused only when one is required (shown_refusal): the others are not looked at
+        check_all = self.require_rec_id
+        feedback = [(i, ev) for i, ev in events
+                    if (check_all or ev.get("rec_id") is not None) and ev.get("kind", "feedback") != "listen"]
         named = [(i, ev) for i, ev in feedback if type(ev.get("rec_id")) is str]
         stored: dict[int, bytes | None] = {}
         if named:

@@ -42,6 +42,7 @@ B(k) / B(cap))`` (Gaussian DP composes over epochs; ``mu`` is what a capped user
 from __future__ import annotations
 
 import math
+import struct
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -160,10 +161,10 @@ def encode_contribution(c: Contribution) -> bytes:
     """``[unit, count, gram..., b..., n_items, (item, reward)...]`` as little-endian float64; without the
     statistics (``gram`` is ``None``) ``[-1, unit, count, n_items, (item, reward)...]`` (:data:`NO_UNIT_STATS`)."""
     items = sorted(c.items.items())
+    if c.gram is None or c.b is None:  # a few values: struct, not numpy (the same bytes; per touched user and batch)
+        values = [NO_UNIT_STATS, c.unit, c.count, len(items), *[v for pair in items for v in pair]]
+        return struct.pack(f"<{len(values)}d", *values)
     tail = np.array([len(items), *[v for pair in items for v in pair]], dtype=np.float64)
-    if c.gram is None or c.b is None:
-        return np.concatenate([np.array([NO_UNIT_STATS, c.unit, c.count], dtype=np.float64), tail]
-                              ).astype("<f8").tobytes()
     head = np.array([c.unit, c.count], dtype=np.float64)
     return np.concatenate([head, c.gram.reshape(-1), c.b, tail]).astype("<f8").tobytes()
 

@@ -16,10 +16,11 @@ so a user's events are ingested together and take part in one tick (``user_cap``
 be capped by design). At each size N of ``--sizes`` (a running total: the population grows from one size to the
 next), measured at rest (the waves' events released, two more ticks done):
 
-* ``ingest_events_per_s``: the worker's rate, from its committed offsets polled every 5 ms: per wave, the events
-  committed after the first commit seen over the time until the last (the producer still runs beside it on the same
-  cores); ``send_to_committed_events_per_s``: the size's new events over the time from each wave's first send until
-  the committed offsets cover it; and
+* ``ingest_events_per_s``: the worker's rate on a backlog, from its committed offsets polled every 5 ms: each wave is
+  produced while the workers are stopped (``SIGSTOP``, continued once the wave is in the topic), and the rate is the
+  events committed after the first commit seen over the time until the last (the release ticks run beside it, as
+  they do in service; the bench's producer does not); ``send_to_committed_events_per_s``: the size's new events over
+  the time from each wave's first send until the committed offsets cover it (production included); and
   ``consume_json_events_per_s``: aiokafka ``getmany`` + ``json.loads`` of the whole topic (every event so far)
   in the same run, the worker idle; ``ingest_ratio`` is their quotient;
 * Redis ``used_memory`` and the memory of each kind of key (``MEMORY USAGE``), the worker's and web server's RSS;
@@ -287,6 +288,23 @@ def _serving(stack: Any, size: int, requests: int) -> dict[str, Any]:
             "dashboard": _ms(_timed_gets(host, ["/dashboard"] * 5))}
 
 
+@contextlib.contextmanager
+def _paused(pids: list[int]) -> Iterator[None]:
+    """The processes ``pids`` stopped (``SIGSTOP``) inside the block and continued (``SIGCONT``) after it, whatever
+    happens in it: the workers ingest a wave only once all of it is in the topic, so their rate is that of a backlog
+    on cores they do not share with the bench's producer (the reference, consume + ``json.loads``, reads a backlog
+    alone too)."""
+    import signal
+
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
 def _catalog(root: Path) -> Path:
     from producers.catalog.generate import write_catalog
 
@@ -388,7 +406,8 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                     while users < size:
                         wave = min(active, size - users)
                         t0 = time.perf_counter()
-                        n = producer.wave(users, wave)
+                        with _paused(worker_pids):  # the wave becomes a backlog, as consume + json.loads reads it
+                            n = producer.wave(users, wave)
                         produce_s += time.perf_counter() - t0
                         target = producer.produced
                         c, c_s = obs.wait_ingested(target - n, target, wave_timeout)
