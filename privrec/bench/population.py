@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import math
 import os
 import random
 import sys
@@ -69,15 +70,17 @@ N_ITEMS, D, N_UNITS = 1000, 25, 100
 
 
 def tick_bands(ticks: list[dict[str, Any]], bands: tuple[int, ...] = TICK_BANDS) -> dict[str, Any]:
-    """p50/p99 of the tick wall time over the ticks that folded between half and twice each band's users.
+    """p50/p99 of the tick wall time over the ticks that folded between half and twice each band's users (a tick
+    the bench stopped midway, ``paused``, is left out: its wall time holds the pause).
 
-    >>> t = [{"folded": 900, "tick_s": 0.1}, {"folded": 1100, "tick_s": 0.3}, {"folded": 30, "tick_s": 0.05}]
+    >>> t = [{"folded": 900, "tick_s": 0.1}, {"folded": 1100, "tick_s": 0.3}, {"folded": 30, "tick_s": 0.05},
+    ...      {"folded": 1000, "tick_s": 2.5, "paused": True}]
     >>> tick_bands(t, (1000, 10000))["1000"]["ticks"], tick_bands(t, (1000, 10000))["10000"]
     (2, None)
     """
     out: dict[str, Any] = {}
     for band in bands:
-        times = [t["tick_s"] for t in ticks if band / 2 <= t.get("folded", 0) <= 2 * band]
+        times = [t["tick_s"] for t in ticks if band / 2 <= t.get("folded", 0) <= 2 * band and not t.get("paused")]
         out[str(band)] = None if not times else {
             "ticks": len(times), "p50_s": round(float(np.percentile(times, 50)), 4),
             "p99_s": round(float(np.percentile(times, 99)), 4), "max_s": round(max(times), 4)}
@@ -97,7 +100,7 @@ def marginal(rows: list[dict[str, Any]], field: str, per: str = "users") -> floa
 
 def _fit(ticks: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Least squares ``tick_s = a + b * folded + c * population`` over the ticks that folded someone."""
-    rows = [t for t in ticks if t.get("folded", 0) > 0]
+    rows = [t for t in ticks if t.get("folded", 0) > 0 and not t.get("paused")]
     if len(rows) < 4:
         return None
     X = np.array([[1.0, t["folded"], t["population"]] for t in rows])
@@ -289,13 +292,15 @@ def _serving(stack: Any, size: int, requests: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _paused(pids: list[int]) -> Iterator[None]:
+def _paused(pids: list[int], windows: list[tuple[int, int]]) -> Iterator[None]:
     """The processes ``pids`` stopped (``SIGSTOP``) inside the block and continued (``SIGCONT``) after it, whatever
     happens in it: the workers ingest a wave only once all of it is in the topic, so their rate is that of a backlog
     on cores they do not share with the bench's producer (the reference, consume + ``json.loads``, reads a backlog
-    alone too)."""
+    alone too). The pause's wall-clock window (ms) is appended to ``windows``: a release tick that overlaps it is
+    not a tick's time (:func:`_mark_paused`)."""
     import signal
 
+    start = int(time.time() * 1000)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -303,6 +308,21 @@ def _paused(pids: list[int]) -> Iterator[None]:
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
+        windows.append((start, int(time.time() * 1000) + 1))
+
+
+def _mark_paused(tick: dict[str, Any], windows: list[tuple[int, int]]) -> dict[str, Any]:
+    """``tick`` with ``paused`` set when its run (``at_ms`` is its end, ``tick_s`` its length) overlaps a pause.
+
+    >>> _mark_paused({"at_ms": 10_000, "tick_s": 2.0}, [(8_500, 8_900)])["paused"]
+    True
+    >>> _mark_paused({"at_ms": 10_000, "tick_s": 1.0}, [(8_500, 8_900)])["paused"]
+    False
+    """
+    end = int(tick["at_ms"])
+    begin = end - int(math.ceil(float(tick["tick_s"]) * 1000)) - 1
+    tick["paused"] = any(a <= end and begin <= b for a, b in windows)
+    return tick
 
 
 def _catalog(root: Path) -> Path:
@@ -397,6 +417,7 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                 bar = tqdm(total=sizes[-1], unit="user", desc="population", file=sys.stderr, smoothing=0.1)
             rows: list[dict[str, Any]] = []
             ticks: list[dict[str, Any]] = []
+            pauses: list[tuple[int, int]] = []  # the workers' stops (wall-clock ms): a tick across one is left out
             users = 0
             t_start = time.perf_counter()
             try:
@@ -406,7 +427,7 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                     while users < size:
                         wave = min(active, size - users)
                         t0 = time.perf_counter()
-                        with _paused(worker_pids):  # the wave becomes a backlog, as consume + json.loads reads it
+                        with _paused(worker_pids, pauses):  # the wave becomes a backlog, as consume + json.loads reads it
                             n = producer.wave(users, wave)
                         produce_s += time.perf_counter() - t0
                         target = producer.produced
@@ -419,7 +440,7 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                         new_events += n
                         for t in obs.ticks():
                             t["population"] = users
-                            ticks.append(t)
+                            ticks.append(_mark_paused(t, pauses))
                         if bar is not None:
                             bar.update(wave)
                     fill_s = time.perf_counter() - t_size
@@ -431,7 +452,7 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                     del last
                     for t in obs.ticks():
                         t["population"] = users
-                        ticks.append(t)
+                        ticks.append(_mark_paused(t, pauses))
                     mem = obs.memory()
                     note(f"N = {size:,}: consume + json.loads of the topic's {producer.produced:,} events")
                     consume_s = asyncio.run(consume(stack.broker.address, producer.produced, settings, "json"))
@@ -474,6 +495,7 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
     at10k = bands.get("10000")
     doc["tick_fit"] = fit
     doc["tick_bands"] = bands
+    doc["ticks_paused"] = sum(1 for t in ticks if t.get("paused"))  # left out of the bands and the fit
     doc["tick_predicted_s"] = {str(b): _predict(fit, b, big["users"]) for b in TICK_BANDS}
     doc["redis_marginal_bytes_per_user"] = per_user
     doc["redis_marginal_bytes_per_event"] = per_event
