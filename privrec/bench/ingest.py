@@ -563,10 +563,14 @@ def _print(doc: dict[str, Any]) -> None:
     print(f"  raw consume + json.loads:                             {pre['consume_json_events_per_s']:>10,.0f} ev/s")
     print(f"  raw consume + parse_interaction:                      {pre['consume_parse_events_per_s']:>10,.0f} ev/s")
     print(f"  ratio end-to-end / raw: {sm['ratio_end_to_end_to_raw']:.3f}   ingest / raw: {sm['ratio_ingest_to_raw']:.3f}")
-    print(f"  worker CPU per event: {pre.get('worker_cpu_us_per_event')} µs = "
-          f"{sm['ingest_events_per_worker_cpu_second']:,} events per worker CPU-second; the worker had "
-          f"{pre['worker_cpu_share_while_ingesting']:.0%} of a core (load average "
-          f"{doc['machine']['loadavg_before'][0]}); cpu seconds {pre['cpu_seconds']}")
+    if sm["ingest_events_per_worker_cpu_second"] is None:  # a run shorter than the CPU clock's tick (10 ms)
+        print(f"  worker CPU per event: not measurable (the worker's CPU time did not move while it ingested: "
+              f"below the CPU clock's 10 ms resolution); cpu seconds {pre['cpu_seconds']}")
+    else:
+        print(f"  worker CPU per event: {pre.get('worker_cpu_us_per_event')} µs = "
+              f"{sm['ingest_events_per_worker_cpu_second']:,} events per worker CPU-second; the worker had "
+              f"{pre['worker_cpu_share_while_ingesting']:.0%} of a core (load average "
+              f"{doc['machine']['loadavg_before'][0]}); cpu seconds {pre['cpu_seconds']}")
     if "concurrent" in doc:
         c = doc["concurrent"]
         print(f"concurrent (produce {c['events']} events while the worker ingests):")
