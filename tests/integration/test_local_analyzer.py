@@ -75,6 +75,14 @@ def _sealed_batches(settings: Settings, key: AnalyzerKey) -> list[tuple[int, byt
     return out
 
 
+def _analyzer_key(tmp_path: Path) -> tuple[AnalyzerKey, Path]:
+    """A fresh analyzer key and the PEM file the worker reads it from (``KEY_ENV``)."""
+    key = AnalyzerKey.generate()
+    pem = tmp_path / "analyzer-key.pem"
+    pem.write_bytes(key.to_pem())
+    return key, pem
+
+
 def _release_live(st: Any, batches: list[tuple[int, bytes]], expected: int) -> dict[bytes, bytes]:
     """Send the sealed batches to a live worker of ``st`` on ``ldp-shuffled`` (keyed by their unit, as the shuffler
     service sends them); the released hash once it counts all ``expected`` reports."""
@@ -90,9 +98,7 @@ def _release_live(st: Any, batches: list[tuple[int, bytes]], expected: int) -> d
 
 
 def test_the_twin_and_the_live_worker_release_bit_identical_b(tmp_path: Path, redis_server: Any) -> None:
-    key = AnalyzerKey.generate()
-    pem = tmp_path / "analyzer-key.pem"
-    pem.write_bytes(key.to_pem())
+    key, pem = _analyzer_key(tmp_path)
     with open_stack(tmp_path, redis_server.url, "bitwise", partitions=2, world={**WORLD, KEY_ENV: str(pem)}) as st:
         settings = st.settings()
         catalog = load_catalog(settings)
@@ -123,9 +129,7 @@ def test_the_twin_and_the_live_worker_release_bit_identical_b(tmp_path: Path, re
 
 def test_the_default_variants_twin_and_the_live_worker_release_bit_identical_blocks(tmp_path: Path,
                                                                                     redis_server: Any) -> None:
-    key = AnalyzerKey.generate()
-    pem = tmp_path / "analyzer-key.pem"
-    pem.write_bytes(key.to_pem())
+    key, pem = _analyzer_key(tmp_path)
     world = {**ITEMS_WORLD, KEY_ENV: str(pem)}
     with open_stack(tmp_path, redis_server.url, "bitwise-items", partitions=2, world=world) as st:
         settings = st.settings()
