@@ -38,6 +38,7 @@ from ..data.catalog import load_catalog
 from ..config.kafkaconn import faust_credentials
 from ..config.metrics import WorkerMetrics, serve_metrics
 from ..config.settings import Settings
+from ..state.foldround import OwnedPartitions
 
 __all__ = ["create_app", "build_worker_app"]
 
@@ -88,9 +89,10 @@ def build_worker_app(settings: Settings | None = None) -> faust.App:
     if settings.mode == "local":  # reports in place of events; the devices add the noise
         localmode.register(app, settings, catalog, metrics=worker_metrics, metrics_url=url)
         return app
-    agents.register(app, settings, catalog, metrics=worker_metrics, metrics_url=url)
+    owned = OwnedPartitions()  # ingest's assignment: the partitions this worker folds in a fold round
+    agents.register(app, settings, catalog, metrics=worker_metrics, metrics_url=url, owned=owned)
     items_live.register(app, settings, catalog)  # a catalog directory: follow the items topic
-    timers.register(app, settings, catalog, worker_metrics)
+    timers.register(app, settings, catalog, worker_metrics, owned=owned)
     return app
 
 

@@ -34,6 +34,7 @@ from .shown_lists import ShownListCheck
 from ..config.metrics import WorkerMetrics
 from ..data.records import TOPICS, dead_letter_value
 from ..config.settings import Settings
+from ..state.foldround import OwnedPartitions
 from ..state.trusted import TrustedStore
 
 log = logging.getLogger("privrec.ingest")
@@ -42,14 +43,18 @@ __all__ = ["register", "ingest", "make_processor"]
 
 
 class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, consumer: AIOKafkaConsumer, processor: IngestProcessor, partitions: int) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, processor: IngestProcessor, partitions: int,
+                 owned: OwnedPartitions | None = None) -> None:
         self.consumer = consumer
         self.processor = processor
         self.partitions = partitions
+        self.owned = owned  # the partitions this worker folds in a fold round (pipeline.state.foldround)
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         for tp in revoked:
             self.processor.forget(tp.partition)
+        if self.owned is not None:
+            self.owned.revoked(tp.partition for tp in revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         stored = self.processor.store.offsets(self.partitions)
@@ -60,6 +65,8 @@ class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
                 await self.consumer.seek_to_beginning(tp)
             else:
                 self.consumer.seek(tp, off)
+        if self.owned is not None:
+            self.owned.assigned(tp.partition for tp in assigned)
         log.info("assigned partitions %s (stored offsets %s)", sorted(tp.partition for tp in assigned), stored)
 
 
@@ -114,16 +121,17 @@ async def _observe_lag(consumer: AIOKafkaConsumer, assigned: set[TopicPartition]
 
 def register(app: faust.App, settings: Settings, catalog: Catalog, *, topic: str | None = None,
              metrics: WorkerMetrics | None = None, metrics_url: str | None = None,
-             processor: IngestProcessor | None = None) -> None:
+             processor: IngestProcessor | None = None, owned: OwnedPartitions | None = None) -> None:
     """Run :func:`ingest` as a task of ``app`` (every worker, leader or not); ``topic`` defaults to ``interactions``.
 
     ``processor``: what a batch of the topic becomes (default: events into exact statistics; local mode
-    passes its report processor, :mod:`pipeline.modes.local.localmode`)."""
+    passes its report processor, :mod:`pipeline.modes.local.localmode`). ``owned``: kept up to date with the
+    partitions the consumer is assigned (the fold round's owners, :mod:`pipeline.state.foldround`)."""
 
     @app.task
     async def ingest_task() -> None:
         await ingest(settings, catalog, topic=topic or TOPICS["interactions"], metrics=metrics,
-                     metrics_url=metrics_url, processor=processor)
+                     metrics_url=metrics_url, processor=processor, owned=owned)
 
 
 def make_processor(client: redis.Redis, settings: Settings, catalog: Catalog) -> IngestProcessor:
@@ -139,7 +147,8 @@ def make_processor(client: redis.Redis, settings: Settings, catalog: Catalog) ->
 
 
 async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: WorkerMetrics | None = None,
-                 metrics_url: str | None = None, processor: IngestProcessor | None = None) -> None:
+                 metrics_url: str | None = None, processor: IngestProcessor | None = None,
+                 owned: OwnedPartitions | None = None) -> None:
     """Consume ``topic`` (``interactions``, or a federated site's own topic) in batches until the worker stops."""
     client = connect(settings.redis_url or "redis://127.0.0.1:6379/0")
     if processor is None:
@@ -156,7 +165,7 @@ async def ingest(settings: Settings, catalog: Catalog, *, topic: str, metrics: W
     # and offsets stored against the old logs must not skip (or re-count) the new ones
     ident = AIOKafkaConsumer(**client_kwargs(settings), enable_auto_commit=False)
     await ident.start()
-    consumer.subscribe([topic], listener=_SeekToStoredOffsets(consumer, processor, settings.partitions))
+    consumer.subscribe([topic], listener=_SeekToStoredOffsets(consumer, processor, settings.partitions, owned))
     await consumer.start()
     loop = _IngestLoop(settings, client, processor, consumer, producer, ident, metrics, metrics_url)
     try:

@@ -51,6 +51,7 @@ from ..config.ledger import LifetimeBudget, with_budget
 from ..config.settings import Settings
 from ..state.trusted import TrustedStore
 from ..state.userlevel import Folder
+from ..state.foldround import FoldRounds
 from .statements import (HIERARCHY_MECHANISM, ITEM_MECHANISM, hierarchy_statement, privacy_statement,
                          user_level_statement)
 
@@ -215,6 +216,8 @@ class ReleaseStage:
                                  n_items=self.n_items, cap=s.user_cap, capacity=s.tree_ticks,
                                  ratio=self.participation_ratio, b_clip=s.clips[0], item_clip=s.clips[1],
                                  hierarchy=hierarchy)
+            #: the fold round (pipeline.state.foldround): the worker app sets which partitions this process owns
+            self.fold_rounds = FoldRounds(self.folder)
         if s.hierarchy:
             self.statement = hierarchy_statement(s, self.mechanism, self.layout, self.participation_ratio)
         else:
@@ -288,7 +291,7 @@ class ReleaseStage:
         fold: dict[str, int] = {}
         t_fold = time.perf_counter()
         if self.folder is not None:  # user level: this tick's per-user contributions, clipped and capped
-            fold = self.folder.fold(self.settings.partitions, self.store.pending_version() + 1)
+            fold = self.fold_rounds.fold(self.settings.partitions, self.store.pending_version() + 1)
         #: what this tick folded and its wall time (the leader's tick log, pipeline.release.timers)
         self.last_fold = {**fold, "fold_s": round(time.perf_counter() - t_fold, 6)}
         if self.settings.hierarchy:

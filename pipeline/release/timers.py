@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from ..config.redisconn import connect
 from ..data.catalog import Catalog
 from ..config.settings import Settings
 from ..config.metrics import WorkerMetrics
+from ..state.foldround import FOLD_POLL_S, OwnedPartitions
 from .stages import ReleaseStage, SolveStage
 
 log = logging.getLogger("privrec.release")
@@ -33,19 +35,32 @@ class ReleaseTicker:
     """One release tick then a solve (which also catches up after a restart); stages built on first use."""
 
     def __init__(self, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None,
-                 release: Callable[..., Any] = ReleaseStage) -> None:
+                 release: Callable[..., Any] = ReleaseStage, owned: OwnedPartitions | None = None) -> None:
         self.settings, self.catalog, self.metrics = settings, catalog, metrics
         self._release = release  # the mode's release stage (local mode: pipeline.modes.local.release.LocalReleaseStage)
+        self.owned = owned  # the partitions this worker's ingest owns (it folds them: pipeline.state.foldround)
         self._stages: tuple[Any, SolveStage] | None = None
         self._client: Any = None
+        self._building = threading.Lock()  # the tick and the fold answer run in executor threads
 
     def _build(self) -> tuple[Any, SolveStage]:
-        if self._stages is None:
-            client = connect(self.settings.redis_url or "redis://127.0.0.1:6379/0")
-            self._client = client
-            release = self._release(self.settings, self.catalog, client)
-            self._stages = (release, SolveStage(self.settings, client, release.statement, self.catalog))
+        with self._building:
+            if self._stages is None:
+                client = connect(self.settings.redis_url or "redis://127.0.0.1:6379/0")
+                self._client = client
+                release = self._release(self.settings, self.catalog, client)
+                rounds = getattr(release, "fold_rounds", None)
+                if rounds is not None:
+                    rounds.owned = self.owned
+                self._stages = (release, SolveStage(self.settings, client, release.statement, self.catalog))
         return self._stages
+
+    def answer_fold(self) -> int:
+        """Every worker: fold the partitions it owns that the leader's fold request waits for (user level)."""
+        if self.owned is None or not self.owned.partitions:
+            return 0
+        rounds = getattr(self._build()[0], "fold_rounds", None)
+        return 0 if rounds is None else int(rounds.answer())
 
     def tick(self) -> tuple[int | None, int | None]:
         release, solve = self._build()
@@ -89,9 +104,22 @@ class ReleaseTicker:
 
 
 def register(app: faust.App, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None,
-             release: Callable[..., Any] = ReleaseStage) -> None:
-    """Run a :class:`ReleaseTicker` every ``tick_seconds`` on the leader of ``app`` (``release``: the mode's stage)."""
-    ticker = ReleaseTicker(settings, catalog, metrics, release)
+             release: Callable[..., Any] = ReleaseStage, owned: OwnedPartitions | None = None) -> None:
+    """Run a :class:`ReleaseTicker` every ``tick_seconds`` on the leader of ``app`` (``release``: the mode's stage);
+    with ``owned`` (user level), every worker also answers the leader's fold rounds for the partitions it owns."""
+    ticker = ReleaseTicker(settings, catalog, metrics, release, owned)
+
+    if owned is not None and settings.user_level:
+        @app.task
+        async def answer_fold_rounds() -> None:  # a loop, not a faust timer: those warn when a run outlasts 50 ms
+            loop = asyncio.get_running_loop()
+            while True:
+                await asyncio.sleep(FOLD_POLL_S)
+                try:
+                    await loop.run_in_executor(None, ticker.answer_fold)
+                except Exception:  # keep answering: the leader folds what no owner folded after its grace
+                    log.exception("fold round not answered")
+                    await asyncio.sleep(1.0)
 
     @app.timer(settings.tick_seconds, on_leader=True)
     async def release_and_solve() -> None:

@@ -3,8 +3,9 @@
 With ``privacy_unit = user`` (the default), ingest does not add events to the unit statistics at
 once. It accumulates each user's events of the current tick in the partition's *pending* hash
 (``{ns}:trusted:{ns:p<P>}:pending``, field ``u:<user>``: the user's unit, count, Gram, ``b`` and item
-rewards; with ``--model hierarchy`` no Gram and no ``b``: its release reads neither), atomically with the partition's offset (:data:`PENDING_SCRIPT`). At each release tick the
-leader *folds* every partition (:meth:`Folder.fold_partition`): it takes the partition's pending hash (renamed
+rewards; with ``--model hierarchy`` no Gram and no ``b``: its release reads neither), atomically with the partition's offset (:data:`PENDING_SCRIPT`). At each release tick
+every partition is *folded* (:meth:`Folder.fold_partition`, by the worker that owns the partition, the leader
+waiting for all of them before it releases: :mod:`pipeline.state.foldround`): the fold takes the partition's pending hash (renamed
 to the folding hash with the fold generation bumped, :data:`TAKE_SCRIPT`), so ingest goes on into a fresh pending
 hash while the fold plans, then writes the plan in one transaction:
 
@@ -41,6 +42,7 @@ B(k) / B(cap))`` (Gaussian DP composes over epochs; ``mu`` is what a capped user
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from collections import Counter
@@ -60,7 +62,7 @@ from ..config.keys import PublicKeys
 from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts
 from .trusted import TrustedKeys, offset_checked_writes
 
-__all__ = ["PENDING_SCRIPT", "TAKE_SCRIPT", "Contribution", "NO_UNIT_STATS", "encode_contribution", "decode_contribution",
+__all__ = ["PENDING_SCRIPT", "TAKE_SCRIPT", "Fence", "FoldLockLost", "Contribution", "NO_UNIT_STATS", "encode_contribution", "decode_contribution",
            "Contributions", "decode_contributions", "merge_contributions", "Folder",
            "UserLevelKeys"]
 
@@ -116,6 +118,16 @@ class UserLevelKeys:
         return self._key("trusted", "foldgen")
 
     @property
+    def fold_lock(self) -> str:
+        """Who folds the partition now (a token, set with ``NX`` and an expiry: :mod:`pipeline.state.foldround`)."""
+        return self._key("trusted", "foldlock")
+
+    @property
+    def folded(self) -> str:
+        """The last fold round recorded for the partition and that fold's counters (``round``, ``summary``)."""
+        return self._key("trusted", "folded")
+
+    @property
     def participation(self) -> str:
         """Public ledger: per user, participations per epoch (``LedgerRecord`` JSON)."""
         return PublicKeys(self.ns).ledger_participation(self.partition)
@@ -129,6 +141,29 @@ class UserLevelKeys:
     def summary(self) -> str:
         """Public ledger: counters of the partition (``at_cap:<epoch>``, ``dropped``, ``folded``)."""
         return PublicKeys(self.ns).ledger_summary(self.partition)
+
+
+class FoldLockLost(RuntimeError):
+    """A fold's partition lock expired and another fold holds it now: this fold wrote nothing."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A fold held under its partition's fold lock (:mod:`pipeline.state.foldround`): the lock's key and this fold's
+    token, and the hash where the fold records its round and counters (in the fold's own transaction)."""
+
+    lock: str
+    token: bytes
+    folded: str
+    round: int
+
+    def check(self, pipe: Any) -> None:
+        """Raise :class:`FoldLockLost` unless the lock still holds this fold's token (``pipe`` watches the lock)."""
+        if pipe.get(self.lock) != self.token:
+            raise FoldLockLost(f"{self.lock}: the lock expired and changed hands; this fold wrote nothing")
+
+    def mark(self, pipe: Any, summary: dict[str, int]) -> None:
+        pipe.hset(self.folded, mapping={"round": self.round, "summary": json.dumps(summary, sort_keys=True)})
 
 
 @dataclass
@@ -305,15 +340,8 @@ class Folder:
     def epoch_of(self, version: int) -> int:
         return (max(1, version) - 1) // self.capacity
 
-    def fold(self, partitions: int, version: int) -> dict[str, int]:
-        """Fold every partition into the statistics of release ``version``; counters of what happened."""
-        total = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
-        for p in range(partitions):
-            for key, value in self.fold_partition(p, version).items():
-                total[key] += value
-        return total
-
-    def fold_partition(self, partition: int, version: int, retries: int = 50) -> dict[str, int]:
+    def fold_partition(self, partition: int, version: int, retries: int = 50, *,
+                       fence: Fence | None = None) -> dict[str, int]:
         """Fold one partition's pending contributions into release ``version``.
 
         The tick's contributions are first *taken*: the pending hash is renamed to the partition's folding hash
@@ -323,17 +351,21 @@ class Folder:
         redone at every ingest batch, so a tick of thousands of users could take seconds). The plan's writes
         (statistics, records, counters) and the folding hash's deletion are one transaction: a crash in between
         leaves the folding hash, which the next fold folds first. Users already folded into ``version`` go back
-        to the pending hash, merged with what they sent since (under ``WATCH``: a few users, a short window)."""
+        to the pending hash, merged with what they sent since (under ``WATCH``: a few users, a short window).
+
+        ``fence``: the partition's fold lock this fold holds (:mod:`pipeline.state.foldround`). The transaction then
+        writes only while the lock still holds this fold's token (``WATCH``), else raises :class:`FoldLockLost`
+        with nothing written, and it records the fold round and its counters beside the statistics."""
         keys = UserLevelKeys(self.ns, partition)
         stats_key = self.trusted.stats(partition)
         epoch = self.epoch_of(version)
         empty = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
         if not int(self._take(keys=[keys.pending, keys.folding, keys.foldgen])):
-            return empty
+            return self._nothing_taken(keys, fence, empty)
         taken = self.r.hgetall(keys.folding)
         if not taken:
             self.r.delete(keys.folding)
-            return empty
+            return self._nothing_taken(keys, fence, empty)
         stats_raw = self.r.hgetall(stats_key)
         users = [k.decode()[2:] for k in taken]
         records_raw = self.r.hmget(keys.participation, users)
@@ -347,8 +379,12 @@ class Folder:
             with self.r.pipeline(transaction=True) as pipe:
                 try:
                     back: dict[bytes, bytes] = {}
+                    watched = ([keys.pending, keys.foldgen] if waiting else []) + ([fence.lock] if fence else [])
+                    if watched:
+                        pipe.watch(*watched)
+                    if fence is not None:
+                        fence.check(pipe)
                     if waiting:  # back to pending, with what the user sent since the take
-                        pipe.watch(keys.pending, keys.foldgen)
                         later = pipe.hmget(keys.pending, list(waiting))
                         back = {f: raw if now is None else encode_contribution(merge_contributions(
                             decode_contribution(raw, self.d), decode_contribution(now, self.d)))
@@ -368,12 +404,28 @@ class Folder:
                         pipe.hset(keys.pending, mapping=back)  # type: ignore[arg-type]
                         pipe.incr(keys.foldgen)
                     pipe.delete(keys.folding)
+                    if fence is not None:
+                        fence.mark(pipe, out["summary"])
                     pipe.execute()
                     return out["summary"]
                 except redis.WatchError:  # ingest wrote pending meanwhile: merge the waiting users again
                     continue
         raise RuntimeError(f"partition {partition}: the fold lost {retries} races with ingest in a row while "
                            f"returning {len(waiting)} waiting users to the pending hash")
+
+    def _nothing_taken(self, keys: UserLevelKeys, fence: Fence | None, empty: dict[str, int]) -> dict[str, int]:
+        """Nothing pending: under a fence, record the round as folded (with the lock's check), nothing else."""
+        if fence is not None:
+            with self.r.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(fence.lock)
+                    fence.check(pipe)
+                    pipe.multi()
+                    fence.mark(pipe, empty)
+                    pipe.execute()
+                except redis.WatchError:
+                    raise FoldLockLost(f"partition {keys.partition}: the fold lock changed hands") from None
+        return empty
 
     def _plan(self, pending: dict[bytes, bytes], stats_raw: dict[bytes, bytes], users: Sequence[str],
               records_raw: Sequence[bytes | None], version: int, epoch: int) -> dict[str, Any]:

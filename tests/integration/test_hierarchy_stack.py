@@ -77,13 +77,18 @@ def _count(stack: LocalStack) -> int:
 @pytest.fixture
 def open_stack(tmp_path: Path, catalog_dir: Path, redis_server: services.ServiceHandle,
                request: pytest.FixtureRequest) -> Iterator[LocalStack]:
-    extra = getattr(request, "param", {"PRIVREC_EPSILON": "inf"})
-    with web_stack(tmp_path, settings=_world(catalog_dir, **extra), redis_url=redis_server.url) as st:
+    extra = dict(getattr(request, "param", {"PRIVREC_EPSILON": "inf"}))
+    workers = int(extra.pop("workers", 1))
+    with web_stack(tmp_path, settings=_world(catalog_dir, **extra), redis_url=redis_server.url,
+                   workers=workers) as st:
         yield st
 
 
+@pytest.mark.parametrize("open_stack", [{"PRIVREC_EPSILON": "inf", "workers": "2"}], indirect=True)
 def test_without_noise_the_release_is_the_contributions_and_the_served_model_its_solve(
         open_stack: LocalStack, catalog_dir: Path) -> None:
+    """Two workers, a partition each: each folds its own partition's users (pipeline.state.foldround), the leader
+    releases the sum."""
     stack = open_stack
     s = Settings.from_mapping({}, environ=stack.env)
     assert s.model == "hierarchy" and not s.private
@@ -94,6 +99,8 @@ def test_without_noise_the_release_is_the_contributions_and_the_served_model_its
     picks = [items[int(a)] for a in rng.integers(0, 30, size=len(users))]
     _listen(stack, list(zip(users, picks)))
     wait_for(lambda: _count(stack) == len(users), 60, "every listen released")
+    ticks = [json.loads(e) for e in _client(stack).lrange(PublicKeys(stack.namespace).tick_log, 0, -1)]
+    assert any(t.get("folded") and t["partitions_here"] == 1 for t in ticks)  # the other worker folded the other
 
     raw = _released(stack)
     rel = ReleasedHierarchy.from_mapping(raw)
