@@ -564,7 +564,7 @@ class Settings:
             and self.local_codewords is None and self.privacy_unit in (None, "user") and self.private \
             and not too_few
         # privrec up makes the codebook the catalog itself (the item term) when the catalog has at most
-        # MAX_CATALOG_CODEBOOK (1,024) items
+        # MAX_CATALOG_CODEBOOK (4,096) items
         object.__setattr__(self, "local_defaulted", default_variant)
         if default_variant:
             if self.user_cap is None:

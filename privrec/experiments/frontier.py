@@ -554,6 +554,8 @@ def _eps_label(key: str) -> str:
 
 
 def _markdown(doc: dict[str, Any]) -> str:
+    from privrec.ops.up import MAX_CATALOG_CODEBOOK
+
     cfg = doc["config"]
     keys = [_eps_key(float(e)) for e in doc["epsilons"]]
     lines = ["# What privacy costs: the default model's frontier", "",
@@ -563,7 +565,7 @@ def _markdown(doc: dict[str, Any]) -> str:
              f"({cfg['sites']} sites, each its own noise, summed), `local` (`privrec up --mode local`'s default: "
              f"population-wide shuffled batches of distinct users, cap {cfg['local_cap']} reports per device, "
              f"listens as codewords through a blanket of fakes at the whole ε — the catalog itself as the codebook up "
-             f"to 1,024 items, else 64 codewords —, served by the hierarchy). At ε = ∞ "
+             f"to {MAX_CATALOG_CODEBOOK:,} items, else 64 codewords —, served by the hierarchy). At ε = ∞ "
              "each mode's non-private twin; `global` at ∞ is the non-private reference (HierarchicalUCB with the "
              "pool, items and units released).", "",
              "Columns: **share** of the non-private gain kept = (private − best data-free) ÷ (non-private − best "
