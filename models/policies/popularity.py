@@ -152,6 +152,11 @@ class PrivatePopularity:
     sensitivity), so a capped user's epoch is ``(epsilon, delta)``-DP, the calibration of
     :class:`models.policies.hierarchy.HierarchicalUCB`'s items block with all of the budget.
 
+    ``sites > 1``: private popularity under the federated trust model, as
+    :class:`~models.policies.hierarchy.HierarchicalUCB` splits users (unit ``u`` belongs to site ``u mod sites``):
+    each site releases its own users' sums with its own mechanism (its own noise, the same calibration), and the
+    score is the sum of the sites' releases. A user belongs to one site, so the guarantee is each site's.
+
     Parameters
     ----------
     n_items
@@ -183,7 +188,8 @@ class PrivatePopularity:
     """
 
     def __init__(self, n_items: int, *, epsilon: float, delta: float = 1e-5, cap: int = 1, tick: int = 100,
-                 capacity: int = (1 << 14) - 1, mechanism: str = "blt-exact", seed: int = 0) -> None:
+                 capacity: int = (1 << 14) - 1, mechanism: str = "blt-exact", seed: int = 0,
+                 sites: int = 1) -> None:
         if int(n_items) < 1:
             raise ValueError(f"`n_items` must be positive, got {n_items}.")
         if not epsilon > 0:
@@ -192,7 +198,9 @@ class PrivatePopularity:
             raise ValueError(f"`cap` must be a positive number of ticks, got {cap}.")
         if int(tick) < 1:
             raise ValueError(f"`tick` must be a positive number of interactions, got {tick}.")
-        self.n_items, self.epsilon, self.delta = int(n_items), float(epsilon), float(delta)
+        if int(sites) < 1:
+            raise ValueError(f"`sites` must be a positive number of sites, got {sites}.")
+        self.n_items, self.epsilon, self.delta, self.sites = int(n_items), float(epsilon), float(delta), int(sites)
         self.private = not math.isinf(epsilon)
         self.cap = int(cap) if self.private else 1 << 62
         self.tick, self.capacity, self.seed = int(tick), int(capacity), int(seed)
@@ -203,10 +211,14 @@ class PrivatePopularity:
             one = make_mechanism(mechanism, dim=self.n_items, sensitivity=tick_sensitivity, epsilon=epsilon,
                                  delta=delta, horizon=self.capacity, seed=seed, stream=5)
             self.sensitivity = tick_sensitivity * participation_factor(one, self.cap)
-            self.mechanism = make_mechanism(mechanism, dim=self.n_items, sensitivity=self.sensitivity,
-                                            epsilon=epsilon, delta=delta, horizon=self.capacity, seed=seed, stream=5)
-            self.state = self.mechanism.init_state()
+            self.mechanisms = [make_mechanism(mechanism, dim=self.n_items, sensitivity=self.sensitivity,
+                                              epsilon=epsilon, delta=delta, horizon=self.capacity, seed=seed,
+                                              stream=5 if site == 0 else 200 + site)
+                               for site in range(self.sites)]
+            self.mechanism = self.mechanisms[0]
+            self.states = [m.init_state() for m in self.mechanisms]
         self.rng = np.random.default_rng(seed)
+        self.site_exact = np.zeros((self.sites, self.n_items))  # each site's own users' sums
         self.exact = np.zeros(self.n_items)
         self.released = np.zeros(self.n_items)
         self.released_std = 0.0
@@ -240,14 +252,19 @@ class PrivatePopularity:
         kept, dropped = capped_ticks(self.buffer, self.participations, self.ticks // self.capacity, self.cap)
         self.buffer = []
         self.dropped += dropped
-        for _, w in kept:
+        for unit, w in kept:
             for item, share in item_shares(w).items():
+                self.site_exact[unit % self.sites, item] += share
                 self.exact[item] += share
         if self.mechanism is None:
             self.released = self.exact.copy()
         else:
-            self.released, self.state, _ = self.mechanism.step_to(self.state, self.exact.copy())
-            self.released_std = noise_std(self.mechanism, self.state)
+            released = np.zeros(self.n_items)
+            for site, mech in enumerate(self.mechanisms):
+                y, self.states[site], _ = mech.step_to(self.states[site], self.site_exact[site].copy())
+                released += y
+            self.released = released
+            self.released_std = noise_std(self.mechanism, self.states[0]) * math.sqrt(self.sites)
         self.ticks += 1
 
 

@@ -244,12 +244,14 @@ def _jobs(cfg: FrontierConfig, population: str) -> list[_Job]:
             out += [_Job(population, mode, e, r) for r in runs]
         if not math.isinf(e):
             out += [_Job(population, "private-popularity", e, r) for r in runs]
+            if "federated" in cfg.modes:  # the federated cells' floor: private popularity under their trust model
+                out += [_Job(population, "private-popularity-federated", e, r) for r in runs]
     return out
 
 
 #: Relative cost per event, to start the longest jobs first.
 _COST = {"local": 3.0, "nonprivate": 2.0, "federated": 1.0, "global": 1.0, "private-popularity": 0.5,
-         "online-popularity": 0.05, "prior": 0.05}
+         "private-popularity-federated": 0.5, "online-popularity": 0.05, "prior": 0.05}
 
 
 def _load(cfg: FrontierConfig, name: str, out: Path) -> _Population:
@@ -311,8 +313,9 @@ def _policy(job: _Job, cfg: FrontierConfig, pop: _Population, seed: int) -> Any:
     if job.kind == "local":
         return local_default_twin(F, eps=eps, delta=cfg.delta, cap=cfg.local_cap, batch=cfg.local_batch, seed=seed,
                                   tick=cfg.tick)
-    if job.kind == "private-popularity":
-        return PrivatePopularity(K, epsilon=eps, delta=cfg.delta, cap=1, tick=cfg.tick, seed=seed)
+    if job.kind in ("private-popularity", "private-popularity-federated"):
+        sites = cfg.sites if job.kind == "private-popularity-federated" else 1
+        return PrivatePopularity(K, epsilon=eps, delta=cfg.delta, cap=1, tick=cfg.tick, seed=seed, sites=sites)
     if job.kind == "online-popularity":
         return OnlinePopularity(K, seed=seed)
     if job.kind == "prior":
@@ -473,6 +476,10 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
                  online_popularity=online)
         p["private_popularity"] = {_eps_key(e): _stats(values(runs(name, "private-popularity", e)))
                                    for e in cfg.epsilons if not math.isinf(e)}
+        if "federated" in cfg.modes:
+            p["private_popularity_federated"] = {
+                _eps_key(e): _stats(values(runs(name, "private-popularity-federated", e)))
+                for e in cfg.epsilons if not math.isinf(e)}
         cells: dict[str, dict[str, Any]] = {}
         for mode in cfg.modes:
             cells[mode] = {}
@@ -481,13 +488,20 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
                 rs = runs(name, "nonprivate") if reference else runs(name, mode, e)
                 why = next((r.uncalibrated for r in rs if r.uncalibrated), None)
                 st = _stats(values(rs))
-                floor_row = online if math.isinf(e) else p["private_popularity"][_eps_key(e)]
+                one_server = None if math.isinf(e) else p["private_popularity"][_eps_key(e)]
+                floor_row = online if one_server is None else one_server
                 floor_what = "online popularity" if math.isinf(e) else "private popularity"
+                if mode == "federated" and not math.isinf(e):  # the same trust model: each site its own noise
+                    floor_row = p["private_popularity_federated"][_eps_key(e)]
+                    floor_what = "private popularity, federated"
                 cell: dict[str, Any] = {**st, "uncalibrated": why, "share_of_gain": None, "share_se": None,
                                         "floor": None, "floor_what": None, "floor_met": None,
-                                        "info": [r.info for r in rs if r.info] or None}
+                                        "one_server_floor_met": None, "info": [r.info for r in rs if r.info] or None}
                 if why is None and st["ratio"] is not None:
                     cell.update(_judge(st, ref, data_free, floor_row, floor_what, reference))
+                    if one_server is not None and floor_row is not one_server:  # against one trusted server too
+                        cell["one_server_floor_met"] = _judge(st, ref, data_free, one_server, "private popularity",
+                                                              reference)["floor_met"]
                 cells[mode][_eps_key(e)] = cell
         p["cells"] = cells
     return {
@@ -505,7 +519,10 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
             "se": "standard error of the mean over seeds (sd / sqrt(seeds)); null with one seed",
             "share_se": "delta method over the private, non-private and baseline SEs (0 where null)",
             "floor_met": "ratio >= max(best data-free, private popularity at that epsilon) - 2 SE of the difference "
-                         "(at epsilon = inf: online popularity); SEs of one seed count as 0",
+                         "(at epsilon = inf: online popularity); SEs of one seed count as 0. Federated cells: private "
+                         "popularity under the federated trust model (each site releases its own users' item sums "
+                         "with its own noise, the sum ranks: private_popularity_federated); one_server_floor_met: "
+                         "the same test against private popularity released by one trusted server",
         },
         "config": {k: ([_eps_key(x) if isinstance(x, float) and math.isinf(x) else x for x in v]
                        if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
@@ -569,10 +586,13 @@ def _markdown(doc: dict[str, Any]) -> str:
              "each mode's non-private twin; `global` at ∞ is the non-private reference (HierarchicalUCB with the "
              "pool, items and units released).", "",
              "Columns: **share** of the non-private gain kept = (private − best data-free) ÷ (non-private − best "
-             "data-free), ± its SE; **private pop.** = private popularity at that ε (user level, cap 1, the whole "
-             "budget on the item sums; at ∞: online popularity); **online pop.** = online popularity (non-private); "
-             "**data-free** = max(random play, the public prior alone); **floor** ✓ = the private ratio ≥ "
-             "max(data-free, private popularity) − 2 SE; `n/c` = not calibrated (reason below).", "",
+             "data-free), ± its SE; **private pop.** = private popularity at that ε released by one trusted server (user "
+             "level, cap 1, the whole budget on the item sums; at ∞: online popularity), and on the federated rows, in "
+             "brackets, under the federated trust model (each site releases its own users' sums with its own noise; "
+             "their sum ranks); **online pop.** = online popularity (non-private); **data-free** = max(random play, "
+             "the public prior alone); **floor** ✓ = the private ratio ≥ max(data-free, private popularity under the "
+             "row's trust model) − 2 SE (a federated row also says when it misses the one-server floor); `n/c` = not "
+             "calibrated (reason below).", "",
              "| population | mode | ε | ÷ random | share | private pop. | online pop. | data-free | non-private | "
              "floor |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -585,6 +605,8 @@ def _markdown(doc: dict[str, Any]) -> str:
             for key in keys:
                 c = cells[key]
                 pp = p["online_popularity"] if key == "inf" else p["private_popularity"].get(key)
+                fed = "" if mode != "federated" or key == "inf" else \
+                    f" (federated {_fmt(p['private_popularity_federated'].get(key))})"
                 if c["uncalibrated"]:
                     value = share = floor = NC
                     reasons.setdefault(c["uncalibrated"], []).append(_eps_label(key))
@@ -593,9 +615,11 @@ def _markdown(doc: dict[str, Any]) -> str:
                     share = "—" if c["share_of_gain"] is None else (
                         f"{c['share_of_gain']:.2f}" + ("" if not c["share_se"] else f" ± {c['share_se']:.2f}"))
                     floor = "—" if c["floor_met"] is None else ("✓" if c["floor_met"] else "✗")
+                    if c.get("one_server_floor_met") is False:
+                        floor += " (✗ one server)"
                 df = p["data_free"]
                 lines.append(f"| {label if first else ''} | {mode} | {_eps_label(key)} | {value} | {share} | "
-                             f"{_fmt(pp)} | {_fmt(p['online_popularity'])} | {_fmt(df)} ({df['which']}) | "
+                             f"{_fmt(pp)}{fed} | {_fmt(p['online_popularity'])} | {_fmt(df)} ({df['which']}) | "
                              f"{_fmt(p['nonprivate'])} | {floor} |")
                 first = False
             for why, eps in reasons.items():

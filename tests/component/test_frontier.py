@@ -70,6 +70,14 @@ def test_frontier_cli_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
         assert p["cells"]["global"]["inf"]["share_of_gain"] in (1.0, None)  # the reference itself
         # federated without noise is the same model as global: the sites' exact sums add up
         assert p["cells"]["federated"]["inf"]["ratio"] == pytest.approx(p["nonprivate"]["ratio"])
+        # a federated cell's floor is private popularity under its own trust model (each site its own noise)
+        fed = p["cells"]["federated"]["2"]
+        assert p["private_popularity_federated"]["2"]["ratio"] > 0
+        if fed["floor_what"] != "best data-free (prior)" and fed["floor_what"] != "best data-free (random)":
+            assert fed["floor_what"] == "private popularity, federated"
+            assert fed["floor"] == p["private_popularity_federated"]["2"]["ratio"]
+        assert isinstance(fed["one_server_floor_met"], bool)
+        assert p["cells"]["global"]["2"]["one_server_floor_met"] is None
     # the catalog's local cell at eps = 2: local mode's default batch (150 distinct users) exceeds its 80 users
     lf = doc["populations"]["catalog"]["cells"]["local"]
     assert lf["2"]["uncalibrated"].startswith("a batch that calibrates at epsilon 2 holds 150 distinct users; the "

@@ -123,3 +123,42 @@ def test_replay_offline_protocol_rewards_the_logged_item_and_observes_a_listen_p
     assert replay_offline(o, ev, curve=curve, every=1) == 2.0
     # the logged listen of every event, hit or miss (issue 32: arrivals must not encode the rewards)
     assert o.listens == 3 and curve == [(1, 1.0), (2, 1.0), (3, 2.0)]
+
+
+def _feed(pop: PrivatePopularity, rng: np.random.Generator, users: int = 400, units: int = 8) -> None:
+    """A tick's worth of users at a time: each user one positive on a Zipf-ish item, from a unit of their own."""
+    for i in range(users * 3):
+        user = int(rng.integers(0, users))
+        pop.begin_event(user)
+        pop.observe(user % units, int(min(rng.zipf(1.5), pop.n_items) - 1))
+        pop.update(user % units, np.zeros(1), 0.0, 0)
+
+
+def test_federated_private_popularity_sums_each_sites_own_release() -> None:
+    """``sites = 4``: the exact sums are the one-server sums (a user's unit decides their site), each site's release
+    is its own mechanism's step on its own users' sums, and the released score is their sum: with zero exact sums
+    the noise has the per-site std times 2 (chi-square bounds over 5,000 items, 6 sigma)."""
+    from models.policies import PrivatePopularity
+
+    one, four = (PrivatePopularity(50, epsilon=2.0, tick=100, seed=3, sites=s) for s in (1, 4))
+    open1, open4 = (PrivatePopularity(50, epsilon=math.inf, tick=100, seed=3, sites=s) for s in (1, 4))
+    for pop in (one, four, open1, open4):
+        _feed(pop, np.random.default_rng(7))
+    assert np.array_equal(four.exact, one.exact) and np.array_equal(open4.released, open1.released)
+    assert np.allclose(four.site_exact.sum(axis=0), four.exact)
+    replay = [m.init_state() for m in four.mechanisms]
+    expected = np.zeros(50)
+    for site, mech in enumerate(four.mechanisms):  # one more tick of each site's own mechanism on its sums
+        for _ in range(four.ticks):
+            y, replay[site], _ = mech.step_to(replay[site], four.site_exact[site])
+        expected += y
+    assert np.allclose(four.released, expected)  # (the site sums were constant since their last tick)
+    assert four.released_std == pytest.approx(2.0 * one.released_std)
+    big1, big4 = (PrivatePopularity(5_000, epsilon=2.0, tick=1, seed=5, sites=s) for s in (1, 4))
+    for pop in (big1, big4):
+        pop.update(0, np.zeros(1), 0.0, 0)  # one tick, nobody's positives: the release is the noise alone
+    n = 5_000
+    for pop, sites in ((big1, 1), (big4, 4)):
+        std = noise_std(pop.mechanism, pop.states[0]) * math.sqrt(sites)
+        ratio = float(np.mean(pop.released**2)) / std**2  # chi-square(n) / n: mean 1, sd sqrt(2 / n)
+        assert abs(ratio - 1.0) < 6 * math.sqrt(2.0 / n)
