@@ -42,6 +42,8 @@ class ReleaseTicker:
         self._stages: tuple[Any, SolveStage] | None = None
         self._client: Any = None
         self._building = threading.Lock()  # the tick and the fold answer run in executor threads
+        #: held by the tick (the leader folds its own partitions itself) and by a fold answer: one at a time
+        self._folding = threading.Lock()
 
     def _build(self) -> tuple[Any, SolveStage]:
         with self._building:
@@ -60,12 +62,18 @@ class ReleaseTicker:
         if self.owned is None or not self.owned.partitions:
             return 0
         rounds = getattr(self._build()[0], "fold_rounds", None)
-        return 0 if rounds is None else int(rounds.answer())
+        if rounds is None or not self._folding.acquire(blocking=False):  # this process's tick folds them itself
+            return 0
+        try:
+            return int(rounds.answer())
+        finally:
+            self._folding.release()
 
     def tick(self) -> tuple[int | None, int | None]:
         release, solve = self._build()
         t0 = time.perf_counter()
-        version = release.tick()
+        with self._folding:
+            version = release.tick()
         t1 = time.perf_counter()
         solved = solve.run()
         t2 = time.perf_counter()
