@@ -6,7 +6,9 @@ parse, send the dead letters (awaited, so none is lost), then one atomic
 Redis commit of statistics + offset. On assignment, partitions are sought to
 the offset stored in Redis — the source of truth — so whatever Kafka
 redelivers after a crash is skipped, and nothing before it is re-read.
-Kafka offsets are committed too, after Redis, for lag monitoring only.
+Kafka offsets are committed too, after Redis, for lag monitoring and the web's
+outbox forwarder only: after every poll that is not full, and at most every
+:data:`KAFKA_COMMIT_SECONDS` while full polls follow each other (a backlog).
 
 :func:`register` adds the task to an app built by :mod:`pipeline.apps.worker_app`; this
 module never imports the app (the app imports it).
@@ -69,6 +71,10 @@ class _SeekToStoredOffsets(ConsumerRebalanceListener):  # type: ignore[misc]
             self.owned.assigned(tp.partition for tp in assigned)
         log.info("assigned partitions %s (stored offsets %s)", sorted(tp.partition for tp in assigned), stored)
 
+
+#: While polls come back full (a backlog), the Kafka offsets Redis stored are committed at most this often (a commit
+#: is a round trip per poll otherwise); a poll that is not full commits them at once.
+KAFKA_COMMIT_SECONDS = 0.5
 
 #: What a Redis restart looks like to a client: retried with backoff, never fatal.
 REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError,
@@ -192,6 +198,8 @@ class _IngestLoop:
         self.last_identity = 0.0
         self.counted = 0
         self.last_status = 0.0
+        self.to_commit: dict[TopicPartition, OffsetAndMetadata] = {}  # stored in Redis, not yet committed to Kafka
+        self.last_kafka_commit = 0.0
         self.backoff = Backoff()
         self.reread = False  # whether the assigned partitions must be re-read from the offsets Redis holds
 
@@ -202,6 +210,9 @@ class _IngestLoop:
                 try:
                     await _reseek(self.consumer, self.processor, s.partitions, list(self.consumer.assignment()))
                     self.reread = False
+                    # offsets not yet committed to Kafka may be another broker's, or more than Redis kept: never
+                    # committed (the next counted batches commit what Redis holds now)
+                    self.to_commit = {}
                 except REDIS_DOWN as exc:
                     log.warning("Redis unavailable (%s); retrying in %.1f s", exc, self.backoff.delay)
                     await self.backoff.wait()
@@ -254,9 +265,10 @@ class _IngestLoop:
     async def _count(self, batches: dict[TopicPartition, list]) -> None:  # type: ignore[type-arg]
         """Count each partition's records into Redis, then commit to Kafka the offsets the Redis commits stored:
         exactly these, never the consumer's positions (a batch not committed to Redis must not look counted to the
-        web's outbox forwarder, which drops an event once the group's committed offset passes it)."""
+        web's outbox forwarder, which drops an event once the group's committed offset passes it); during a backlog
+        at most every :data:`KAFKA_COMMIT_SECONDS` (a later commit only makes the forwarder keep an event longer)."""
         processor, metrics = self.processor, self.metrics
-        stored_to: dict[TopicPartition, OffsetAndMetadata] = {}
+        stored_to = self.to_commit
         for tp, records in batches.items():
             msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
             batch = processor.prepare(tp.partition, msgs)
@@ -276,8 +288,15 @@ class _IngestLoop:
             stored_to[tp] = OffsetAndMetadata(batch.next_offset, "")
             if metrics is not None:
                 metrics.ingested.inc(batch.counted)
-        if stored_to:
-            await self.consumer.commit(stored_to)
+        now = time.monotonic()
+        full = sum(map(len, batches.values())) >= self.settings.batch_size
+        if stored_to and (not full or now - self.last_kafka_commit >= KAFKA_COMMIT_SECONDS):
+            assigned = self.consumer.assignment()  # a partition revoked meanwhile is its new owner's to commit
+            self.to_commit = {}
+            self.last_kafka_commit = now
+            mine = {tp: o for tp, o in stored_to.items() if tp in assigned}
+            if mine:
+                await self.consumer.commit(mine)
 
     async def _report_status(self) -> None:
         """At most once a second: the worker's status hash (and the lag metrics)."""

@@ -286,19 +286,21 @@ class UserIngestProcessor(IngestProcessor):
         dead = [DeadLetterItem(fresh[i][0], fresh[i][1], reason) for i, reason in parsed.dead]
         d = self.catalog.d
         touched = set(parsed.users)
-        # the committed state stays as it is until the commit succeeds: the batch's users get copies (their
-        # arrays are replaced, never written in place, by _fold_users), everyone else is shared
-        work = dict(pending)
-        for u in touched & pending.keys():
-            c = pending[u]
-            work[u] = Contribution(c.unit, c.count, c.gram, c.b, dict(c.items))
+        # the committed state stays as it is until the commit succeeds: the batch works on copies of its own users'
+        # contributions only (their arrays are replaced, never written in place, by _fold_users); the commit then
+        # puts them into the committed dict, so a batch costs its users, not every pending user of the partition
+        work: dict[str, Contribution] = {}
+        for u in touched:
+            c = pending.get(u)
+            if c is not None:
+                work[u] = Contribution(c.unit, c.count, c.gram, c.b, dict(c.items))
         self._fold_users(work, parsed, d)
         next_offset = (fresh[-1][0] + 1) if fresh else (stored if stored is not None else 0)
         batch = PreparedBatch(partition, stored, next_offset, UnitStats.zeros(n_units=1, d=d), parsed.units,
                               len(parsed.units), len(msgs) - len(fresh), dead, dict(Counter(parsed.users)))
         batch.pending = {u: work[u] for u in touched}  # type: ignore[attr-defined]
         batch.foldgen = gen  # type: ignore[attr-defined]
-        batch.work = work  # type: ignore[attr-defined]
+        batch.base = pending  # type: ignore[attr-defined]  # the committed contributions it was prepared against
         return batch
 
     def _fold_users(self, work: dict[str, Contribution], parsed: ParsedBatch, d: int) -> None:
@@ -385,7 +387,9 @@ class UserIngestProcessor(IngestProcessor):
                                              self.store.keys.user_counts(batch.partition), keys.foldgen],
                                        args=args))
         if ok:
-            self._users[batch.partition] = (batch.work, batch.foldgen, batch.next_offset)  # type: ignore[attr-defined]
+            base: dict[str, Contribution] = batch.base  # type: ignore[attr-defined]
+            base.update(batch.pending)  # type: ignore[attr-defined]
+            self._users[batch.partition] = (base, batch.foldgen, batch.next_offset)  # type: ignore[attr-defined]
             self._parsed.pop(batch.partition, None)
         else:  # the offset moved (another owner) or a fold consumed pending contributions: reload (the parse is kept)
             IngestProcessor.forget(self, batch.partition)
