@@ -25,6 +25,7 @@ import time
 import faust
 import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import OffsetAndMetadata
 
 from ..config.kafkaconn import client_kwargs
@@ -228,6 +229,12 @@ class _IngestLoop:
                 self.backoff.reset()
             except OffsetGap as gap:  # Redis holds an older offset than this poll continues from: re-read from it
                 log.warning("%s; re-reading from the stored offset", gap)
+                self.reread = True
+            except (CommitFailedError, IllegalStateError) as exc:
+                # the group rebalanced under the Kafka commit (lag monitoring and the outbox only: Redis holds the
+                # offsets that count); never fatal, re-read what is assigned now from Redis
+                log.warning("Kafka offset commit refused (%s: %s): a rebalance; re-reading from the stored offsets",
+                            type(exc).__name__, exc)
                 self.reread = True
             except REDIS_DOWN as exc:
                 # Redis restarting: what of this poll was not committed is re-read from the offsets Redis holds

@@ -10,7 +10,8 @@ started in a temporary state directory with :mod:`pipeline.services`, stopped af
   the pipeline's full parser :func:`pipeline.data.records.parse_interaction`
   (``consume_parse``). Then the worker starts and the bench polls Redis every 10 ms: the
   worker's committed ingest offsets (its durable counters, written atomically with the
-  statistics) and the released / solved event counts. ``ingest`` rate = events committed
+  statistics) and the released / solved event counts (at user level with the events the cap refused:
+  :class:`privrec.bench.observe.Poller`). ``ingest`` rate = events committed
   between the first poll that sees a commit and the last event committed, over that time;
   ``end_to_end`` = the same events until a *solved* model version covers all N.
 * **two workers** (``--no-two-workers`` skips it): 3N fresh events pre-produced, then two workers of
@@ -168,6 +169,7 @@ def _phase_preproduced(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *
             "events_in_first_commit_seen": c_first,
             "ingest_events_per_s": rate(counted, t_ingested - t_first),
             "released_events_per_s": rate(counted, t_released - t_first),
+            "refused_events": poller.refused,  # user level: at the cap (in the released and solved counts)
             "end_to_end_events_per_s": rate(counted, t_solved - t_first),
             "ingest_s": round(t_ingested - t_first, 3),
             "ingested_to_released_s": round(t_released - t_ingested, 3),

@@ -29,7 +29,10 @@ class Poller:
     """Polls every 10 ms: committed offsets (ingested), released and solved counts, worker CPU.
 
     A sample is ``(perf_counter, ingested, released, solved, worker_cpu_seconds)``; the
-    offsets are the worker's durable counters (written with the statistics, atomically).
+    offsets are the worker's durable counters (written with the statistics, atomically). At user level the
+    released and solved counts include the events the fold refused (a user at the cap or past their budget: the
+    ledger's ``dropped`` and ``over_budget``, also in :attr:`refused`), so "a solved model covers all N" means every
+    event is in it or was refused by design.
     """
 
     redis_url: str
@@ -48,6 +51,9 @@ class Poller:
         self.client = redis.Redis.from_url(self.redis_url)
         tk, pk = TrustedKeys(self.namespace), PublicKeys(self.namespace)
         self.offset_keys = [tk.offset(p) for p in range(self.partitions)]
+        self.summary_keys = [pk.ledger_summary(p) for p in range(self.partitions)]
+        #: events the user-level fold refused so far (at the cap, past the budget)
+        self.refused = 0
         self.released_key, self.meta_key, self.figures_key = pk.released, pk.model_meta, pk.release_figures
         self._solved = 0
         self.thread = threading.Thread(target=self._run, name="bench-poller", daemon=True)
@@ -59,15 +65,18 @@ class Poller:
             pipe.hget(self.meta_key, "events")
             pipe.hmget(self.figures_key, "version", "count")
             pipe.hget(self.meta_key, "version")
-            offsets, released, solved, (fig_version, fig_count), served = pipe.execute()
+            for key in self.summary_keys:
+                pipe.hmget(key, "dropped", "over_budget")
+            offsets, released, solved, (fig_version, fig_count), served, *summaries = pipe.execute()
+        self.refused = refused = sum(int(v or 0) for row in summaries for v in row)
         if fig_count is not None:  # add/remove: the exact figures are the operator's (the released count is noisy)
             released = fig_count
             if int(served or 0) >= int(fig_version or 0):
                 self._solved = int(fig_count)
             solved = self._solved
         cpu = (cpu_seconds(self.pid) or 0.0) if self.pid is not None else 0.0
-        return (time.perf_counter(), sum(int(o) for o in offsets if o is not None), int(released or 0),
-                int(solved or 0), cpu)
+        return (time.perf_counter(), sum(int(o) for o in offsets if o is not None), int(released or 0) + refused,
+                int(solved or 0) + refused, cpu)
 
     def _run(self) -> None:
         while not self._stop.is_set():
