@@ -375,9 +375,8 @@ class Settings:
         1.0, group="operations",
         help="release period of the leader timer, in seconds")
     batch_size: int = setting(
-        8000, group="operations",
-        help="ingest batching: at most this many events per poll (a backlog's per-poll costs, the broker check and "
-             "the commits, spread over more events: docs/capacity.md)")
+        2000, group="operations",
+        help="ingest batching: at most this many events per poll")
     batch_seconds: float = setting(
         0.05, group="operations",
         help="ingest batching: wait at most this long for a batch, in seconds")
