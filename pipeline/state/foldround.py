@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
-from .userlevel import Fence, Folder, UserLevelKeys
+from .userlevel import FOLD_COUNTERS, Fence, Folder, UserLevelKeys
 
 __all__ = ["FOLD_GRACE_S", "FOLD_LOCK_MS", "FOLD_POLL_S", "FoldRounds", "OwnedPartitions", "request_key"]
 
@@ -51,8 +51,6 @@ FOLD_POLL_S = 0.05
 _UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 #: Extend the lock only if it still holds the caller's token.
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
-
-_COUNTERS = ("folded", "at_cap", "dropped", "waiting", "over_budget")
 
 
 def request_key(namespace: str) -> str:
@@ -104,9 +102,9 @@ class FoldRounds:
                 here += sum(self._fold_locked(p, rnd, version, wait=True) for p in rest)
             elif rest:
                 time.sleep(0.005)
-        total = dict.fromkeys(_COUNTERS, 0)
+        total = dict.fromkeys(FOLD_COUNTERS, 0)
         for raw in self._summaries(everyone, rnd):
-            for name in _COUNTERS:
+            for name in FOLD_COUNTERS:
                 total[name] += int(raw.get(name, 0))
         return {**total, "partitions_here": here}
 

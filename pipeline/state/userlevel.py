@@ -62,7 +62,7 @@ from ..config.keys import PublicKeys
 from ..config.ledger import LedgerRecord, LifetimeBudget, class_counts
 from .trusted import TrustedKeys, offset_checked_writes
 
-__all__ = ["PENDING_SCRIPT", "TAKE_SCRIPT", "Fence", "FoldLockLost", "Contribution", "NO_UNIT_STATS", "encode_contribution", "decode_contribution",
+__all__ = ["PENDING_SCRIPT", "TAKE_SCRIPT", "FOLD_COUNTERS", "Fence", "FoldLockLost", "Contribution", "NO_UNIT_STATS", "encode_contribution", "decode_contribution",
            "Contributions", "decode_contributions", "merge_contributions", "Folder",
            "UserLevelKeys"]
 
@@ -141,6 +141,10 @@ class UserLevelKeys:
     def summary(self) -> str:
         """Public ledger: counters of the partition (``at_cap:<epoch>``, ``dropped``, ``folded``)."""
         return PublicKeys(self.ns).ledger_summary(self.partition)
+
+
+#: What a partition's fold counts (:meth:`Folder.fold_partition`'s summary; a fold round sums them).
+FOLD_COUNTERS = ("folded", "at_cap", "dropped", "waiting", "over_budget")
 
 
 class FoldLockLost(RuntimeError):
@@ -359,7 +363,7 @@ class Folder:
         keys = UserLevelKeys(self.ns, partition)
         stats_key = self.trusted.stats(partition)
         epoch = self.epoch_of(version)
-        empty = {"folded": 0, "at_cap": 0, "dropped": 0, "waiting": 0, "over_budget": 0}
+        empty = dict.fromkeys(FOLD_COUNTERS, 0)
         if not int(self._take(keys=[keys.pending, keys.folding, keys.foldgen])):
             return self._nothing_taken(keys, fence, empty)
         taken = self.r.hgetall(keys.folding)
