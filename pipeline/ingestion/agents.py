@@ -3,7 +3,9 @@
 Each poll returns up to ``batch_size`` records per partition; each
 partition's records go through :class:`pipeline.ingestion.ingest.IngestProcessor`:
 parse, send the dead letters (awaited, so none is lost), then one atomic
-Redis commit of statistics + offset. On assignment, partitions are sought to
+Redis commit of statistics + offset. At user level a partition's commit is
+sent and its answer read only after the next partition's batch is prepared,
+so Redis runs the script while the worker parses. On assignment, partitions are sought to
 the offset stored in Redis — the source of truth — so whatever Kafka
 redelivers after a crash is skipped, and nothing before it is re-read.
 Kafka offsets are committed too, after Redis, for lag monitoring and the web's
