@@ -423,15 +423,16 @@ class LocalItemUCB:
 class LocalPopularity:
     """Private popularity under the local trust model: a :class:`LocalItemUCB` served by its items block alone.
 
-    ``twin`` runs unchanged — the same devices, codewords among the blanket of fakes, batches and analyzer fold
-    (:meth:`update` is the twin's) — and a candidate ``a`` scores its estimated count ``twin.sums[a]``: the items
-    block the twin's server releases (:meth:`LocalItemUCB.released_hierarchy`; the debiased histogram of the closed
-    batches' codewords), nothing else (no pool block, no prior, no Gram). That needs a per-item estimate: the
-    catalog as the codebook (``codes_are_items``); with k-means codewords there is none and the baseline is not
-    defined. Ties (every count is 0 until the first batch closes) are broken by this policy's own generator, keyed
-    by ``seed``, so the twin's generator, which draws its devices' seeds, is consumed as when the twin serves: with
-    the twin's own seed the devices send the same messages and the server releases the same items block as the
-    served twin's — as long as the served twin breaks no exact tie (its only other draw from that generator).
+    ``twin`` runs exactly as when it serves: at every interaction it still picks (:meth:`LocalItemUCB.select`; its
+    pick is shown to nobody), and its :meth:`~LocalItemUCB.update` gets its own pick's context, so its generator
+    (its devices' seeds and its ties), its Gram, devices, codewords among the blanket of fakes, batches and
+    analyzer fold are the served twin's, and with the same seed the server releases the same blocks, bit for bit.
+    What this policy recommends is another pick: each candidate ``a`` scores its estimated count ``twin.sums[a]``,
+    the items block the twin's server releases (:meth:`LocalItemUCB.released_hierarchy`; the debiased histogram of
+    the closed batches' codewords), and nothing else (no pool block, no prior, no Gram); ties (every count is 0
+    until the first batch closes) are broken by this policy's own generator, keyed by ``seed``. That needs a
+    per-item estimate: the catalog as the codebook (``codes_are_items``); with k-means codewords there is none and
+    the baseline is not defined.
 
     Privacy: post-processing of the twin's releases; the twin's guarantee, nothing spent.
 
@@ -457,17 +458,22 @@ class LocalPopularity:
                              f"Laplace listens estimate no item's count.")
         self.twin = twin
         self.seed = seed
-        self._rng = np.random.default_rng((seed, 1))  # ties only: the twin's generator keeps its devices' seeds
+        self._rng = np.random.default_rng((seed, 1))  # its own ties: the twin's generator moves as when it serves
+        self._twin_shown: FloatArray | None = None
 
     def select(self, unit: int, X: FloatArray, user: str | None = None, items: NDArray[np.int64] | None = None) -> int:
         if items is None:
             raise ValueError("`items` must name the candidates: they are ranked by their estimated counts.")
+        X = np.asarray(X, dtype=np.float64)
+        self._twin_shown = X[self.twin.select(unit, X, user=user, items=items)]  # the twin serves as it would
         return argmax_random(self.twin.sums[np.asarray(items)], self._rng)
 
     def update(self, unit: int, x: FloatArray, reward: float, user: str | None = None, item: int | None = None,
                x_item: FloatArray | None = None) -> None:
-        """The twin's interaction (:meth:`LocalItemUCB.update`): the device reports the listen of ``item``."""
-        self.twin.update(unit, x, reward, user=user, item=item, x_item=x_item)
+        """The twin's interaction (:meth:`LocalItemUCB.update`): the device reports the listen of ``item``; the
+        twin's Gram takes the twin's own pick of the last :meth:`select` (``x`` if none came before)."""
+        shown, self._twin_shown = (x if self._twin_shown is None else self._twin_shown), None
+        self.twin.update(unit, shown, reward, user=user, item=item, x_item=x_item)
 
 
 def _no_contexts(d: int) -> Callable[[Sequence[str]], FloatArray]:

@@ -9,10 +9,9 @@ import pytest
 from models.local.items import codebook
 from models.local.policy import LocalItemUCB, LocalPopularity
 
-#: Eight items on the unit circle at irregular angles: no two score alike under the prior's direction, so the served
-#: twin never breaks a tie (a symmetric catalog would tie, and a tie draws from the twin's generator).
-ANGLES = np.array([0.1, 0.9, 1.45, 2.6, 3.3, 4.05, 5.1, 5.95])
-F = np.stack([np.cos(ANGLES), np.sin(ANGLES)], axis=1)
+#: Eight items on the unit circle, symmetric about the prior's direction: pairs of them score alike, so the served
+#: twin breaks ties (draws from its generator, which also seeds its devices) — the case the baseline must keep in step.
+F = np.stack([np.cos(np.arange(8) * 0.7), np.sin(np.arange(8) * 0.7)], axis=1)
 #: Listens per item in the one batch of 400 distinct users: item 5 most, then 2, 7, 0; the rest never.
 LISTENS = {5: 160, 2: 120, 7: 80, 0: 40}
 
@@ -59,22 +58,24 @@ def test_ranks_by_the_analyzers_item_estimate() -> None:
 
 
 def test_no_estimate_yet_ties_are_broken_by_its_own_generator() -> None:
-    """Before any batch every count is 0: the pick is a seeded draw among the whole pool, and drawing it leaves
-    the twin's generator (its devices' seeds) untouched."""
-    twin = _twin()
-    before = twin._rng.bit_generator.state
-    picks = {LocalPopularity(twin, seed=s).select(0, F, items=np.arange(8)) for s in range(20)}
-    assert len(picks) > 1 and twin._rng.bit_generator.state == before
-    assert LocalPopularity(twin, seed=1).select(0, F, items=np.arange(8)) == \
-        LocalPopularity(twin, seed=1).select(0, F, items=np.arange(8))
+    """Before any batch every count is 0: the pick is a draw among the whole pool by the baseline's own generator
+    (seeded: the same seed, the same pick; other seeds, other picks)."""
+    picks = {LocalPopularity(_twin(), seed=s).select(0, F, items=np.arange(8)) for s in range(20)}
+    assert len(picks) > 1
+    assert len({LocalPopularity(_twin(), seed=1).select(0, F, items=np.arange(8)) for _ in range(5)}) == 1
 
 
 def test_releases_exactly_what_the_served_twin_releases() -> None:
     """The same seed, the same stream: the twin behind the baseline releases the same items block and pool block,
-    to the bit, as the twin that serves by the hierarchy (its devices, blanket and batches are the same)."""
+    to the bit, as the twin that serves by the hierarchy (its devices, blanket and batches are the same), although
+    the served twin breaks ties on the generator that seeds its devices and the baseline recommends otherwise."""
     served, behind = _twin(seed=5), _twin(seed=5)
-    _run(served)
-    _run(LocalPopularity(behind, seed=5))
+    served_picks = _run(served)
+    devices_only = np.random.default_rng(5)
+    for _ in range(400):  # the 400 devices' seeds, and no tie
+        devices_only.integers(2**62)
+    assert served._rng.bit_generator.state != devices_only.bit_generator.state  # the served twin drew ties too
+    assert _run(LocalPopularity(behind, seed=5)) != served_picks
     a, b = served.released_hierarchy(), behind.released_hierarchy()
     assert served.batches == behind.batches == 1
     assert served._rng.bit_generator.state == behind._rng.bit_generator.state  # the same devices' seeds drawn
