@@ -26,15 +26,15 @@ the **share of the non-private gain kept**, ``(private − baseline) / (non-priv
 popularity at that ε (:class:`models.policies.popularity.PrivatePopularity`: user level, cap 1, the whole budget on
 the item sums) and online popularity (:class:`models.policies.OnlinePopularity`, non-private). ``floor_met``: the
 private ratio is at least ``max(best data-free, private popularity) − 2 SE`` (at ε = ∞, online popularity stands in
-for private popularity; ``SE`` is the standard error of the difference, 0 with one seed), private popularity under
-the row's trust model: a federated cell's is ``PrivatePopularity(sites=M)`` (each site its own noise;
+for private popularity; ``SE`` is the standard error of the difference, 0 with one seed). Private popularity is the
+one under the row's trust model: a federated cell's is ``PrivatePopularity(sites=M)`` (each site its own noise;
 ``one_server_floor_met``: the test against one trusted server's), a local cell's is the local twin's own releases
 ranked by its items block alone (:class:`models.local.policy.LocalPopularity`: the same devices, blanket and
-batches; ``central_floor_met``: the test against one trusted server's) where the catalog is the codebook — beyond
-``MAX_CATALOG_CODEBOOK`` items the server estimates no item's count, the baseline is reported not applicable and
-the local cell keeps the central floor. A local cell whose blanket
-cannot be calibrated (too few distinct users per batch for its ε) is not run: it is reported ``n/c`` with the
-calibration's reason (:func:`~privrec.experiments.population.uncalibrated`).
+batches, its releases the local cell's bit for bit; ``central_floor_met``: the test against one trusted server's)
+where the catalog is the codebook — beyond ``MAX_CATALOG_CODEBOOK`` items the server estimates no item's count, the
+baseline is reported not applicable and the local cell keeps the central floor. A local cell whose blanket cannot be
+calibrated (too few distinct users per batch for its ε) is not run: it is reported ``n/c`` with the calibration's
+reason (:func:`~privrec.experiments.population.uncalibrated`).
 
 It only evaluates: nothing is tuned, every model runs with its defaults, and ``frontier.json`` records the windows
 evaluated. Writes ``frontier.json``, ``frontier.md`` (one table) and ``frontier.png`` (the share of the gain kept

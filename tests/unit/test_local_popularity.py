@@ -10,7 +10,7 @@ from models.local.items import codebook
 from models.local.policy import LocalItemUCB, LocalPopularity
 
 #: Eight items on the unit circle, symmetric about the prior's direction: pairs of them score alike, so the served
-#: twin breaks ties (draws from its generator, which also seeds its devices) — the case the baseline must keep in step.
+#: twin breaks ties (draws from its generator, which also seeds its devices): the case the baseline keeps in step.
 F = np.stack([np.cos(np.arange(8) * 0.7), np.sin(np.arange(8) * 0.7)], axis=1)
 #: Listens per item in the one batch of 400 distinct users: item 5 most, then 2, 7, 0; the rest never.
 LISTENS = {5: 160, 2: 120, 7: 80, 0: 40}
