@@ -40,7 +40,7 @@ from .client import LocalClient, MemoryStorage, ReportRefused
 from .config import LocalConfig
 from .shuffle import POPULATION, ShuffledBatch, Shuffler
 
-__all__ = ["LocalUCB", "LocalItemUCB"]
+__all__ = ["LocalUCB", "LocalItemUCB", "LocalPopularity"]
 
 FloatArray = NDArray[np.float64]
 
@@ -418,6 +418,62 @@ class LocalItemUCB:
         G = self.gram + ridge * np.eye(self.d)
         self.M = np.asarray(np.linalg.inv(G), dtype=np.float64)
         self.theta = np.einsum("uij,uj->ui", self.M, self.b + self.prior_strength * self.prior)
+
+
+class LocalPopularity:
+    """Private popularity under the local trust model: a :class:`LocalItemUCB` served by its items block alone.
+
+    ``twin`` runs exactly as when it serves: at every interaction it still picks (:meth:`LocalItemUCB.select`; its
+    pick is shown to nobody), and its :meth:`~LocalItemUCB.update` gets its own pick's context, so its generator
+    (its devices' seeds and its ties), its Gram, devices, codewords among the blanket of fakes, batches and
+    analyzer fold are the served twin's, and with the same seed the server releases the same blocks, bit for bit.
+    What this policy recommends is another pick: each candidate ``a`` scores its estimated count ``twin.sums[a]``,
+    the items block the twin's server releases (:meth:`LocalItemUCB.released_hierarchy`; the debiased histogram of
+    the closed batches' codewords), and nothing else (no pool block, no prior, no Gram); ties (every count is 0
+    until the first batch closes) are broken by this policy's own generator, keyed by ``seed``. That needs a
+    per-item estimate: the catalog as the codebook (``codes_are_items``); with k-means codewords there is none and
+    the baseline is not defined.
+
+    Privacy: post-processing of the twin's releases; the twin's guarantee, nothing spent.
+
+    >>> import numpy as np
+    >>> F = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [-1.0, 0.0]])
+    >>> twin = LocalItemUCB(d=2, n_items=4, epsilon=4.0, batch=200, cap=1, seed=0, share=0.0, hierarchy=True,
+    ...                     features=F, codewords=F, codes_are_items=True)
+    >>> pop = LocalPopularity(twin, seed=0)
+    >>> for u in range(300):
+    ...     pop.update(0, F[0], 0.0, user=str(u), item=2, x_item=F[2])
+    >>> twin.batches, pop.select(0, F, items=np.arange(4))   # one batch of 200 listens of item 2
+    (1, 2)
+    """
+
+    per_user = True
+    with_items = True
+
+    def __init__(self, twin: LocalItemUCB, *, seed: int) -> None:
+        if twin.private and not twin.codes_are_items:
+            codes = 0 if twin.codewords is None else len(twin.codewords)
+            raise ValueError(f"`twin` must release a per-item estimate (`codes_are_items`: the catalog as the "
+                             f"codebook), got {codes} codewords for {twin.n_items} items: k-means codewords or "
+                             f"Laplace listens estimate no item's count.")
+        self.twin = twin
+        self.seed = seed
+        self._rng = np.random.default_rng((seed, 1))  # its own ties: the twin's generator moves as when it serves
+        self._twin_shown: FloatArray | None = None
+
+    def select(self, unit: int, X: FloatArray, user: str | None = None, items: NDArray[np.int64] | None = None) -> int:
+        if items is None:
+            raise ValueError("`items` must name the candidates: they are ranked by their estimated counts.")
+        X = np.asarray(X, dtype=np.float64)
+        self._twin_shown = X[self.twin.select(unit, X, user=user, items=items)]  # the twin serves as it would
+        return argmax_random(self.twin.sums[np.asarray(items)], self._rng)
+
+    def update(self, unit: int, x: FloatArray, reward: float, user: str | None = None, item: int | None = None,
+               x_item: FloatArray | None = None) -> None:
+        """The twin's interaction (:meth:`LocalItemUCB.update`): the device reports the listen of ``item``; the
+        twin's Gram takes the twin's own pick of the last :meth:`select` (``x`` if none came before)."""
+        shown, self._twin_shown = (x if self._twin_shown is None else self._twin_shown), None
+        self.twin.update(unit, shown, reward, user=user, item=item, x_item=x_item)
 
 
 def _no_contexts(d: int) -> Callable[[Sequence[str]], FloatArray]:

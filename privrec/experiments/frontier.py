@@ -26,9 +26,15 @@ the **share of the non-private gain kept**, ``(private − baseline) / (non-priv
 popularity at that ε (:class:`models.policies.popularity.PrivatePopularity`: user level, cap 1, the whole budget on
 the item sums) and online popularity (:class:`models.policies.OnlinePopularity`, non-private). ``floor_met``: the
 private ratio is at least ``max(best data-free, private popularity) − 2 SE`` (at ε = ∞, online popularity stands in
-for private popularity; ``SE`` is the standard error of the difference, 0 with one seed). A local cell whose blanket
-cannot be calibrated (too few distinct users per batch for its ε) is not run: it is reported ``n/c`` with the
-calibration's reason (:func:`~privrec.experiments.population.uncalibrated`).
+for private popularity; ``SE`` is the standard error of the difference, 0 with one seed). Private popularity is the
+one under the row's trust model: a federated cell's is ``PrivatePopularity(sites=M)`` (each site its own noise;
+``one_server_floor_met``: the test against one trusted server's), a local cell's is the local twin's own releases
+ranked by its items block alone (:class:`models.local.policy.LocalPopularity`: the same devices, blanket and
+batches, its releases the local cell's bit for bit; ``central_floor_met``: the test against one trusted server's)
+where the catalog is the codebook — beyond ``MAX_CATALOG_CODEBOOK`` items the server estimates no item's count, the
+baseline is reported not applicable and the local cell keeps the central floor. A local cell whose blanket cannot be
+calibrated (too few distinct users per batch for its ε) is not run: it is reported ``n/c`` with the calibration's
+reason (:func:`~privrec.experiments.population.uncalibrated`).
 
 It only evaluates: nothing is tuned, every model runs with its defaults, and ``frontier.json`` records the windows
 evaluated. Writes ``frontier.json``, ``frontier.md`` (one table) and ``frontier.png`` (the share of the gain kept
@@ -55,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from models.local.policy import LocalItemUCB
+from models.local.policy import LocalItemUCB, LocalPopularity
 from models.policies import OnlinePopularity, PrivatePopularity
 from models.policies.hierarchy import HierarchicalUCB, PriorScorer
 from models.streaming.hierarchy import default_shares
@@ -209,7 +215,7 @@ class _Population:
 @dataclass(frozen=True)
 class _Job:
     population: str
-    kind: str      # a mode, "nonprivate", "private-popularity", "online-popularity" or "prior"
+    kind: str      # a mode, "nonprivate", "private-popularity[-federated|-local]", "online-popularity" or "prior"
     epsilon: float
     run: int
 
@@ -221,6 +227,7 @@ class _Result:
     seconds: float
     uncalibrated: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    not_applicable: str | None = None  # a baseline the population's catalog does not define (nothing was run)
 
 
 _CTX: dict[str, Any] = {}
@@ -246,12 +253,15 @@ def _jobs(cfg: FrontierConfig, population: str) -> list[_Job]:
             out += [_Job(population, "private-popularity", e, r) for r in runs]
             if "federated" in cfg.modes:  # the federated cells' floor: private popularity under their trust model
                 out += [_Job(population, "private-popularity-federated", e, r) for r in runs]
+            if "local" in cfg.modes:  # the local cells' floor: the local default twin's items block alone
+                out += [_Job(population, "private-popularity-local", e, r) for r in runs]
     return out
 
 
 #: Relative cost per event, to start the longest jobs first.
 _COST = {"local": 3.0, "nonprivate": 2.0, "federated": 1.0, "global": 1.0, "private-popularity": 0.5,
-         "private-popularity-federated": 0.5, "online-popularity": 0.05, "prior": 0.05}
+         "private-popularity-federated": 0.5, "private-popularity-local": 3.0, "online-popularity": 0.05,
+         "prior": 0.05}
 
 
 def _load(cfg: FrontierConfig, name: str, out: Path) -> _Population:
@@ -310,9 +320,10 @@ def _policy(job: _Job, cfg: FrontierConfig, pop: _Population, seed: int) -> Any:
         shares = ALL_LEVELS if math.isinf(eps) else default_shares(users=users, units=ev.n_units)
         return HierarchicalUCB(F, n_units=ev.n_units, epsilon=eps, delta=cfg.delta, shares=shares, tick=cfg.tick,
                                seed=seed, sites=sites)
-    if job.kind == "local":
-        return local_default_twin(F, eps=eps, delta=cfg.delta, cap=cfg.local_cap, batch=cfg.local_batch, seed=seed,
+    if job.kind in ("local", "private-popularity-local"):
+        twin = local_default_twin(F, eps=eps, delta=cfg.delta, cap=cfg.local_cap, batch=cfg.local_batch, seed=seed,
                                   tick=cfg.tick)
+        return twin if job.kind == "local" else LocalPopularity(twin, seed=seed)
     if job.kind in ("private-popularity", "private-popularity-federated"):
         sites = cfg.sites if job.kind == "private-popularity-federated" else 1
         return PrivatePopularity(K, epsilon=eps, delta=cfg.delta, cap=1, tick=cfg.tick, seed=seed, sites=sites)
@@ -348,7 +359,18 @@ def local_default_twin(F: np.ndarray, *, eps: float, delta: float, cap: int, bat
                         codes_are_items=items)
 
 
-def _local_reward(policy: LocalItemUCB, ev: LastFMEvents) -> float:
+def local_popularity_undefined(n_items: int) -> str | None:
+    """Why private popularity under the local trust model is not defined for a catalog of ``n_items`` items, or
+    ``None`` where it is (the catalog itself is the local codebook, so the server estimates every item's count)."""
+    from privrec.ops.up import MAX_CATALOG_CODEBOOK
+
+    if n_items <= MAX_CATALOG_CODEBOOK:
+        return None
+    return (f"the catalog's {n_items:,} items exceed the local codebook's {MAX_CATALOG_CODEBOOK:,}: the codewords are "
+            f"64 k-means clusters and the server estimates no item's count; the local cells keep the central floor")
+
+
+def _local_reward(policy: LocalItemUCB | LocalPopularity, ev: LastFMEvents) -> float:
     """The replay's protocol for the local twin: every event is one report of the user's device about the logged
     item (their listen); the recommended item's context is the public part."""
     assert ev.users is not None
@@ -372,21 +394,27 @@ def _execute(job: _Job) -> _Result:
     pop: _Population = _CTX["population"]
     t0 = time.perf_counter()
     seed = derive_seed("frontier", cfg.seed, job.population, job.run)
+    if job.kind == "private-popularity-local":
+        na = local_popularity_undefined(int(pop.events.features.shape[0]))
+        if na is not None:
+            return _Result(job, None, time.perf_counter() - t0, not_applicable=na)
     policy = _policy(job, cfg, pop, seed)
-    why = uncalibrated(policy)  # before the run, whether or not it would fill a batch
-    if why is None and isinstance(policy, LocalItemUCB) and policy.private and pop.events.users is not None:
+    twin = policy.twin if isinstance(policy, LocalPopularity) else policy  # the local server's releases
+    why = uncalibrated(twin)  # before the run, whether or not it would fill a batch
+    if why is None and isinstance(twin, LocalItemUCB) and twin.private and pop.events.users is not None:
         users = len(np.unique(pop.events.users))
-        if policy.batch > users:  # the batch that calibrates holds more distinct users than the window has
-            why = (f"a batch that calibrates at epsilon {job.epsilon:g} holds {policy.batch} distinct users; the "
+        if twin.batch > users:  # the batch that calibrates holds more distinct users than the window has
+            why = (f"a batch that calibrates at epsilon {job.epsilon:g} holds {twin.batch} distinct users; the "
                    f"window has {users}: none could ever close")
     if why is not None:
         return _Result(job, None, time.perf_counter() - t0, uncalibrated=why)
     ev = pop.events
     random = ev.n / ev.pool_size
-    if isinstance(policy, LocalItemUCB):
+    if isinstance(policy, LocalItemUCB | LocalPopularity):
+        assert isinstance(twin, LocalItemUCB)
         reward = _local_reward(policy, ev)
-        info: dict[str, Any] = {"batches": policy.batches, "reached": policy.item_reports / ev.n,
-                                "pool_noise_std": math.sqrt(policy.b_var), "item_noise_std": math.sqrt(policy.variance)}
+        info: dict[str, Any] = {"batches": twin.batches, "reached": twin.item_reports / ev.n,
+                                "pool_noise_std": math.sqrt(twin.b_var), "item_noise_std": math.sqrt(twin.variance)}
     else:
         reward = replay_offline(policy, ev)
         info = {}
@@ -480,6 +508,14 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
             p["private_popularity_federated"] = {
                 _eps_key(e): _stats(values(runs(name, "private-popularity-federated", e)))
                 for e in cfg.epsilons if not math.isinf(e)}
+        if "local" in cfg.modes:
+            p["private_popularity_local"] = {}
+            for e in cfg.epsilons:
+                if not math.isinf(e):
+                    rs = runs(name, "private-popularity-local", e)
+                    p["private_popularity_local"][_eps_key(e)] = {
+                        **_stats(values(rs)), "not_applicable": next((r.not_applicable for r in rs if r.not_applicable),
+                                                                     None)}
         cells: dict[str, dict[str, Any]] = {}
         for mode in cfg.modes:
             cells[mode] = {}
@@ -494,14 +530,19 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
                 if mode == "federated" and not math.isinf(e):  # the same trust model: each site its own noise
                     floor_row = p["private_popularity_federated"][_eps_key(e)]
                     floor_what = "private popularity, federated"
+                if mode == "local" and not math.isinf(e) and \
+                        p["private_popularity_local"][_eps_key(e)]["not_applicable"] is None:  # devices, no server
+                    floor_row = p["private_popularity_local"][_eps_key(e)]
+                    floor_what = "private popularity, local"
                 cell: dict[str, Any] = {**st, "uncalibrated": why, "share_of_gain": None, "share_se": None,
                                         "floor": None, "floor_what": None, "floor_met": None,
-                                        "one_server_floor_met": None, "info": [r.info for r in rs if r.info] or None}
+                                        "one_server_floor_met": None, "central_floor_met": None,
+                                        "info": [r.info for r in rs if r.info] or None}
                 if why is None and st["ratio"] is not None:
                     cell.update(_judge(st, ref, data_free, floor_row, floor_what, reference))
                     if one_server is not None and floor_row is not one_server:  # against one trusted server too
-                        cell["one_server_floor_met"] = _judge(st, ref, data_free, one_server, "private popularity",
-                                                              reference)["floor_met"]
+                        met = _judge(st, ref, data_free, one_server, "private popularity", reference)["floor_met"]
+                        cell["central_floor_met" if mode == "local" else "one_server_floor_met"] = met
                 cells[mode][_eps_key(e)] = cell
         p["cells"] = cells
     return {
@@ -522,7 +563,12 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
                          "(at epsilon = inf: online popularity); SEs of one seed count as 0. Federated cells: private "
                          "popularity under the federated trust model (each site releases its own users' item sums "
                          "with its own noise, the sum ranks: private_popularity_federated); one_server_floor_met: "
-                         "the same test against private popularity released by one trusted server",
+                         "the same test against private popularity released by one trusted server. Local cells: "
+                         "private popularity under the local trust model (the local default twin's own devices, "
+                         "blanket and batches, ranked by the item counts its server estimates and nothing else: "
+                         "private_popularity_local), where the catalog is the codebook (else not_applicable says why "
+                         "and the floor stays central); central_floor_met: the same test against private popularity "
+                         "released by one trusted server",
         },
         "config": {k: ([_eps_key(x) if isinstance(x, float) and math.isinf(x) else x for x in v]
                        if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
@@ -589,10 +635,14 @@ def _markdown(doc: dict[str, Any]) -> str:
              "data-free), ± its SE; **private pop.** = private popularity at that ε released by one trusted server (user "
              "level, cap 1, the whole budget on the item sums; at ∞: online popularity), and on the federated rows, in "
              "brackets, under the federated trust model (each site releases its own users' sums with its own noise; "
-             "their sum ranks); **online pop.** = online popularity (non-private); **data-free** = max(random play, "
-             "the public prior alone); **floor** ✓ = the private ratio ≥ max(data-free, private popularity under the "
-             "row's trust model) − 2 SE (a federated row also says when it misses the one-server floor); `n/c` = not "
-             "calibrated (reason below).", "",
+             "their sum ranks), and on the local rows, in brackets, under the local trust model (private popularity, "
+             "local: the local row's own devices, blanket and batches, ranked by the item counts its server estimates "
+             "alone; `n/a` where the catalog exceeds the codebook and no item's count is estimated); **online pop.** = "
+             "online popularity (non-private); **data-free** = max(random play, the public prior alone); **floor** ✓ = "
+             "the private ratio ≥ max(data-free, private popularity under the row's trust model) − 2 SE (a federated "
+             "row also says when it misses the one-server floor, a local row when it misses the central one; a local "
+             "row whose private popularity is `n/a` is judged against the central one); `n/c` = not calibrated "
+             "(reason below).", "",
              "| population | mode | ε | ÷ random | share | private pop. | online pop. | data-free | non-private | "
              "floor |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -607,6 +657,9 @@ def _markdown(doc: dict[str, Any]) -> str:
                 pp = p["online_popularity"] if key == "inf" else p["private_popularity"].get(key)
                 fed = "" if mode != "federated" or key == "inf" else \
                     f" (federated {_fmt(p['private_popularity_federated'].get(key))})"
+                if mode == "local" and key != "inf":
+                    lp = p["private_popularity_local"].get(key)
+                    fed = f" (local {'n/a' if lp and lp['not_applicable'] else _fmt(lp)})"
                 if c["uncalibrated"]:
                     value = share = floor = NC
                     reasons.setdefault(c["uncalibrated"], []).append(_eps_label(key))
@@ -617,6 +670,8 @@ def _markdown(doc: dict[str, Any]) -> str:
                     floor = "—" if c["floor_met"] is None else ("✓" if c["floor_met"] else "✗")
                     if c.get("one_server_floor_met") is False:
                         floor += " (✗ one server)"
+                    if c.get("central_floor_met") is False:
+                        floor += " (✗ central)"
                 df = p["data_free"]
                 lines.append(f"| {label if first else ''} | {mode} | {_eps_label(key)} | {value} | {share} | "
                              f"{_fmt(pp)}{fed} | {_fmt(p['online_popularity'])} | {_fmt(df)} ({df['which']}) | "
@@ -624,7 +679,7 @@ def _markdown(doc: dict[str, Any]) -> str:
                 first = False
             for why, eps in reasons.items():
                 notes.append(f"- {p['label']}, {mode}, ε = {', '.join(eps)}: {why}")
-    lines.append("")
+    lines += ["", _summary(doc), ""]
     if notes:
         lines += ["Not calibrated (`n/c`: the cell was not run; nothing of it is counted):", "", *notes, ""]
     lines += ["Windows evaluated (nothing was tuned on them here):", ""]
@@ -636,6 +691,17 @@ def _markdown(doc: dict[str, Any]) -> str:
     lines += ["", f"Wall time {doc['seconds']:.0f} s ({times}); machine yardstick sum(range(1000)) = "
                   f"{doc['machine']['python_speed_us']} µs."]
     return "\n".join(lines) + "\n"
+
+
+def _summary(doc: dict[str, Any]) -> str:
+    """How many private cells miss their floor, under their row's trust model and against one trusted server."""
+    judged = [c for p in doc["populations"].values() for cells in p["cells"].values()
+              for key, c in cells.items() if key != "inf" and c["floor_met"] is not None]
+    missed = sum(not c["floor_met"] for c in judged)
+    central = sum(not next(m for m in (c["one_server_floor_met"], c["central_floor_met"], c["floor_met"])
+                           if m is not None) for c in judged)
+    return (f"**{missed} of {len(judged)} private cells miss their floor** under their row's trust model; {central} "
+            f"against one trusted server's private popularity (federated: ✗ one server, local: ✗ central).")
 
 
 def _plot(doc: dict[str, Any], path: Path) -> None:

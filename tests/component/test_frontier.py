@@ -7,6 +7,7 @@ as ``--catalog``, a tiny generated tagged catalog and a 300-user synthetic popul
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,22 @@ def test_frontier_cli_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
         if fed["floor_what"] != "best data-free (prior)" and fed["floor_what"] != "best data-free (random)":
             assert fed["floor_what"] == "private popularity, federated"
             assert fed["floor"] == p["private_popularity_federated"]["2"]["ratio"]
-        assert isinstance(fed["one_server_floor_met"], bool)
+        assert isinstance(fed["one_server_floor_met"], bool) and fed["central_floor_met"] is None
         assert p["cells"]["global"]["2"]["one_server_floor_met"] is None
+        assert p["cells"]["global"]["2"]["central_floor_met"] is None
+        # a local cell's floor is private popularity under its own trust model: every catalog here is the codebook
+        local_pop = p["private_popularity_local"]["2"]
+        assert set(local_pop) == {"ratio", "se", "runs", "not_applicable"} and local_pop["not_applicable"] is None
+        loc = p["cells"]["local"]["2"]
+        assert loc["one_server_floor_met"] is None
+        if loc["uncalibrated"]:  # the same twin behind the baseline: not calibrated either, nothing measured
+            assert local_pop["ratio"] is None and local_pop["runs"] == [] and loc["central_floor_met"] is None
+            continue
+        assert local_pop["ratio"] > 0 and len(local_pop["runs"]) == 2
+        assert isinstance(loc["central_floor_met"], bool)
+        if not loc["floor_what"].startswith("best data-free"):
+            assert loc["floor_what"] == "private popularity, local"
+            assert loc["floor"] == local_pop["ratio"]
     # the catalog's local cell at eps = 2: local mode's default batch (150 distinct users) exceeds its 80 users
     lf = doc["populations"]["catalog"]["cells"]["local"]
     assert lf["2"]["uncalibrated"].startswith("a batch that calibrates at epsilon 2 holds 150 distinct users; the "
@@ -88,6 +103,11 @@ def test_frontier_cli_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     md = (out / "frontier.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith("|  | local | 2 |")]  # LastFM's, then the catalog's
     assert "n/c" not in rows[0] and "n/c" in rows[1]
+    assert " (local " in rows[0] and " (local —)" in rows[1]  # the catalog's baseline was not calibrated either
+    judged = [c for p in doc["populations"].values() for cells in p["cells"].values()
+              for key, c in cells.items() if key != "inf" and c["floor_met"] is not None]
+    missed = sum(not c["floor_met"] for c in judged)
+    assert f"**{missed} of {len(judged)} private cells miss their floor** under their row's trust model; " in md
     assert "local, ε = 2: a batch that calibrates at epsilon 2 holds 150 distinct users" in md
     assert (out / "frontier.png").stat().st_size > 0
     assert (out / "tagged-catalog" / "events.csv").is_file()
@@ -99,3 +119,26 @@ def test_local_hierarchy_needs_the_catalog_and_the_listens() -> None:
     with pytest.raises(ValueError, match="share"):
         LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, hierarchy=True, share=1.0,
                      features=np.eye(2)[[0, 1, 0, 1]])
+
+
+def test_frontier_local_floor_not_applicable_beyond_the_codebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A catalog larger than the local codebook (here the limit lowered to 100 items, the catalog 120): the codewords
+    are k-means clusters, no item's count is estimated, so local private popularity is reported not applicable
+    (nothing run) and the local cell keeps the central floor."""
+    up_module = importlib.import_module("privrec.ops.up")  # privrec.ops.up is also the name of a function there
+    monkeypatch.setattr(up_module, "MAX_CATALOG_CODEBOOK", 100)
+    out = tmp_path / "frontier"
+    rc = main(["experiment", "frontier", "--out", str(out), "--epsilons", "4", "--seeds", "1", "--modes", "local",
+               "--sizes", "", "--no-lastfm", "--tagged-catalog", "120,400,2000", "--tagged-events", "800",
+               "--jobs", "1", "--no-progress"])
+    assert rc == 0, capsys.readouterr().err
+    p = _strict_json((out / "frontier.json").read_text())["populations"]["tagged"]
+    local_pop = p["private_popularity_local"]["4"]
+    assert local_pop["ratio"] is None and local_pop["runs"] == []
+    assert local_pop["not_applicable"].startswith("the catalog's 120 items exceed the local codebook's 100")
+    cell = p["cells"]["local"]["4"]
+    assert cell["uncalibrated"] is None and isinstance(cell["floor_met"], bool)
+    assert cell["floor_what"] in ("private popularity", "best data-free (prior)", "best data-free (random)")
+    assert cell["central_floor_met"] is None  # the floor it is judged against is already the central one
+    assert "| local | 4 |" in (md := (out / "frontier.md").read_text()) and " (local n/a)" in md
