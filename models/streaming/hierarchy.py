@@ -13,17 +13,25 @@ statistics' own (public) noise and counts, never a constant tuned on one catalog
    by type-II maximum likelihood (:func:`eb_prior_variance`). Noise that swamps the data gives ``tau0 -> 0`` and
    the prior's ranking back.
 3. **items** — each item's released count ``s_hat_a`` against what the pooled tilt predicts, ``m_a = n p(a)``.
-   The release itself says which rule applies, through the share of the count by which residuals ``r`` clear the
-   universal threshold ``sigma_items sqrt(2 ln K)`` (where no item of pure noise lands; :data:`CLEAR_MASS`): at
-   least 5 %, popularity stands out of the noise and the counts are kept whole (a catalog with a steep
-   popularity); some, but less, ``r`` is shrunk by ``beta r + (1 - beta) soft(r, t)``, ``(beta, t)`` minimising
-   Stein's unbiased risk estimate for the release's noise (:func:`sure_shrinkage`; Donoho & Johnstone 1995);
-   none (LastFM at user level), the item level says nothing and the content model ranks. Without noise the counts
-   are taken as they are (online popularity, with the content model breaking the ties of unseen items).
+   The level is on only where the largest residual ``r`` clears ``t_K``, which no residual of pure noise clears
+   with probability ``1 - LEVEL`` (:func:`clear_threshold`: ``P(max_a r_a > t_K) = LEVEL`` for ``K`` independent
+   ``N(0, sigma_items^2)``); elsewhere (LastFM at user level) it says nothing and the content model ranks. Where it
+   is on, the release says which rule applies, through the share of the count by which residuals clear the
+   universal threshold ``sigma_items sqrt(2 ln K)`` (:data:`CLEAR_MASS`): at least 5 %, popularity stands out of
+   the noise and the counts are kept whole (a catalog with a steep popularity); less, ``r`` is shrunk by
+   ``beta r + (1 - beta) soft(r, t)``, ``(beta, t)`` minimising Stein's unbiased risk estimate for the release's
+   noise (:func:`sure_shrinkage`; Donoho & Johnstone 1995). Without noise the counts are taken as they are (online
+   popularity, with the content model breaking the ties of unseen items).
 4. **units** (when released) — each unit's pooled-style sum ``b_u, n_u`` against the pooled model's prediction:
    ``delta_u = tau^2 A_u (tau^2 A_u^2 + A_u + sigma_u^2 I)^-1 (b_u - n_u mu)`` with ``A_u = n_u Sigma``, the
    exact Gaussian posterior mean of the unit's deviation, ``tau^2`` by the method of moments over units
-   (James–Stein / Efron–Morris): when the noise dominates, every unit collapses onto the pooled model.
+   (James–Stein / Efron–Morris) where the residuals' excess energy clears its own noise at the level ``LEVEL``
+   (:func:`units_prior_variance`), else 0: when the noise dominates, every unit collapses onto the pooled model.
+
+Every level leaves the one above only on evidence at the same level, :data:`LEVEL` (1 %, per release): the pooled
+tilt through a 99 % likelihood margin, the items and the units through tests whose null distribution is the
+release's own public noise std and counts. Under pure noise each level stays at the one above with probability about
+``1 - LEVEL``, and the model ranks as the prior does.
 
 A candidate ``a`` for unit ``u`` scores ``x_a . theta_u + log(p(a) / p_pool(a)) + alpha ||x_a||_{M_u}`` with
 ``theta_u = theta + delta_u``: up to a constant, ``log p(a | u)`` plus a bonus. That is the serving layer's usual
@@ -60,6 +68,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -69,7 +78,8 @@ from models.ground.codec import decode_arrays, encode_arrays
 
 __all__ = ["HierarchyLayout", "ReleasedHierarchy", "HierarchyModel", "contribution", "item_shares", "solve_hierarchy",
            "default_shares", "parse_shares", "add_contribution", "add_contributions", "add_rows_in_order", "UNITS_MIN_USERS",
-           "prior_direction", "sure_shrinkage", "eb_prior_variance", "SHARES", "REPLACE_SENSITIVITY"]
+           "prior_direction", "sure_shrinkage", "eb_prior_variance", "clear_threshold", "units_prior_variance",
+           "LEVEL", "SHARES", "REPLACE_SENSITIVITY"]
 
 FloatArray = NDArray[np.float64]
 
@@ -536,6 +546,10 @@ def _fit_scale(f: FloatArray, y: float, n: float, sigma2: float, *, prior: float
     return c
 
 
+#: The probability, per release, that a level moves off the one above on pure noise (a false alarm): the pooled
+#: level's likelihood margin (:data:`LIKELIHOOD_MARGIN`), the items' threshold (:func:`clear_threshold`) and the
+#: units' test (:func:`units_prior_variance`) are all at this level. Not tuned: it is the pooled margin's 99 %.
+LEVEL = 0.01
 #: The grid of prior variances the type-II likelihood is maximised over (0: the prior alone).
 #: ``tau^2`` is the smallest variance whose log-likelihood is within this margin of the maximum: a level moves away
 #: from the one above only as far as the data insist (chi-square(1) 99 % / 2 = 3.32; 0 would be the maximum). At 1.35
@@ -560,6 +574,42 @@ def eb_prior_variance(r: FloatArray, A: FloatArray, sigma2: float) -> float:
     ll = -0.5 * np.sum(np.log(v) + rr[None, :] / v, axis=1)
     # the smallest variance the data do not reject: within the margin of the maximum (a one-sided likelihood interval)
     return float(TAU_GRID[int(np.flatnonzero(ll >= ll.max() - LIKELIHOOD_MARGIN)[0])])
+
+
+def units_prior_variance(R: FloatArray, nu: FloatArray, S: FloatArray, su2: float, level: float = LEVEL) -> float:
+    """``tau^2`` of the units' deviations by the method of moments, where the residuals' excess energy is significant.
+
+    ``R (N, d)`` are the units' residuals ``b_u - n_u mu``, ``nu (N,)`` their released counts, ``S (d, d)`` the
+    pooled model's covariance of a context, ``su2`` the unit block's noise variance. The moment estimate is
+    ``num / den`` with ``num = sum ||R_u||^2 - sum tr V_u`` and ``den = sum n_u^2 tr(S S)``, ``V_u = n_u S + su2 I``
+    (``E num = tau^2 den``; Efron & Morris 1975). With no deviation (``tau^2 = 0``) ``R_u ~ N(0, V_u)`` and
+    ``sum ||R_u||^2`` has mean ``m1 = sum tr V_u`` and variance ``2 m2``, ``m2 = sum tr V_u^2``: Satterthwaite's
+    ``g chi2_h`` with the same two moments (``g = m2 / m1``, ``h = m1^2 / m2``), its ``1 - level`` quantile by
+    Wilson–Hilferty. The level is on, at ``num / den``, only where ``sum ||R_u||^2`` exceeds that quantile; else 0,
+    so that under pure noise every unit stays at the pooled model with probability about ``1 - level`` (the plain
+    ``max(num / den, 0)`` is positive half the time).
+
+    >>> S, nu, rng = np.eye(2) * 0.5, np.full(10, 100.0), np.random.default_rng(0)
+    >>> units_prior_variance(rng.normal(scale=math.sqrt(51.0), size=(10, 2)), nu, S, 1.0)   # pure noise: V_u = 51 I
+    0.0
+    >>> round(units_prior_variance(rng.normal(scale=20.0, size=(10, 2)), nu, S, 1.0), 3)   # far beyond it
+    0.058
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"`level` must be in (0, 1), got {level}.")
+    N, d = R.shape
+    trS, trSS = float(np.trace(S)), float(np.sum(S * S))
+    den = float(np.sum(nu ** 2) * trSS)
+    if den <= 0:
+        return 0.0
+    energy = float(np.sum(R * R))
+    m1 = float(np.sum(nu) * trS + N * d * su2)
+    m2 = float(np.sum(nu ** 2 * trSS + 2.0 * nu * su2 * trS + d * su2 ** 2))  # tr V_u^2, summed
+    g, h = m2 / m1, m1 * m1 / m2
+    z = NormalDist().inv_cdf(1.0 - level)
+    if energy <= g * h * (1.0 - 2.0 / (9.0 * h) + z * math.sqrt(2.0 / (9.0 * h))) ** 3:
+        return 0.0
+    return (energy - m1) / den
 
 
 def _fit_pooled(F: FloatArray, b: FloatArray, n: float, sigma2: float, prior: FloatArray, tau2: float,
@@ -627,14 +677,37 @@ def sure_shrinkage(r: FloatArray, sigma: float) -> tuple[float, float]:
     return best[1], best[2]
 
 
-#: The share of the released count by which items' residuals clear the universal threshold ``sigma sqrt(2 ln K)``
-#: (where no item of pure noise lands: only the excess counts) above which the item counts are kept whole
+def clear_threshold(k: int, sigma: float, level: float = LEVEL) -> float:
+    """``t`` with ``P(max of k independent N(0, sigma^2) > t) = level``: ``sigma z``, ``Phi(z)^k = 1 - level``.
+
+    No item of pure noise clears it, with probability ``1 - level`` per release, whatever ``k`` (Šidák's
+    correction, one-sided: only counts above the prediction are evidence of popularity). The universal threshold
+    ``sigma sqrt(2 ln k)``, which it replaces as the item level's test, is cleared by noise alone at 8–10 % of
+    releases for ``k`` from 1,000 to 20,000 items (that probability falls only as ``1 / sqrt(ln k)``).
+
+    >>> round(clear_threshold(12_523, 1.0), 3), round(math.sqrt(2 * math.log(12_523)), 3)
+    (4.798, 4.344)
+    >>> round(clear_threshold(1, 2.0), 3)    # one item: the one-sided 99 % quantile
+    4.653
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"`level` must be in (0, 1), got {level}.")
+    if k < 1 or sigma <= 0:
+        return 0.0
+    # 1 - (1 - level)^(1/k), computed without cancellation (it is ~level / k)
+    tail = -math.expm1(math.log1p(-level) / k)
+    return float(sigma) * -NormalDist().inv_cdf(tail)
+
+
+#: Where the item level is on (an item clears :func:`clear_threshold`), the share of the released count by which
+#: items' residuals clear the universal threshold ``sigma sqrt(2 ln K)`` (only the excess counts) above which the
+#: item counts are kept whole
 #: (``beta = 1``): popularity concentrated enough to stand out of the noise ranks better on the counts than on any
 #: shrinkage toward the content model; below it, :func:`sure_shrinkage`. Measured on held-out windows
 #: (docs/hierarchy.md): 0 on LastFM at user level, 0.1–0.5 on the synthetic catalogs. Post-processing.
 CLEAR_MASS = 0.05
-#: Where no item clears the universal threshold at all, the item level says nothing (content alone) rather than
-#: SURE's threshold, which lets about 1 % of pure-noise items through (each one a spurious top pick in its pools).
+#: Where no item clears :func:`clear_threshold`, the item level says nothing (content alone) rather than SURE's
+#: threshold, which lets about 1 % of pure-noise items through (each one a spurious top pick in its pools).
 #: An item's rate never drops below this share of the content model's prediction (a released count within the
 #: noise of zero does not make an item impossible).
 FLOOR = 0.1
@@ -675,13 +748,16 @@ def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: in
         k = rel.items.shape[0]
         m = n * p[:k]
         r = rel.items - m
-        universal = rel.std_items * math.sqrt(2.0 * math.log(max(k, 2)))  # no item of pure noise lands above it
-        clear_mass = float(np.maximum(r - universal, 0.0).sum()) / n
-        if clear_mass >= CLEAR_MASS:  # popularity stands out of the noise: the counts rank on their own, kept whole
+        # the test: does any item depart from the content model? No item of pure noise clears `clear` (at LEVEL)
+        clear = clear_threshold(k, rel.std_items)
+        signal = k > 0 and float(r.max()) > clear
+        universal = rel.std_items * math.sqrt(2.0 * math.log(max(k, 2)))
+        clear_mass = float(np.maximum(r - universal, 0.0).sum()) / n if signal else 0.0
+        if signal and clear_mass >= CLEAR_MASS:  # popularity stands out of the noise: the counts, kept whole
             beta, t = 1.0, 0.0
-        elif clear_mass > 0:
+        elif signal:
             beta, t = sure_shrinkage(r, rel.std_items)
-        else:  # no item clears the universal threshold: nothing in the counts is told from noise; content alone
+        else:  # no item clears the test: nothing in the counts is told from noise; content alone
             beta, t = 0.0, math.inf
         info["item_clear_mass"] = clear_mass
         lam = np.maximum(m + beta * r + (1.0 - beta) * np.sign(r) * np.maximum(np.abs(r) - t, 0.0), FLOOR * m)
@@ -705,9 +781,7 @@ def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: in
         su2 = (rel.std_units / _H) ** 2
         R = bu - nu[:, None] * mu[None, :]
         A = nu[:, None, None] * S[None]
-        num = float(np.sum(R * R) - np.sum(nu) * np.trace(S) - N * d * su2)
-        den = float(np.sum(nu ** 2) * np.sum(S * S))
-        tau2 = max(num / den, 0.0) if den > 0 else 0.0
+        tau2 = units_prior_variance(R, nu, S, su2)
         info["tau_units_sq"] = tau2
         if tau2 > 0:
             I = np.eye(d)

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from models.mechanisms import make_mechanism
 from models.policies.hierarchy import HierarchicalUCB, PriorScorer
-from models.streaming.hierarchy import (REPLACE_SENSITIVITY, HierarchyLayout, ReleasedHierarchy, add_contribution,
-                                        add_contributions, add_rows_in_order, contribution, default_shares,
-                                        parse_shares, prior_direction, solve_hierarchy, sure_shrinkage)
+from models.streaming.hierarchy import (LEVEL, REPLACE_SENSITIVITY, HierarchyLayout, ReleasedHierarchy,
+                                        add_contribution, add_contributions, add_rows_in_order, clear_threshold,
+                                        contribution, default_shares, parse_shares, prior_direction, solve_hierarchy,
+                                        sure_shrinkage, units_prior_variance)
 
 
 def _features(K: int = 30, d: int = 4, seed: int = 0) -> np.ndarray:
@@ -121,6 +122,74 @@ def test_sure_keeps_what_clears_the_noise_and_drops_what_does_not() -> None:
     dense = rng.normal(size=2000) + rng.normal(scale=5.0, size=2000)
     beta, t = sure_shrinkage(dense, 1.0)
     assert beta > 0.5                         # signal everywhere: most of every residual kept
+
+
+def _binomial_band(trials: int, level: float) -> tuple[int, int]:
+    """Counts of false alarms within 4 standard deviations of ``trials * level`` (fails by chance < 1e-4)."""
+    mean, sd = trials * level, math.sqrt(trials * level * (1.0 - level))
+    return math.floor(mean - 4.0 * sd), math.ceil(mean + 4.0 * sd)
+
+
+def test_no_item_of_pure_noise_clears_the_items_threshold_but_at_its_level() -> None:
+    """``P(max of K N(0, sigma^2) > t_K) = LEVEL``, whatever K: counted over 4,000 releases of pure noise."""
+    rng = np.random.default_rng(11)
+    for K, sigma in ((50, 1.0), (2_000, 7.5)):
+        t = clear_threshold(K, sigma)
+        alarms = int(np.sum(rng.normal(scale=sigma, size=(4_000, K)).max(axis=1) > t))
+        lo, hi = _binomial_band(4_000, LEVEL)
+        assert lo <= alarms <= hi, (K, alarms)
+    # the universal threshold it replaces is cleared about 9 % of the time at K = 2,000 (1 - Phi(3.90)^2000)
+    assert clear_threshold(2_000, 1.0) > math.sqrt(2 * math.log(2_000)) + 0.5
+    with pytest.raises(ValueError, match="level"):
+        clear_threshold(10, 1.0, level=1.0)
+
+
+def _flat_release(counts: np.ndarray, std_items: float) -> tuple[ReleasedHierarchy, np.ndarray]:
+    """A catalog of identical contexts (every tilt is uniform: ``m_a = n / K`` exactly) and released counts."""
+    K = len(counts)
+    F = np.tile([0.6, 0.8], (K, 1))
+    n = float(counts.sum())
+    rel = ReleasedHierarchy.from_sums(np.array([0.6, 0.8]) * n, n, 0.0, items=counts, std_items=std_items)
+    return rel, F
+
+
+def test_under_pure_noise_the_item_level_stays_off_but_at_its_level() -> None:
+    """Released counts = the content model's prediction + noise: the item level says nothing (every item score 0)
+    in all but about LEVEL of 2,000 releases; one item far above the noise turns it on."""
+    rng = np.random.default_rng(12)
+    K, sigma, n = 200, 5.0, 400.0
+    on = 0
+    for _ in range(2_000):
+        rel, F = _flat_release(n / K + rng.normal(scale=sigma, size=K), sigma)
+        on += not np.allclose(solve_hierarchy(rel, F).item_scores, 0.0)
+    lo, hi = _binomial_band(2_000, LEVEL)
+    assert lo <= on <= hi
+    counts = n / K + rng.normal(scale=sigma, size=K)
+    counts[7] += 10.0 * sigma
+    rel, F = _flat_release(counts, sigma)
+    model = solve_hierarchy(rel, F)
+    assert int(np.argmax(model.item_scores)) == 7 and model.item_scores[7] > 0
+
+
+def test_under_pure_noise_the_units_stay_on_the_pooled_model_but_at_their_level() -> None:
+    """Residuals ``R_u ~ N(0, n_u S + su2 I)`` (no deviation): ``tau^2 = 0`` in all but about LEVEL of 4,000 draws
+    (the plain moment estimate ``max(num / den, 0)`` is positive about half the time); a real spread is found."""
+    rng = np.random.default_rng(13)
+    N, d, su2 = 100, 5, 4.0
+    S = np.diag(np.linspace(0.05, 0.2, d))
+    nu = rng.integers(50, 200, size=N).astype(float)
+    sd = np.sqrt(nu[:, None] * np.diag(S)[None, :] + su2)
+    on = plain = 0
+    for _ in range(4_000):
+        R = rng.normal(size=(N, d)) * sd
+        on += units_prior_variance(R, nu, S, su2) > 0
+        plain += float(np.sum(R * R) - np.sum(nu) * np.trace(S) - N * d * su2) > 0
+    lo, hi = _binomial_band(4_000, LEVEL)
+    assert lo <= on <= hi
+    assert 1_800 <= plain <= 2_200
+    tau2 = 0.05   # deviations delta_u ~ N(0, tau2 I): R_u ~ N(0, tau2 A_u^2 + A_u + su2 I)
+    R = rng.normal(size=(N, d)) * np.sqrt(tau2 * (nu[:, None] * np.diag(S)[None, :]) ** 2 + sd ** 2)
+    assert units_prior_variance(R, nu, S, su2) == pytest.approx(tau2, rel=0.3)
 
 
 def test_the_units_block_is_released_where_a_unit_has_users_enough() -> None:
