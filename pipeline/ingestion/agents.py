@@ -3,9 +3,7 @@
 Each poll returns up to ``batch_size`` records per partition; each
 partition's records go through :class:`pipeline.ingestion.ingest.IngestProcessor`:
 parse, send the dead letters (awaited, so none is lost), then one atomic
-Redis commit of statistics + offset. At user level a partition's commit is
-sent and its answer read only after the next partition's batch is prepared,
-so Redis runs the script while the worker parses. On assignment, partitions are sought to
+Redis commit of statistics + offset. On assignment, partitions are sought to
 the offset stored in Redis — the source of truth — so whatever Kafka
 redelivers after a crash is skipped, and nothing before it is re-read.
 Kafka offsets are committed too, after Redis, for lag monitoring and the web's
@@ -34,7 +32,7 @@ from ..config.kafkaconn import client_kwargs
 from ..config.redisconn import connect
 from .. import services
 from ..data.catalog import Catalog
-from .ingest import InFlight, IngestProcessor, OffsetGap, UserIngestProcessor, _reason_class
+from .ingest import IngestProcessor, OffsetGap, UserIngestProcessor, _reason_class
 from .shown_lists import ShownListCheck
 from ..config.metrics import WorkerMetrics
 from ..data.records import TOPICS, dead_letter_value
@@ -276,30 +274,27 @@ class _IngestLoop:
         exactly these, never the consumer's positions (a batch not committed to Redis must not look counted to the
         web's outbox forwarder, which drops an event once the group's committed offset passes it); during a backlog
         at most every :data:`KAFKA_COMMIT_SECONDS` (a later commit only makes the forwarder keep an event longer)."""
-        processor = self.processor
+        processor, metrics = self.processor, self.metrics
         stored_to = self.to_commit
-        inflight: tuple[TopicPartition, list[tuple[int, bytes]], InFlight] | None = None
-        try:
-            for tp, records in batches.items():
-                msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
+        for tp, records in batches.items():
+            msgs = [(r.offset, r.value if r.value is not None else b"") for r in records]
+            batch = processor.prepare(tp.partition, msgs)
+            for item in batch.dead:
+                await self.producer.send_and_wait(TOPICS["dead_letters"], key=None, value=dead_letter_value(
+                    item.raw, item.reason, tp.topic, tp.partition, item.offset))
+                if metrics is not None:
+                    metrics.dead.labels(_reason_class(item.reason)).inc()
+            if not processor.commit(batch):
+                # another writer moved the offset (or Redis came back with an older state): reload, redo
                 batch = processor.prepare(tp.partition, msgs)
-                # the previous partition's commit ran in Redis while this batch was prepared
-                if inflight is not None and not self._finish(*inflight):
-                    inflight = None
+                if not processor.commit(batch):
+                    log.warning("partition %d: stored offset moved twice; re-reading from it", tp.partition)
+                    self.reread = True
                     break
-                inflight = None
-                for item in batch.dead:
-                    await self.producer.send_and_wait(TOPICS["dead_letters"], key=None, value=dead_letter_value(
-                        item.raw, item.reason, tp.topic, tp.partition, item.offset))
-                    if self.metrics is not None:
-                        self.metrics.dead.labels(_reason_class(item.reason)).inc()
-                inflight = (tp, msgs, processor.commit_send(batch))
-            if inflight is not None:
-                self._finish(*inflight)
-                inflight = None
-        finally:
-            if inflight is not None:  # an error before its answer: what Redis did is re-read from its offsets
-                processor.commit_abandon(inflight[2])
+            self.counted += batch.counted
+            stored_to[tp] = OffsetAndMetadata(batch.next_offset, "")
+            if metrics is not None:
+                metrics.ingested.inc(batch.counted)
         now = time.monotonic()
         full = sum(map(len, batches.values())) >= self.settings.batch_size
         if stored_to and (not full or now - self.last_kafka_commit >= KAFKA_COMMIT_SECONDS):
@@ -309,24 +304,6 @@ class _IngestLoop:
             mine = {tp: o for tp, o in stored_to.items() if tp in assigned}
             if mine:
                 await self.consumer.commit(mine)
-
-    def _finish(self, tp: TopicPartition, msgs: list[tuple[int, bytes]], inflight: InFlight) -> bool:
-        """The answer of one partition's commit; after a lost compare the batch is redone once (another writer moved
-        the offset, a fold took pending contributions, or Redis came back with an older state). ``False``: the
-        offset moved twice, re-read everything from Redis."""
-        processor = self.processor
-        batch = inflight.batch
-        if not processor.commit_finish(inflight):
-            batch = processor.prepare(tp.partition, msgs)
-            if not processor.commit(batch):
-                log.warning("partition %d: stored offset moved twice; re-reading from it", tp.partition)
-                self.reread = True
-                return False
-        self.counted += batch.counted
-        self.to_commit[tp] = OffsetAndMetadata(batch.next_offset, "")
-        if self.metrics is not None:
-            self.metrics.ingested.inc(batch.counted)
-        return True
 
     async def _report_status(self) -> None:
         """At most once a second: the worker's status hash (and the lag metrics)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import redis
@@ -32,7 +31,7 @@ from .shown_lists import REASON_PREFIXES, ShownListCheck
 from ..state.trusted import TrustedStore
 from ..state.userlevel import PENDING_SCRIPT, Contribution, UserLevelKeys, decode_contribution, encode_contribution
 
-__all__ = ["IngestProcessor", "UserIngestProcessor", "PreparedBatch", "InFlight", "DeadLetterItem", "OffsetGap", "fresh_messages"]
+__all__ = ["IngestProcessor", "UserIngestProcessor", "PreparedBatch", "DeadLetterItem", "OffsetGap", "fresh_messages"]
 
 
 class OffsetGap(RuntimeError):
@@ -80,30 +79,6 @@ class PreparedBatch:
     @property
     def reasons(self) -> dict[str, int]:
         return dict(Counter(_reason_class(d.reason) for d in self.dead))
-
-
-#: What a lost or refused Redis connection raises (the commit is then retried by the client, or re-read).
-REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-
-
-@dataclass
-class InFlight:
-    """A commit sent and not yet answered (:meth:`IngestProcessor.commit_send`): the connection it holds, or its
-    answer (``done``) when it was committed at once."""
-
-    batch: PreparedBatch
-    done: bool | None = None
-    conn: Any = None  # a redis.connection.Connection of pool, checked out
-    pool: redis.ConnectionPool | None = None
-    keys: list[str] = field(default_factory=list)
-    args: list[object] = field(default_factory=list)
-
-    def abandon(self) -> None:
-        """Close the connection without reading the answer (what Redis did is read back from its offsets)."""
-        if self.conn is not None and self.pool is not None:
-            self.conn.disconnect()
-            self.pool.release(self.conn)
-            self.conn = None
 
 
 def _reason_class(reason: str) -> str:
@@ -218,21 +193,6 @@ class IngestProcessor:
         next_offset = (fresh[-1][0] + 1) if fresh else (stored if stored is not None else 0)
         return PreparedBatch(partition, stored, next_offset, new, u_arr, len(u_arr), len(msgs) - len(fresh), dead,
                              dict(users), new_items, touched)
-
-    def commit_send(self, batch: PreparedBatch) -> InFlight:
-        """Start :meth:`commit`; :meth:`commit_finish` gives its answer. Here the commit is done at once; a
-        processor whose commit is one script (:class:`UserIngestProcessor`) sends it and returns, so the caller can
-        prepare the next partition's batch while Redis runs it."""
-        return InFlight(batch, done=self.commit(batch))
-
-    def commit_finish(self, inflight: InFlight) -> bool:
-        """The answer of a :meth:`commit_send`: whether the batch was written (``False``: the partition reloads)."""
-        assert inflight.done is not None
-        return inflight.done
-
-    def commit_abandon(self, inflight: InFlight) -> None:
-        """Drop a sent commit without its answer (the caller re-reads from Redis, which holds whether it applied)."""
-        inflight.abandon()
 
     def commit(self, batch: PreparedBatch) -> bool:
         """Write the batch atomically; on a lost compare, reload the partition and return ``False``."""
@@ -405,8 +365,9 @@ class UserIngestProcessor(IngestProcessor):
                 c = work[user]
                 c.items[a] = c.items.get(a, 0.0) + r
 
-    def _commit_args(self, batch: PreparedBatch) -> tuple[list[str], list[object]]:
-        """:data:`PENDING_SCRIPT`'s keys and arguments for ``batch``."""
+    def commit(self, batch: PreparedBatch) -> bool:
+        if batch.expected_offset is not None and batch.next_offset == batch.expected_offset:
+            return True
         keys = UserLevelKeys(self.namespace, batch.partition)
         args: list[object] = ["" if batch.expected_offset is None else str(batch.expected_offset),
                               str(batch.next_offset), str(batch.foldgen)]  # type: ignore[attr-defined]
@@ -421,59 +382,10 @@ class UserIngestProcessor(IngestProcessor):
             args += [reason[:200], count]
         for user, count in batch.users.items():
             args += [user, count]
-        return [self.store.keys.offset(batch.partition), keys.pending, self.store.keys.deadletters(batch.partition),
-                self.store.keys.user_counts(batch.partition), keys.foldgen], args
-
-    def commit_send(self, batch: PreparedBatch) -> InFlight:
-        """Send the batch's script on a connection of its own and return without its answer (a cluster client, or
-        a connection that fails to send: the whole :meth:`commit` at once)."""
-        if batch.expected_offset is not None and batch.next_offset == batch.expected_offset:
-            return InFlight(batch, done=True)
-        pool = getattr(self.client, "connection_pool", None)
-        if pool is None:  # a cluster client: no pool of one node's connections
-            return InFlight(batch, done=self.commit(batch))
-        keys, args = self._commit_args(batch)
-        conn = pool.get_connection()
-        try:
-            conn.send_command("EVALSHA", self._pending_script.sha, len(keys), *keys, *args)
-        except REDIS_ERRORS:
-            conn.disconnect()
-            pool.release(conn)
-            return InFlight(batch, done=self.commit(batch))  # with the client's retries
-        return InFlight(batch, conn=conn, pool=pool, keys=keys, args=args)
-
-    def commit_finish(self, inflight: InFlight) -> bool:
-        if inflight.done is None:
-            conn, pool = inflight.conn, inflight.pool
-            assert conn is not None and pool is not None
-            retry = False
-            try:
-                applied = conn.read_response()
-            except redis.exceptions.NoScriptError:  # Redis restarted empty: the script call loads it
-                retry = True
-            except REDIS_ERRORS:  # the script may or may not have run: the compare on the offset decides
-                conn.disconnect()
-                retry = True
-            except BaseException:
-                conn.disconnect()
-                raise
-            finally:
-                inflight.conn = None
-                pool.release(conn)
-            inflight.done = bool(self._pending_script(keys=inflight.keys, args=inflight.args)) if retry \
-                else bool(applied)
-        return self._committed(inflight.batch, inflight.done)
-
-    def commit(self, batch: PreparedBatch) -> bool:
-        if batch.expected_offset is not None and batch.next_offset == batch.expected_offset:
-            return True
-        keys, args = self._commit_args(batch)
-        return self._committed(batch, bool(self._pending_script(keys=keys, args=args)))
-
-    def _committed(self, batch: PreparedBatch, ok: bool) -> bool:
-        """Keep the committed contributions (or, on a lost compare, drop the partition's state: redone from Redis)."""
-        if batch.expected_offset is not None and batch.next_offset == batch.expected_offset:
-            return True
+        ok = bool(self._pending_script(keys=[self.store.keys.offset(batch.partition), keys.pending,
+                                             self.store.keys.deadletters(batch.partition),
+                                             self.store.keys.user_counts(batch.partition), keys.foldgen],
+                                       args=args))
         if ok:
             base: dict[str, Contribution] = batch.base  # type: ignore[attr-defined]
             base.update(batch.pending)  # type: ignore[attr-defined]
