@@ -197,8 +197,8 @@ def register(sub: Any) -> None:
                     help="size of the generated tagged catalog (default 2000,2000,20000)")
     fr.add_argument("--sites", type=int, default=4, help="federated sites (default 4)")
     fr.add_argument("--local-batch", type=int, default=None,
-                    help="local mode on the replays: distinct users per shuffled batch (default 150; the population "
-                         "uses max(400, 0.2 x users))")
+                    help="local mode: distinct users per shuffled batch, on every population (default 150; grown to the "
+                         "smallest the blanket can calibrate at the cell's epsilon)")
     fr.add_argument("--seed", type=int, default=0, help="seed the runs' noise keys derive from (default 0)")
     fr.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
     fr.add_argument("--quick", action="store_true", help="epsilon 1, 2, inf; LastFM 5,000 events; tagged; the 10k "
