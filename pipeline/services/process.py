@@ -262,11 +262,17 @@ def tail(path: Path, lines: int = _TAIL_LINES) -> str:
 def read_handles(state_dir: str | os.PathLike[str]) -> dict[str, ServiceHandle]:
     """Return the recorded handles in ``state_dir`` by name, in start order.
 
-    A handle is returned whether or not its process still runs; ask :func:`is_running`.
+    A handle is returned whether or not its process still runs; ask :func:`is_running`. A handle removed while
+    they are read (a stop; the supervisor between a crashed process and its restart) is not returned.
     """
     state = Path(state_dir)
-    paths = sorted(state.glob(f"*{_HANDLE_SUFFIX}"))
-    handles = [ServiceHandle.from_json(p.read_text()) for p in paths]
+    handles: list[ServiceHandle] = []
+    for path in sorted(state.glob(f"*{_HANDLE_SUFFIX}")):
+        try:
+            text = path.read_text()
+        except FileNotFoundError:  # removed since the listing (a stop, or the supervisor replacing a crashed one)
+            continue
+        handles.append(ServiceHandle.from_json(text))
     handles.sort(key=lambda h: h.start_ticks)
     return {h.name: h for h in handles}
 

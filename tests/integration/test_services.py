@@ -161,6 +161,11 @@ def test_stop_leaves_no_process_and_no_pid_files(tmp_path: Path) -> None:
     (tmp_path / "settings.json").write_text("{}")  # other files may share the directory
     assert set(services.read_handles(tmp_path)) == {"kafka", "redis"}
 
+    # a handle listed but removed before it is read (the supervisor between a crash and the restart): left out
+    (tmp_path / "worker-0.service.json").symlink_to(tmp_path / "gone.service.json.tmp")
+    assert set(services.read_handles(tmp_path)) == {"kafka", "redis"}
+    (tmp_path / "worker-0.service.json").unlink()
+
     assert services.stop_all(tmp_path) == ["redis", "kafka"]  # last started, first stopped
 
     assert _pid_gone(broker.pid) and _pid_gone(server.pid)
