@@ -14,7 +14,7 @@ from models.policies.hierarchy import HierarchicalUCB, PriorScorer
 from models.streaming.hierarchy import (LEVEL, REPLACE_SENSITIVITY, HierarchyLayout, ReleasedHierarchy,
                                         add_contribution, add_contributions, add_rows_in_order, clear_threshold,
                                         contribution, default_shares, parse_shares, prior_direction, solve_hierarchy,
-                                        units_prior_variance)
+                                        sure_shrinkage, units_prior_variance)
 
 
 def _features(K: int = 30, d: int = 4, seed: int = 0) -> np.ndarray:
@@ -113,6 +113,17 @@ def test_under_overwhelming_noise_the_model_falls_back_to_the_priors_ranking() -
     assert np.argsort(F @ model.theta[0]).tolist() == np.argsort(F @ u0).tolist()
 
 
+def test_sure_keeps_what_clears_the_noise_and_drops_what_does_not() -> None:
+    rng = np.random.default_rng(1)
+    sparse = rng.normal(size=2000)
+    sparse[:5] += 40.0
+    beta, t = sure_shrinkage(sparse, 1.0)
+    assert beta == 0.0 and t > 2.0            # a few needles: a high threshold, nothing below it kept
+    dense = rng.normal(size=2000) + rng.normal(scale=5.0, size=2000)
+    beta, t = sure_shrinkage(dense, 1.0)
+    assert beta > 0.5                         # signal everywhere: most of every residual kept
+
+
 def _binomial_band(trials: int, level: float) -> tuple[int, int]:
     """Counts of false alarms within 4 standard deviations of ``trials * level`` (fails by chance < 1e-4)."""
     mean, sd = trials * level, math.sqrt(trials * level * (1.0 - level))
@@ -158,29 +169,6 @@ def test_under_pure_noise_the_item_level_stays_off_but_at_its_level() -> None:
     rel, F = _flat_release(counts, sigma)
     model = solve_hierarchy(rel, F)
     assert int(np.argmax(model.item_scores)) == 7 and model.item_scores[7] > 0
-
-
-def test_where_the_item_level_is_on_items_are_served_in_their_counts_order() -> None:
-    """A Zipf popularity over a content model that varies (random contexts, a pooled block of the content model's
-    own mean): with the level on, the served score ``x . theta + item_scores`` orders every item the floor does not
-    reach exactly as its released count does (private popularity's order on the same items block), whatever the
-    content model says; the floored items rank by content among themselves."""
-    rng = np.random.default_rng(14)
-    K, d, sigma = 500, 5, 5.0
-    F = _features(K=K, d=d, seed=5)
-    rate = 4_000.0 / np.arange(1, K + 1) / np.sum(1.0 / np.arange(1, K + 1))
-    counts = rate + rng.normal(scale=sigma, size=K)
-    n = float(rate.sum())
-    rel = ReleasedHierarchy.from_sums(F.T @ rate, n, 0.0, items=counts, std_items=sigma)
-    model = solve_hierarchy(rel, F)
-    assert model.info["item_level_on"] == 1.0
-    score = F @ model.theta[0] + model.item_scores
-    z = F @ model.theta[0]
-    m = n * np.exp(z - z.max()) / np.exp(z - z.max()).sum()   # the content model's prediction m_a = n p_pool(a)
-    kept = counts > 0.1 * m
-    assert kept.sum() > K // 4 and (~kept).sum() > 0
-    assert np.array_equal(np.argsort(score[kept]), np.argsort(counts[kept]))
-    assert np.array_equal(np.argsort(score[~kept]), np.argsort(z[~kept]))
 
 
 def test_under_pure_noise_the_units_stay_on_the_pooled_model_but_at_their_level() -> None:
