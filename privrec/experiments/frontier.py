@@ -342,11 +342,11 @@ def local_default_twin(F: np.ndarray, *, eps: float, delta: float, cap: int, bat
     codebook (the item term) up to ``privrec.ops.up.MAX_CATALOG_CODEBOOK`` items, else 64 k-means codewords —, served
     by the hierarchy. ``eps = inf``: the same model without noise, no batch, no cap."""
     from models.local.items import codebook, smallest_batch
-    from privrec.ops.up import MAX_CATALOG_CODEBOOK
+    from privrec.ops.up import catalog_is_codebook
 
     K, d = F.shape
     private = not math.isinf(eps)
-    items = K <= MAX_CATALOG_CODEBOOK
+    items = catalog_is_codebook(K)
     clipped = F / np.maximum(1.0, np.linalg.norm(F, axis=1, keepdims=True))
     codes = clipped if items else codebook(F, 64, seed=0)
     if private:
@@ -362,9 +362,9 @@ def local_default_twin(F: np.ndarray, *, eps: float, delta: float, cap: int, bat
 def local_popularity_undefined(n_items: int) -> str | None:
     """Why private popularity under the local trust model is not defined for a catalog of ``n_items`` items, or
     ``None`` where it is (the catalog itself is the local codebook, so the server estimates every item's count)."""
-    from privrec.ops.up import MAX_CATALOG_CODEBOOK
+    from privrec.ops.up import MAX_CATALOG_CODEBOOK, catalog_is_codebook
 
-    if n_items <= MAX_CATALOG_CODEBOOK:
+    if catalog_is_codebook(n_items):
         return None
     return (f"the catalog's {n_items:,} items exceed the local codebook's {MAX_CATALOG_CODEBOOK:,}: the codewords are "
             f"64 k-means clusters and the server estimates no item's count; the local cells keep the central floor")

@@ -106,6 +106,12 @@ def _start_workers(settings: Settings, state: Path, *, catalog: Any, external: d
 MAX_CATALOG_CODEBOOK = 4096
 
 
+def catalog_is_codebook(n_items: int) -> bool:
+    """Whether local mode's default makes a catalog of ``n_items`` items its own codebook (:data:`MAX_CATALOG_CODEBOOK`;
+    else 64 k-means codewords, and no item's count is estimated)."""
+    return n_items <= MAX_CATALOG_CODEBOOK
+
+
 def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 1, http_port: int = 0,
        http_host: str = services.LOOPBACK, loglevel: str | None = None, timeout: float = 120.0,
        say: Callable[[str], None] | None = None, supervise: bool | dict[str, float] = True, no_acl: bool = False,
@@ -186,7 +192,7 @@ def up(settings: Settings, state_dir: str | os.PathLike[str], *, workers: int = 
     except (OSError, ValueError) as exc:
         raise OpsError(f"cannot load the {settings.catalog!r} catalog (setting `catalog`): {exc}") from exc
     if settings.mode == "local" and getattr(settings, "local_defaulted", False) \
-            and len(catalog.feature_matrix) <= MAX_CATALOG_CODEBOOK:
+            and catalog_is_codebook(len(catalog.feature_matrix)):
         # local mode's default on a catalog small enough: the codebook is the catalog itself, so the messages' histogram
         # is also the item term (docs/local-protocol.md); every process gets these values (child_env spells them out)
         settings = settings.replace(local_codewords=len(catalog.feature_matrix), local_item_term=1)
