@@ -6,7 +6,8 @@ statistics' own (public) noise and counts, never a constant tuned on one catalog
 
 1. **prior** — the catalog's mean context ``x_bar`` (public): ``theta_0 = c u_0`` with ``u_0 = x_bar / ||x_bar||``;
    with no data, ``c = 1`` and items rank by ``x . u_0`` (the best data-free scorer on LastFM, 2.47x random play);
-   with data, ``c`` is fitted to the projection ``u_0 . b`` (one coordinate: its noise is ``sigma``).
+   with data, ``c`` is fitted to the projection ``u_0 . b`` (one coordinate: its noise is ``sigma``) and taken only
+   where the release rejects ``c = 1`` (:func:`prior_scale`).
 2. **pooled** — an exponential tilt of the catalog, ``p(a) ∝ exp(x_a . theta)``, fitted to the released pooled
    sum ``b = sum of the listened items' contexts`` and count ``n`` by Gauss-Newton on the likelihood of
    ``b ~ N(n mu(theta), n Sigma(theta) + sigma^2 I)`` with the prior ``theta ~ N(theta_0, tau0^2 I)``; ``tau0^2``
@@ -546,6 +547,36 @@ def _fit_scale(f: FloatArray, y: float, n: float, sigma2: float, *, prior: float
     return c
 
 
+def _scale_loglik(f: FloatArray, y: float, n: float, sigma2: float, c: float) -> float:
+    """Log-likelihood of ``y = u_0 . b ~ N(n E_c[f], n Var_c[f] + sigma^2)`` at the scale ``c`` (up to a constant)."""
+    z = c * f
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    m = float(p @ f)
+    var = n * float(p @ (f - m) ** 2) + sigma2 + 1e-12
+    return -0.5 * (math.log(var) + (y - n * m) ** 2 / var)
+
+
+def prior_scale(f: FloatArray, y: float, n: float, sigma2: float) -> float:
+    """The prior's scale ``c`` (level 1): ``1`` (the data-free ranking) unless the release rejects it.
+
+    The fitted scale (:func:`_fit_scale`) is taken only where its log-likelihood beats ``c = 1``'s by
+    :data:`LIKELIHOOD_MARGIN` (a likelihood-ratio test at :data:`LEVEL`), as every other level leaves the one above only
+    on evidence. Without the test a few noisy reports could fit ``c <= 0`` and flatten or reverse the prior's order.
+
+    >>> f = np.linspace(-1.0, 1.0, 50)
+    >>> prior_scale(f, -5.0, 10.0, 400.0)     # noise std 20: a negative sum is no evidence against the prior
+    1.0
+    >>> round(prior_scale(f, -300.0, 1000.0, 1.0), 2)   # a thousand listens against it: reversed
+    -0.91
+    """
+    c = _fit_scale(f, y, n, sigma2)
+    if _scale_loglik(f, y, n, sigma2, c) - _scale_loglik(f, y, n, sigma2, 1.0) <= LIKELIHOOD_MARGIN:
+        return 1.0
+    return c
+
+
 #: The probability, per release, that a level moves off the one above on pure noise (a false alarm): the pooled
 #: level's likelihood margin (:data:`LIKELIHOOD_MARGIN`), the items' threshold (:func:`clear_threshold`) and the
 #: units' test (:func:`units_prior_variance`) are all at this level. Not tuned: it is the pooled margin's 99 %.
@@ -732,7 +763,7 @@ def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: in
     b = rel.pool[:d] / _H
     sigma2 = (rel.std_pool / _H) ** 2
     # 1. the prior's scale along u_0
-    c = _fit_scale(F @ u0, float(u0 @ b), n, sigma2) if n > 0 else 1.0
+    c = prior_scale(F @ u0, float(u0 @ b), n, sigma2) if n > 0 else 1.0
     prior = c * u0
     # 2. the pooled tilt
     tau0 = 0.0

@@ -195,6 +195,12 @@ def register(sub: Any) -> None:
     fr.add_argument("--tagged-events", type=int, default=None, help="the tagged catalog's window (default 5000)")
     fr.add_argument("--tagged-catalog", default=None, metavar="ITEMS,USERS,EVENTS",
                     help="size of the generated tagged catalog (default 2000,2000,20000)")
+    fr.add_argument("--tagged-seed", type=int, default=0,
+                    help="public seed of the generated tagged catalog (default 0, the evaluation catalog; the "
+                         "defaults were chosen on seed 1)")
+    fr.add_argument("--population-seed", type=int, default=0,
+                    help="public seed of the synthetic population's draws (default 0, the evaluation population; "
+                         "the defaults were chosen on seed 1)")
     fr.add_argument("--sites", type=int, default=4, help="federated sites (default 4)")
     fr.add_argument("--local-batch", type=int, default=None,
                     help="local mode: distinct users per shuffled batch, on every population (default 150; grown to the "
@@ -431,9 +437,11 @@ def _frontier(args: argparse.Namespace) -> int:
 
     kw: dict[str, Any] = {"data_dir": args.data_dir, "lastfm": not args.no_lastfm, "tagged": not args.no_tagged,
                           "lastfm_start": args.lastfm_start, "sites": args.sites, "seed": args.seed,
-                          "catalog": args.catalog, "catalog_events": args.catalog_events}
-    if args.lastfm_start < 0:
-        raise ValueError(f"`--lastfm-start` must be non-negative, got {args.lastfm_start}.")
+                          "catalog": args.catalog, "catalog_events": args.catalog_events,
+                          "tagged_seed": args.tagged_seed, "population_seed": args.population_seed}
+    for name in ("lastfm_start", "tagged_seed", "population_seed"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"`--{name.replace('_', '-')}` must be non-negative, got {getattr(args, name)}.")
     if args.epsilons:
         kw["epsilons"] = _epsilons(args.epsilons)
     if args.modes:

@@ -48,13 +48,16 @@ def test_frontier_cli_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     out = tmp_path / "frontier"
     rc = main(["experiment", "frontier", "--out", str(out), "--epsilons", "2,inf", "--seeds", "2",
                "--sizes", "300", "--lastfm-events", "300", "--catalog", str(catalog), "--catalog-events", "400",
-               "--tagged-catalog", "120,60,600", "--tagged-events", "400", "--jobs", "1", "--no-progress"])
+               "--tagged-catalog", "120,60,600", "--tagged-events", "400", "--tagged-seed", "1",
+               "--population-seed", "1", "--jobs", "1", "--no-progress"])
     assert rc == 0, capsys.readouterr().err
     doc = _strict_json((out / "frontier.json").read_text())
     assert doc["epsilons"] == [2.0, "inf"] and doc["modes"] == ["global", "federated", "local"] and doc["seeds"] == 2
     assert list(doc["populations"]) == ["lastfm", "catalog", "tagged", "population-300"]
     assert set(doc["windows"]) == set(doc["populations"])
     assert doc["windows"]["lastfm"]["events"] == [0, 299] and doc["windows"]["tagged"]["events"] == [0, 399]
+    # the generated data's public seeds are the command's (held-out runs choose them): the windows name them
+    assert "seed=1," in doc["windows"]["tagged"]["source"] and "seed=1)" in doc["windows"]["population-300"]["source"]
     for name, p in doc["populations"].items():
         assert p["nonprivate"]["ratio"] > 0 and len(p["nonprivate"]["runs"]) == 2, name
         assert p["data_free"]["which"] in ("prior", "random") and p["data_free"]["ratio"] >= 1.0
