@@ -460,12 +460,16 @@ class LocalPopularity:
         self.seed = seed
         self._rng = np.random.default_rng((seed, 1))  # its own ties: the twin's generator moves as when it serves
         self._twin_shown: FloatArray | None = None
+        #: The twin's own pick in the last :meth:`select`'s candidates: what the served twin recommends there (one
+        #: run measures both, paired: the same devices, releases and seed).
+        self.twin_pick: int | None = None
 
     def select(self, unit: int, X: FloatArray, user: str | None = None, items: NDArray[np.int64] | None = None) -> int:
         if items is None:
             raise ValueError("`items` must name the candidates: they are ranked by their estimated counts.")
         X = np.asarray(X, dtype=np.float64)
-        self._twin_shown = X[self.twin.select(unit, X, user=user, items=items)]  # the twin serves as it would
+        self.twin_pick = self.twin.select(unit, X, user=user, items=items)  # the twin serves as it would
+        self._twin_shown = X[self.twin_pick]
         return argmax_random(self.twin.sums[np.asarray(items)], self._rng)
 
     def update(self, unit: int, x: FloatArray, reward: float, user: str | None = None, item: int | None = None,

@@ -253,14 +253,14 @@ def _jobs(cfg: FrontierConfig, population: str) -> list[_Job]:
             out += [_Job(population, "private-popularity", e, r) for r in runs]
             if "federated" in cfg.modes:  # the federated cells' floor: private popularity under their trust model
                 out += [_Job(population, "private-popularity-federated", e, r) for r in runs]
-            if "local" in cfg.modes:  # the local cells' floor: the local default twin's items block alone
-                out += [_Job(population, "private-popularity-local", e, r) for r in runs]
+            # the local cells' floor (the local default twin's items block alone) comes from the local job's own
+            # run: the same twin, paired (_execute)
     return out
 
 
 #: Relative cost per event, to start the longest jobs first.
 _COST = {"local": 3.0, "nonprivate": 2.0, "federated": 1.0, "global": 1.0, "private-popularity": 0.5,
-         "private-popularity-federated": 0.5, "private-popularity-local": 3.0, "online-popularity": 0.05,
+         "private-popularity-federated": 0.5, "online-popularity": 0.05,
          "prior": 0.05}
 
 
@@ -320,10 +320,12 @@ def _policy(job: _Job, cfg: FrontierConfig, pop: _Population, seed: int) -> Any:
         shares = ALL_LEVELS if math.isinf(eps) else default_shares(users=users, units=ev.n_units)
         return HierarchicalUCB(F, n_units=ev.n_units, epsilon=eps, delta=cfg.delta, shares=shares, tick=cfg.tick,
                                seed=seed, sites=sites)
-    if job.kind in ("local", "private-popularity-local"):
+    if job.kind == "local":
         twin = local_default_twin(F, eps=eps, delta=cfg.delta, cap=cfg.local_cap, batch=cfg.local_batch, seed=seed,
                                   tick=cfg.tick)
-        return twin if job.kind == "local" else LocalPopularity(twin, seed=seed)
+        if not twin.private or local_popularity_undefined(K) is not None:
+            return twin
+        return LocalPopularity(twin, seed=seed)  # serves the twin's own picks too: the row and its floor, paired
     if job.kind in ("private-popularity", "private-popularity-federated"):
         sites = cfg.sites if job.kind == "private-popularity-federated" else 1
         return PrivatePopularity(K, epsilon=eps, delta=cfg.delta, cap=1, tick=cfg.tick, seed=seed, sites=sites)
@@ -370,11 +372,12 @@ def local_popularity_undefined(n_items: int) -> str | None:
             f"64 k-means clusters and the server estimates no item's count; the local cells keep the central floor")
 
 
-def _local_reward(policy: LocalItemUCB | LocalPopularity, ev: LastFMEvents) -> float:
+def _local_reward(policy: LocalItemUCB | LocalPopularity, ev: LastFMEvents) -> tuple[float, float]:
     """The replay's protocol for the local twin: every event is one report of the user's device about the logged
-    item (their listen); the recommended item's context is the public part."""
+    item (their listen); the recommended item's context is the public part. Returns the policy's reward and, for
+    :class:`LocalPopularity`, its twin's (the served twin's picks, ``twin_pick``; else the same reward twice)."""
     assert ev.users is not None
-    reward = 0.0
+    reward = twin_reward = 0.0
     F = ev.features
     for i in range(ev.n):
         items, j, unit, user = ev.pools[i], int(ev.correct[i]), int(ev.units[i]), str(int(ev.users[i]))
@@ -384,20 +387,25 @@ def _local_reward(policy: LocalItemUCB | LocalPopularity, ev: LastFMEvents) -> f
         a = int(items[j])
         policy.update(unit, X[k], r, user=user, item=a, x_item=F[a])
         reward += r
-    return reward
+        twin_reward += (policy.twin_pick == j) if isinstance(policy, LocalPopularity) else r
+    return reward, twin_reward
 
 
-def _execute(job: _Job) -> _Result:
+def _execute(job: _Job) -> list[_Result]:
     """One run of one cell. A local cell whose blanket cannot be calibrated comes back with the calibration's reason
-    and nothing measured; any other error ends the experiment."""
+    and nothing measured; any other error ends the experiment. A private local run also measures the cell's floor,
+    private popularity under the local trust model, on the same twin (a second result, ``private-popularity-local``;
+    ``not_applicable`` beyond the codebook)."""
     cfg: FrontierConfig = _CTX["cfg"]
     pop: _Population = _CTX["population"]
     t0 = time.perf_counter()
     seed = derive_seed("frontier", cfg.seed, job.population, job.run)
-    if job.kind == "private-popularity-local":
+    floor_job = _Job(job.population, "private-popularity-local", job.epsilon, job.run)
+    extra: list[_Result] = []
+    if job.kind == "local" and not math.isinf(job.epsilon):
         na = local_popularity_undefined(int(pop.events.features.shape[0]))
         if na is not None:
-            return _Result(job, None, time.perf_counter() - t0, not_applicable=na)
+            extra = [_Result(floor_job, None, 0.0, not_applicable=na)]
     policy = _policy(job, cfg, pop, seed)
     twin = policy.twin if isinstance(policy, LocalPopularity) else policy  # the local server's releases
     why = uncalibrated(twin)  # before the run, whether or not it would fill a batch
@@ -407,20 +415,26 @@ def _execute(job: _Job) -> _Result:
             why = (f"a batch that calibrates at epsilon {job.epsilon:g} holds {twin.batch} distinct users; the "
                    f"window has {users}: none could ever close")
     if why is not None:
-        return _Result(job, None, time.perf_counter() - t0, uncalibrated=why)
+        if isinstance(policy, LocalPopularity):  # the same twin behind the floor: not calibrated either
+            extra = [_Result(floor_job, None, 0.0, uncalibrated=why)]
+        return [_Result(job, None, time.perf_counter() - t0, uncalibrated=why), *extra]
     ev = pop.events
     random = ev.n / ev.pool_size
     if isinstance(policy, LocalItemUCB | LocalPopularity):
         assert isinstance(twin, LocalItemUCB)
-        reward = _local_reward(policy, ev)
+        reward, twin_reward = _local_reward(policy, ev)
         info: dict[str, Any] = {"batches": twin.batches, "reached": twin.item_reports / ev.n,
                                 "pool_noise_std": math.sqrt(twin.b_var), "item_noise_std": math.sqrt(twin.variance)}
-    else:
-        reward = replay_offline(policy, ev)
-        info = {}
-        if isinstance(policy, HierarchicalUCB | PrivatePopularity):
-            info = {"ticks": policy.ticks, "dropped": policy.dropped}
-    return _Result(job, reward / random, time.perf_counter() - t0, info=info)
+        seconds = time.perf_counter() - t0
+        if isinstance(policy, LocalPopularity):  # one run: the row (the twin's picks) and its floor (its own)
+            return [_Result(job, twin_reward / random, seconds, info=info),
+                    _Result(floor_job, reward / random, seconds, info=info)]
+        return [_Result(job, reward / random, seconds, info=info), *extra]
+    reward = replay_offline(policy, ev)
+    info = {}
+    if isinstance(policy, HierarchicalUCB | PrivatePopularity):
+        info = {"ticks": policy.ticks, "dropped": policy.dropped}
+    return [_Result(job, reward / random, time.perf_counter() - t0, info=info)]
 
 
 # ------------------------------------------------------------------------------ the run
@@ -454,12 +468,12 @@ def run_frontier(cfg: FrontierConfig, out: Path, *, jobs: int | None = None, pro
             todo = sorted(work[name], key=lambda j: -_COST[j.kind])
             if n_proc == 1:
                 for job in todo:
-                    results.append(_execute(job))
+                    results.extend(_execute(job))
                     bar.update()
             else:
                 with mp.get_context("fork").Pool(min(n_proc, len(todo))) as pool:
                     for res in pool.imap_unordered(_execute, todo, chunksize=1):
-                        results.append(res)
+                        results.extend(res)
                         bar.update()
             populations[name] = {"label": pop.label, "about": pop.about, "window": pop.window, "events": ev.n,
                                  "users": pop.n_users, "items": int(ev.features.shape[0]), "units": ev.n_units,
@@ -535,11 +549,17 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
                     floor_row = p["private_popularity_local"][_eps_key(e)]
                     floor_what = "private popularity, local"
                 cell: dict[str, Any] = {**st, "uncalibrated": why, "share_of_gain": None, "share_se": None,
-                                        "floor": None, "floor_what": None, "floor_met": None,
+                                        "floor": None, "floor_what": None, "floor_se": None, "floor_paired": None,
+                                        "floor_met": None,
                                         "one_server_floor_met": None, "central_floor_met": None,
                                         "info": [r.info for r in rs if r.info] or None}
                 if why is None and st["ratio"] is not None:
-                    cell.update(_judge(st, ref, data_free, floor_row, floor_what, reference))
+                    paired = None
+                    if floor_what == "private popularity, local":  # one run measured both: the same twin and seed
+                        floor_runs = runs(name, "private-popularity-local", e)
+                        assert [r.job.run for r in floor_runs] == [r.job.run for r in rs]
+                        paired = [a - b for a, b in zip(values(rs), values(floor_runs), strict=True)]
+                    cell.update(_judge(st, ref, data_free, floor_row, floor_what, reference, paired=paired))
                     if one_server is not None and floor_row is not one_server:  # against one trusted server too
                         met = _judge(st, ref, data_free, one_server, "private popularity", reference)["floor_met"]
                         cell["central_floor_met" if mode == "local" else "one_server_floor_met"] = met
@@ -566,9 +586,12 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
                          "the same test against private popularity released by one trusted server. Local cells: "
                          "private popularity under the local trust model (the local default twin's own devices, "
                          "blanket and batches, ranked by the item counts its server estimates and nothing else: "
-                         "private_popularity_local), where the catalog is the codebook (else not_applicable says why "
-                         "and the floor stays central); central_floor_met: the same test against private popularity "
-                         "released by one trusted server",
+                         "private_popularity_local, measured in the local cell's own runs: the same twin and seed), "
+                         "where the catalog is the codebook (else not_applicable says why and the floor stays "
+                         "central); the test then takes the SE of the per-seed differences (floor_paired); "
+                         "central_floor_met: the same test against private popularity released by one trusted server",
+            "floor_se": "the SE of the difference the floor test allows 2 of: sqrt(se^2 + floor's se^2), or the SE of "
+                        "the per-seed differences where floor_paired",
         },
         "config": {k: ([_eps_key(x) if isinstance(x, float) and math.isinf(x) else x for x in v]
                        if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
@@ -577,8 +600,12 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
 
 
 def _judge(st: dict[str, Any], ref: dict[str, Any], data_free: dict[str, Any], floor_row: dict[str, Any],
-           floor_what: str, reference: bool) -> dict[str, Any]:
-    """A cell's share of the gain (with its SE) and whether it clears its floor."""
+           floor_what: str, reference: bool, paired: list[float] | None = None) -> dict[str, Any]:
+    """A cell's share of the gain (with its SE) and whether it clears its floor.
+
+    ``paired``: the cell's per-seed differences to ``floor_row`` where both were measured in the same runs (the local
+    row and its local floor); the test then takes the SE of those differences, not of two independent means.
+    """
     m, se = st["ratio"], st["se"] or 0.0
     out: dict[str, Any] = {}
     if ref["ratio"] is not None:
@@ -595,7 +622,11 @@ def _judge(st: dict[str, Any], ref: dict[str, Any], data_free: dict[str, Any], f
     floor, floor_se, what = data_free["ratio"], data_free["se"] or 0.0, f"best data-free ({data_free['which']})"
     if floor_row["ratio"] is not None and floor_row["ratio"] > floor:
         floor, floor_se, what = floor_row["ratio"], floor_row["se"] or 0.0, floor_what
-    out.update(floor=floor, floor_what=what, floor_met=bool(m >= floor - 2.0 * math.sqrt(se**2 + floor_se**2)))
+    diff_se = math.sqrt(se**2 + floor_se**2)
+    if paired is not None and what == floor_what:
+        diff_se = standard_error(paired) or 0.0
+    out.update(floor=floor, floor_what=what, floor_se=diff_se, floor_paired=paired is not None and what == floor_what,
+               floor_met=bool(m >= floor - 2.0 * diff_se))
     return out
 
 
@@ -639,7 +670,9 @@ def _markdown(doc: dict[str, Any]) -> str:
              "local: the local row's own devices, blanket and batches, ranked by the item counts its server estimates "
              "alone; `n/a` where the catalog exceeds the codebook and no item's count is estimated); **online pop.** = "
              "online popularity (non-private); **data-free** = max(random play, the public prior alone); **floor** ✓ = "
-             "the private ratio ≥ max(data-free, private popularity under the row's trust model) − 2 SE (a federated "
+             "the private ratio ≥ max(data-free, private popularity under the row's trust model) − 2 SE of the "
+             "difference (on a local row, whose local popularity is measured in its own runs, the SE of the per-seed "
+             "differences; a federated "
              "row also says when it misses the one-server floor, a local row when it misses the central one; a local "
              "row whose private popularity is `n/a` is judged against the central one); `n/c` = not calibrated "
              "(reason below).", "",

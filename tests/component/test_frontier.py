@@ -58,6 +58,7 @@ def test_frontier_cli_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
     assert doc["windows"]["lastfm"]["events"] == [0, 299] and doc["windows"]["tagged"]["events"] == [0, 399]
     # the generated data's public seeds are the command's (held-out runs choose them): the windows name them
     assert "seed=1," in doc["windows"]["tagged"]["source"] and "seed=1)" in doc["windows"]["population-300"]["source"]
+    paired_seen = 0
     for name, p in doc["populations"].items():
         assert p["nonprivate"]["ratio"] > 0 and len(p["nonprivate"]["runs"]) == 2, name
         assert p["data_free"]["which"] in ("prior", "random") and p["data_free"]["ratio"] >= 1.0
@@ -96,6 +97,14 @@ def test_frontier_cli_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caps
         if not loc["floor_what"].startswith("best data-free"):
             assert loc["floor_what"] == "private popularity, local"
             assert loc["floor"] == local_pop["ratio"]
+            # measured in the cell's own runs (the same twin and seed): the test takes the per-seed differences' SE
+            diffs = [a - b for a, b in zip(loc["runs"], local_pop["runs"], strict=True)]
+            assert loc["floor_paired"] is True
+            assert loc["floor_se"] == pytest.approx(frontier.standard_error(diffs) or 0.0)
+            assert loc["floor_met"] == (loc["ratio"] >= loc["floor"] - 2.0 * loc["floor_se"])
+            paired_seen += 1
+        assert p["cells"]["global"]["2"]["floor_paired"] is False
+    assert paired_seen >= 1  # some local cell was judged against its own runs' local popularity
     # the catalog's local cell at eps = 2: local mode's default batch (150 distinct users) exceeds its 80 users
     lf = doc["populations"]["catalog"]["cells"]["local"]
     assert lf["2"]["uncalibrated"].startswith("a batch that calibrates at epsilon 2 holds 150 distinct users; the "

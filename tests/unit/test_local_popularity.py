@@ -83,6 +83,22 @@ def test_releases_exactly_what_the_served_twin_releases() -> None:
     assert (a.count, a.version) == (b.count, b.version)
 
 
+
+def test_the_twins_own_picks_are_the_served_twins() -> None:
+    """``twin_pick`` is what the served twin recommends in the same candidates: one run measures the local row and
+    its local floor, paired (the frontier's single local job)."""
+    served, behind = _twin(seed=5), _twin(seed=5)
+    served_picks = _run(served)
+    pop, twin_picks = LocalPopularity(behind, seed=5), []
+    for user, a in _stream():
+        pool = np.array(sorted({a, (a + 1) % 8, (a + 3) % 8, (a + 6) % 8}))
+        k = pop.select(0, F[pool], user=user, items=pool)
+        assert pop.twin_pick is not None
+        twin_picks.append(int(pool[pop.twin_pick]))
+        pop.update(0, F[pool[k]], float(pool[k] == a), user=user, item=a, x_item=F[a])
+    assert twin_picks == served_picks
+
+
 def test_needs_a_per_item_estimate() -> None:
     """k-means codewords estimate no item's count: the baseline is refused, not served from the clusters."""
     codes = codebook(F, 3, seed=0)
