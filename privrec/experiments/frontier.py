@@ -737,6 +737,19 @@ def _summary(doc: dict[str, Any]) -> str:
             f"against one trusted server's private popularity (federated: ✗ one server, local: ✗ central).")
 
 
+def _floor_popularity(p: dict[str, Any], mode: str, key: str) -> dict[str, Any]:
+    """The private popularity a mode's cell at ``key`` is judged against: one server's (global), the federated one,
+    the local one where the catalog is the codebook (else one server's)."""
+    central: dict[str, Any] = p["private_popularity"].get(key, {})
+    if mode == "federated":
+        fed: dict[str, Any] = p.get("private_popularity_federated", {}).get(key, central)
+        return fed
+    if mode == "local":
+        local: dict[str, Any] = p.get("private_popularity_local", {}).get(key, {})
+        return central if not local or local.get("not_applicable") else local
+    return central
+
+
 def _plot(doc: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     keys = [_eps_key(float(e)) for e in doc["epsilons"]]
@@ -756,9 +769,9 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
                 x, y, e = zip(*pts)
                 ax.errorbar(x, y, yerr=e, marker="o", capsize=3, color=color, label=p["label"])
             ref, base = p["nonprivate"]["ratio"], p["data_free"]["ratio"]
-            pp = [(xs[k], share_of_gain(p["private_popularity"][k]["ratio"], nonprivate=ref, baseline=base))
-                  for k in keys if k != "inf" and ref is not None
-                  and p["private_popularity"].get(k, {}).get("ratio") is not None]
+            floors = {k: _floor_popularity(p, mode, k) for k in keys if k != "inf"}
+            pp = [(xs[k], share_of_gain(row["ratio"], nonprivate=ref, baseline=base))
+                  for k, row in floors.items() if ref is not None and row.get("ratio") is not None]
             pp = [(x, y) for x, y in pp if y is not None]
             if pp:
                 x, y = zip(*pp)
@@ -773,5 +786,5 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
         ax.set_title(f"{mode}")
     axes[0][0].set_ylabel("share of the non-private gain kept")
     axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                       title="dotted, ×: private popularity", title_fontsize=7)
+                       title="dotted, ×: private popularity\nunder the panel's trust model", title_fontsize=7)
     save(fig, path)
