@@ -6,8 +6,8 @@ statistics' own (public) noise and counts, never a constant tuned on one catalog
 
 1. **prior** — the catalog's mean context ``x_bar`` (public): ``theta_0 = c u_0`` with ``u_0 = x_bar / ||x_bar||``;
    with no data, ``c = 1`` and items rank by ``x . u_0`` (the best data-free scorer on LastFM, 2.47x random play);
-   with data, ``c`` is fitted to the projection ``u_0 . b`` (one coordinate: its noise is ``sigma``) and taken only
-   where the release rejects ``c = 1`` (:func:`prior_scale`).
+   with data, ``c`` is fitted to the projection ``u_0 . b`` (one coordinate: its noise is ``sigma``), and it flattens
+   or reverses the prior's order (``c <= 0``) only where the release rejects ``c = 1`` (:func:`prior_scale`).
 2. **pooled** — an exponential tilt of the catalog, ``p(a) ∝ exp(x_a . theta)``, fitted to the released pooled
    sum ``b = sum of the listened items' contexts`` and count ``n`` by Gauss-Newton on the likelihood of
    ``b ~ N(n mu(theta), n Sigma(theta) + sigma^2 I)`` with the prior ``theta ~ N(theta_0, tau0^2 I)``; ``tau0^2``
@@ -559,20 +559,24 @@ def _scale_loglik(f: FloatArray, y: float, n: float, sigma2: float, c: float) ->
 
 
 def prior_scale(f: FloatArray, y: float, n: float, sigma2: float) -> float:
-    """The prior's scale ``c`` (level 1): ``1`` (the data-free ranking) unless the release rejects it.
+    """The prior's scale ``c`` (level 1): fitted (:func:`_fit_scale`), but ``c <= 0`` only on evidence.
 
-    The fitted scale (:func:`_fit_scale`) is taken only where its log-likelihood beats ``c = 1``'s by
-    :data:`LIKELIHOOD_MARGIN` (a likelihood-ratio test at :data:`LEVEL`), as every other level leaves the one above only
-    on evidence. Without the test a few noisy reports could fit ``c <= 0`` and flatten or reverse the prior's order.
+    A positive scale keeps the prior's order, whatever its size, and its size is the anchor the pooled tilt starts
+    from, so it is taken as fitted. A scale at or below 0 flattens or reverses the order: it is taken only where its
+    log-likelihood beats ``c = 1``'s by :data:`LIKELIHOOD_MARGIN` (a likelihood-ratio test at :data:`LEVEL`), as every
+    other level leaves the one above only on evidence; else ``c = 1``. Without the test a few noisy reports could
+    reverse the prior's order.
 
     >>> f = np.linspace(-1.0, 1.0, 50)
-    >>> prior_scale(f, -5.0, 10.0, 400.0)     # noise std 20: a negative sum is no evidence against the prior
-    1.0
+    >>> round(_fit_scale(f, -20.0, 100.0, 400.0), 3), prior_scale(f, -20.0, 100.0, 400.0)  # weak evidence: kept at 1
+    (-0.157, 1.0)
     >>> round(prior_scale(f, -300.0, 1000.0, 1.0), 2)   # a thousand listens against it: reversed
     -0.91
+    >>> round(prior_scale(f, 300.0, 1000.0, 1.0), 2)    # along it: any positive scale keeps the order
+    0.91
     """
     c = _fit_scale(f, y, n, sigma2)
-    if _scale_loglik(f, y, n, sigma2, c) - _scale_loglik(f, y, n, sigma2, 1.0) <= LIKELIHOOD_MARGIN:
+    if c <= 0 and _scale_loglik(f, y, n, sigma2, c) - _scale_loglik(f, y, n, sigma2, 1.0) <= LIKELIHOOD_MARGIN:
         return 1.0
     return c
 
