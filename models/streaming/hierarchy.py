@@ -531,12 +531,7 @@ def _fit_scale(f: FloatArray, y: float, n: float, sigma2: float, *, prior: float
         return prior
     c = prior
     for _ in range(50):
-        z = c * f
-        z -= z.max()
-        p = np.exp(z)
-        p /= p.sum()
-        m = float(p @ f)
-        v = float(p @ (f - m) ** 2)
+        m, v = _scale_moments(f, c)
         var = n * v + sigma2 + 1e-12
         g = n * v * (y - n * m) / var - (c - prior) / prior_var
         h = (n * v) ** 2 / var + 1.0 / prior_var
@@ -547,14 +542,20 @@ def _fit_scale(f: FloatArray, y: float, n: float, sigma2: float, *, prior: float
     return c
 
 
-def _scale_loglik(f: FloatArray, y: float, n: float, sigma2: float, c: float) -> float:
-    """Log-likelihood of ``y = u_0 . b ~ N(n E_c[f], n Var_c[f] + sigma^2)`` at the scale ``c`` (up to a constant)."""
+def _scale_moments(f: FloatArray, c: float) -> tuple[float, float]:
+    """``(E_c[f], Var_c[f])`` under the tilt ``p(a) ∝ exp(c f_a)`` (``f = F u_0``)."""
     z = c * f
     z -= z.max()
     p = np.exp(z)
     p /= p.sum()
     m = float(p @ f)
-    var = n * float(p @ (f - m) ** 2) + sigma2 + 1e-12
+    return m, float(p @ (f - m) ** 2)
+
+
+def _scale_loglik(f: FloatArray, y: float, n: float, sigma2: float, c: float) -> float:
+    """Log-likelihood of ``y = u_0 . b ~ N(n E_c[f], n Var_c[f] + sigma^2)`` at the scale ``c`` (up to a constant)."""
+    m, v = _scale_moments(f, c)
+    var = n * v + sigma2 + 1e-12
     return -0.5 * (math.log(var) + (y - n * m) ** 2 / var)
 
 

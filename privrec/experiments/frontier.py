@@ -538,16 +538,11 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
                 rs = runs(name, "nonprivate") if reference else runs(name, mode, e)
                 why = next((r.uncalibrated for r in rs if r.uncalibrated), None)
                 st = _stats(values(rs))
-                one_server = None if math.isinf(e) else p["private_popularity"][_eps_key(e)]
-                floor_row = online if one_server is None else one_server
-                floor_what = "online popularity" if math.isinf(e) else "private popularity"
-                if mode == "federated" and not math.isinf(e):  # the same trust model: each site its own noise
-                    floor_row = p["private_popularity_federated"][_eps_key(e)]
-                    floor_what = "private popularity, federated"
-                if mode == "local" and not math.isinf(e) and \
-                        p["private_popularity_local"][_eps_key(e)]["not_applicable"] is None:  # devices, no server
-                    floor_row = p["private_popularity_local"][_eps_key(e)]
-                    floor_what = "private popularity, local"
+                if math.isinf(e):
+                    one_server, floor_row, floor_what = None, online, "online popularity"
+                else:
+                    one_server = p["private_popularity"][_eps_key(e)]
+                    floor_row, floor_what = _floor_popularity(p, mode, _eps_key(e))
                 cell: dict[str, Any] = {**st, "uncalibrated": why, "share_of_gain": None, "share_se": None,
                                         "floor": None, "floor_what": None, "floor_se": None, "floor_paired": None,
                                         "floor_met": None,
@@ -597,6 +592,18 @@ def _document(cfg: FrontierConfig, populations: dict[str, dict[str, Any]], resul
                        if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
         "seconds": round(total, 1), "seconds_by_population": seconds, "machine": machine_info(),
     }
+
+
+def _floor_popularity(p: dict[str, Any], mode: str, key: str) -> tuple[dict[str, Any], str]:
+    """The private popularity (its row and name) a mode's private cell at ``key`` is judged against, under the mode's
+    trust model: one server's (global), the federated one (each site its own noise), the local one where the catalog
+    is the codebook (else one server's)."""
+    if mode == "federated":
+        return p["private_popularity_federated"][key], "private popularity, federated"
+    local = p.get("private_popularity_local", {}).get(key)
+    if mode == "local" and local and local["not_applicable"] is None:  # devices, no server
+        return local, "private popularity, local"
+    return p["private_popularity"][key], "private popularity"
 
 
 def _judge(st: dict[str, Any], ref: dict[str, Any], data_free: dict[str, Any], floor_row: dict[str, Any],
@@ -737,19 +744,6 @@ def _summary(doc: dict[str, Any]) -> str:
             f"against one trusted server's private popularity (federated: ✗ one server, local: ✗ central).")
 
 
-def _floor_popularity(p: dict[str, Any], mode: str, key: str) -> dict[str, Any]:
-    """The private popularity a mode's cell at ``key`` is judged against: one server's (global), the federated one,
-    the local one where the catalog is the codebook (else one server's)."""
-    central: dict[str, Any] = p["private_popularity"].get(key, {})
-    if mode == "federated":
-        fed: dict[str, Any] = p.get("private_popularity_federated", {}).get(key, central)
-        return fed
-    if mode == "local":
-        local: dict[str, Any] = p.get("private_popularity_local", {}).get(key, {})
-        return central if not local or local.get("not_applicable") else local
-    return central
-
-
 def _plot(doc: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     keys = [_eps_key(float(e)) for e in doc["epsilons"]]
@@ -769,7 +763,7 @@ def _plot(doc: dict[str, Any], path: Path) -> None:
                 x, y, e = zip(*pts)
                 ax.errorbar(x, y, yerr=e, marker="o", capsize=3, color=color, label=p["label"])
             ref, base = p["nonprivate"]["ratio"], p["data_free"]["ratio"]
-            floors = {k: _floor_popularity(p, mode, k) for k in keys if k != "inf"}
+            floors = {k: _floor_popularity(p, mode, k)[0] for k in keys if k != "inf"}
             pp = [(xs[k], share_of_gain(row["ratio"], nonprivate=ref, baseline=base))
                   for k, row in floors.items() if ref is not None and row.get("ratio") is not None]
             pp = [(x, y) for x, y in pp if y is not None]
