@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from models.mechanisms import make_mechanism
 from models.policies.hierarchy import HierarchicalUCB, PriorScorer
-from models.streaming.hierarchy import (LEVEL, REPLACE_SENSITIVITY, HierarchyLayout, ReleasedHierarchy,
+from models.streaming.hierarchy import (CLEAR_MASS, LEVEL, REPLACE_SENSITIVITY, HierarchyLayout, ReleasedHierarchy,
                                         add_contribution, add_contributions, add_rows_in_order, clear_threshold,
                                         contribution, default_shares, parse_shares, prior_direction, prior_scale,
                                         solve_hierarchy,
@@ -170,6 +171,42 @@ def test_under_pure_noise_the_item_level_stays_off_but_at_its_level() -> None:
     rel, F = _flat_release(counts, sigma)
     model = solve_hierarchy(rel, F)
     assert int(np.argmax(model.item_scores)) == 7 and model.item_scores[7] > 0
+
+
+def test_counts_are_kept_whole_where_their_excess_reaches_one_noise_sd_whatever_its_share_of_the_count() -> None:
+    """CLEAR_EXCESS: two items 0.6 sd past the universal threshold (1.2 sd of excess, 6e-5 of the count) are served
+    as counted; one such item (0.6 sd: what a false alarm of pure noise carries) goes to SURE's shrinkage."""
+    K, sigma, n = 2_000, 5.0, 1e5
+    lift = (math.sqrt(2 * math.log(K)) + 0.6) * sigma
+    assert lift > clear_threshold(K, sigma)  # the item level is on in both releases
+    for raised, whole in (((3, 9), True), ((3,), False)):
+        counts = np.full(K, n / K)
+        counts[list(raised)] += lift
+        rel, F = _flat_release(counts, sigma)
+        info = solve_hierarchy(rel, F).info
+        assert info["item_clear_mass"] < CLEAR_MASS
+        # the raised counts add to n, so every prediction m_a = n / K rises by len(raised) * lift / K
+        expected = len(raised) * (0.6 - len(raised) * lift / K / sigma)
+        assert math.isclose(info["item_clear_sd"], expected, rel_tol=1e-6), (info["item_clear_sd"], expected)
+        assert (info["item_kept_below"] == 1.0) is whole, (raised, info)
+
+
+def test_pure_noise_gets_its_counts_served_whole_only_past_one_sd_of_excess() -> None:
+    """Under pure noise the counts are served whole only where the excess over the universal threshold ``u`` reaches
+    1 sd, which needs the largest residual past ``u + 1`` or several past ``u``: about ``1 - Phi(u + 1)^K`` (0.1 %
+    at K = 2,000), not the item test's 1 %. Counted over 3,000 releases whose count dwarfs the excess (so the
+    count-share rule, CLEAR_MASS, never fires); the bound allows the several-item sums twice over."""
+    rng = np.random.default_rng(13)
+    K, sigma, n = 2_000, 5.0, 1e6
+    whole = on = 0
+    for _ in range(3_000):
+        rel, F = _flat_release(n / K + rng.normal(scale=sigma, size=K), sigma)
+        info = solve_hierarchy(rel, F).info
+        on += info["item_clear_sd"] > 0 or info["item_kept_below"] == 1.0
+        whole += info["item_kept_below"] == 1.0
+    p = 1.0 - NormalDist().cdf(math.sqrt(2 * math.log(K)) + 1.0) ** K
+    assert whole <= _binomial_band(3_000, 2.0 * p)[1], (whole, p)
+    assert whole < on  # some alarms of pure noise are shrunk, not served whole
 
 
 def test_under_pure_noise_the_units_stay_on_the_pooled_model_but_at_their_level() -> None:
