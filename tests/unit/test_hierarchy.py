@@ -175,7 +175,8 @@ def test_under_pure_noise_the_item_level_stays_off_but_at_its_level() -> None:
 
 def test_counts_are_kept_whole_where_their_excess_reaches_one_noise_sd_whatever_its_share_of_the_count() -> None:
     """CLEAR_EXCESS: two items 0.6 sd past the universal threshold (1.2 sd of excess, 6e-5 of the count) are served
-    as counted; one such item (0.6 sd: what a false alarm of pure noise carries) goes to SURE's shrinkage."""
+    as counted; one such item (0.6 sd: what a false alarm of pure noise carries) goes to SURE's shrinkage. (Identical
+    contexts: content tells no item apart, so the items that clear sit at its median, 0.5.)"""
     K, sigma, n = 2_000, 5.0, 1e5
     lift = (math.sqrt(2 * math.log(K)) + 0.6) * sigma
     assert lift > clear_threshold(K, sigma)  # the item level is on in both releases
@@ -189,6 +190,23 @@ def test_counts_are_kept_whole_where_their_excess_reaches_one_noise_sd_whatever_
         expected = len(raised) * (0.6 - len(raised) * lift / K / sigma)
         assert math.isclose(info["item_clear_sd"], expected, rel_tol=1e-6), (info["item_clear_sd"], expected)
         assert (info["item_kept_below"] == 1.0) is whole, (raised, info)
+
+
+def test_past_one_sd_the_counts_go_whole_only_where_content_does_not_rank_the_popular_items_high() -> None:
+    """Two groups of items, content preferring the larger one (the prior points at the catalog's mean context): two
+    items of the other group raised past the universal threshold (1.2 sd of excess) sit at content's bottom and the
+    counts go whole; the same two raised in the favoured group sit above content's median and SURE shrinks."""
+    K, sigma, n = 2_000, 5.0, 1e5
+    F = np.array([[0.6, 0.8]] * 1_500 + [[0.8, -0.6]] * 500)
+    lift = (math.sqrt(2 * math.log(K)) + 0.6) * sigma
+    for raised, whole in (((1_600, 1_700), True), ((100, 200), False)):
+        counts = np.where(np.arange(K) < 1_500, 0.9, 0.3) * n / (0.9 * 1_500 + 0.3 * 500)  # as content predicts
+        counts[list(raised)] += lift
+        rel = ReleasedHierarchy.from_sums(counts @ F, float(counts.sum()), 0.0, items=counts, std_items=sigma)
+        info = solve_hierarchy(rel, F).info
+        assert info["item_clear_mass"] < CLEAR_MASS and info["item_clear_sd"] >= 1.0, info
+        assert (info["item_clear_pct"] <= 0.5) is whole, info
+        assert (info["item_kept_below"] == 1.0) is whole, info
 
 
 def test_pure_noise_gets_its_counts_served_whole_only_past_one_sd_of_excess() -> None:
