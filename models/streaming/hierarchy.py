@@ -759,7 +759,7 @@ FLOOR = 0.1
 #: alarms: 0.07–0.15 % of pure-noise releases, for ``K`` from 1,000 to 12,523 (simulated, 200,000 releases each),
 #: and of those, half again by the median. Held out (docs/hierarchy.md): on the synthetic tagged catalog, where the
 #: items that clear sit at content's 29th–43rd percentile (medians over a run's ticks) and SURE's soft threshold
-#: ranked every other item by content (worse than random play there), +0.1–0.55 at ε ≤ 2 (federated ε ≤ 4); on
+#: ranked every other item by content (worse than random play there), +0.04–0.55 at ε ≤ 2 (federated ε ≤ 4); on
 #: LastFM, where they sit at its 93rd–97th (never below the 58th), and on the population, nothing moves. Without
 #: the content condition LastFM's held-out 20,000 events fell from 2.61 to 2.26 at ε = 8 (the counts of 12,500
 #: artists ranked by their noise). Post-processing.
