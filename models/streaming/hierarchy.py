@@ -825,7 +825,7 @@ def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: in
         universal = rel.std_items * math.sqrt(2.0 * math.log(max(k, 2)))
         excess = float(np.maximum(r - universal, 0.0).sum()) if signal else 0.0
         clear_mass = excess / n
-        clear_sd = excess / rel.std_items if rel.std_items > 0 else math.inf
+        clear_sd = excess / rel.std_items if rel.std_items > 0 else 0.0  # no noise: SURE keeps every residual whole
         whole = signal and clear_mass >= CLEAR_MASS  # popularity stands out of the noise: the counts, kept whole
         if signal and not whole and clear_sd >= CLEAR_EXCESS:  # or it stands out where content does not see it
             info["item_clear_pct"] = pct = content_percentile(p_pool[:k], np.flatnonzero(r > universal))
@@ -837,7 +837,7 @@ def solve_hierarchy(rel: ReleasedHierarchy, features: FloatArray, *, n_units: in
         else:  # no item clears the test: nothing in the counts is told from noise; content alone
             beta, t = 0.0, math.inf
         info["item_clear_mass"] = clear_mass
-        info["item_clear_sd"] = clear_sd if math.isfinite(clear_sd) else 0.0
+        info["item_clear_sd"] = clear_sd
         lam = np.maximum(m + beta * r + (1.0 - beta) * np.sign(r) * np.maximum(np.abs(r) - t, 0.0), FLOOR * m)
         q = p.copy()
         q[:k] = lam / max(n, 1e-300)
