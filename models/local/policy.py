@@ -194,8 +194,11 @@ class LocalItemUCB:
     has released (:meth:`released_hierarchy`: the pool block from the listens' sum ``b`` and the count of reports in
     closed batches, the items block from the item sums, each with its public noise std; no unit block), so
     a candidate ``a`` scores ``x_a . theta + alpha ||x_a||_M + item_scores[a]`` as
-    :class:`models.policies.hierarchy.HierarchicalUCB` does. A solve happens every ``tick`` interactions when a batch
-    has closed since the last one (before any, the public prior's ranking). The default (``False``) is unchanged.
+    :class:`models.policies.hierarchy.HierarchicalUCB` does. Private, a solve follows each batch's close, as the live
+    worker releases within ``RELEASE_POLL_S`` (:mod:`pipeline.modes.local.localmode`) of a batch's fold (the devices
+    added the noise: a release spends nothing); without privacy (a batch per report) every ``tick`` interactions when
+    a batch has closed since the last one. Before any batch, the public prior's ranking. The default (``False``) is
+    unchanged.
 
     >>> import numpy as np
     >>> pol = LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, share=0.5)
@@ -376,6 +379,8 @@ class LocalItemUCB:
                 self._waiting.append((name, item, vec))
             else:
                 self._open[name] = (item, vec)
+        if self.hierarchy and self.private:  # as the live worker: a release within a poll of the batch's fold
+            self._solve()
 
     def fold_batch(self, batch: ShuffledBatch) -> None:
         """The server's step (private): one shuffled batch (opened) folded into :attr:`state` by the worker's

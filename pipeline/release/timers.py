@@ -112,10 +112,15 @@ class ReleaseTicker:
 
 
 def register(app: faust.App, settings: Settings, catalog: Catalog, metrics: WorkerMetrics | None = None,
-             release: Callable[..., Any] = ReleaseStage, owned: OwnedPartitions | None = None) -> None:
-    """Run a :class:`ReleaseTicker` every ``tick_seconds`` on the leader of ``app`` (``release``: the mode's stage);
-    with ``owned`` (user level), every worker also answers the leader's fold rounds for the partitions it owns."""
+             release: Callable[..., Any] = ReleaseStage, owned: OwnedPartitions | None = None,
+             interval: float | None = None) -> None:
+    """Run a :class:`ReleaseTicker` every ``interval`` seconds (default ``tick_seconds``) on the leader of ``app``
+    (``release``: the mode's stage); with ``owned`` (user level), every worker also answers the leader's fold rounds
+    for the partitions it owns."""
     ticker = ReleaseTicker(settings, catalog, metrics, release, owned)
+    every = settings.tick_seconds if interval is None else float(interval)
+    if not (every > 0 and math.isfinite(every)):
+        raise ValueError(f"`interval` must be a positive number of seconds, got {interval!r}.")
 
     if owned is not None and settings.user_level:
         @app.task
@@ -129,7 +134,7 @@ def register(app: faust.App, settings: Settings, catalog: Catalog, metrics: Work
                     log.exception("fold round not answered")
                     await asyncio.sleep(1.0)
 
-    @app.timer(settings.tick_seconds, on_leader=True)
+    @app.timer(every, on_leader=True)
     async def release_and_solve() -> None:
         loop = asyncio.get_running_loop()
         try:

@@ -108,3 +108,17 @@ def test_needs_a_per_item_estimate() -> None:
         LocalPopularity(twin, seed=0)
     with pytest.raises(ValueError, match="`items` must name the candidates"):
         LocalPopularity(_twin(), seed=0).select(0, F)
+
+
+def test_the_served_twin_solves_as_its_batch_closes() -> None:
+    """The served twin serves a batch's release from the batch's close, as the live worker (which releases within a
+    poll of the fold), not a release tick later: with ``tick`` far beyond the stream, the model after the 400th
+    report has solved the one batch (its count, its item term ranking the most listened item first)."""
+    twin = LocalItemUCB(d=2, n_items=8, epsilon=4.0, batch=400, cap=1, seed=3, share=0.0, hierarchy=True,
+                        features=F, codewords=F, codes_are_items=True, tick=10**9)
+    before = twin.item_scores.copy()
+    _run(twin)
+    assert twin.batches == 1
+    assert twin.info["count"] == pytest.approx(400.0)  # the solve saw the closed batch
+    assert int(np.argmax(twin.item_scores)) == 5
+    assert not np.array_equal(twin.item_scores, before)
