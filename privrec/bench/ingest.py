@@ -178,8 +178,10 @@ def _phase_preproduced(env: _Env, values: list[tuple[bytes, bytes]], tag: str, *
             "timeline": poller.timeline(t_first),
         })
         # worker CPU between the first commit seen and the last: ingest work only, no start-up
-        out["worker_cpu_us_per_event"] = round((cpu_ingested - cpu_first) / counted * 1e6, 1)
-        out["worker_cpu_share_while_ingesting"] = round((cpu_ingested - cpu_first) / (t_ingested - t_first), 3)
+        # (None when the first commit already held every event: a loaded machine or a tiny --events; no rate then)
+        out["worker_cpu_us_per_event"] = round((cpu_ingested - cpu_first) / counted * 1e6, 1) if counted > 0 else None
+        out["worker_cpu_share_while_ingesting"] = (round((cpu_ingested - cpu_first) / (t_ingested - t_first), 3)
+                                                   if t_ingested > t_first else None)
         _stop(env, f"worker-{ns}")
         return out
     finally:
@@ -516,8 +518,8 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
         "end_to_end_events_per_s": pre["end_to_end_events_per_s"],
         "ingest_events_per_s": pre["ingest_events_per_s"],
         "raw_consume_events_per_s": raw,
-        "ratio_end_to_end_to_raw": round(pre["end_to_end_events_per_s"] / raw, 4) if raw else None,
-        "ratio_ingest_to_raw": round(pre["ingest_events_per_s"] / raw, 4) if raw else None,
+        "ratio_end_to_end_to_raw": _ratio(pre["end_to_end_events_per_s"], raw, 4),
+        "ratio_ingest_to_raw": _ratio(pre["ingest_events_per_s"], raw, 4),
         "concurrent_end_to_end_events_per_s": doc.get("concurrent", {}).get("end_to_end_events_per_s"),
         # robust to other jobs on the machine: what one fully available core would ingest
         "worker_cpu_us_per_event": pre["worker_cpu_us_per_event"],
@@ -525,10 +527,9 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
         if pre["worker_cpu_us_per_event"] else None,
         "worker_cpu_share_while_ingesting": pre["worker_cpu_share_while_ingesting"],
         "consume_json_events_per_s": pre.get("consume_json_events_per_s"),
-        "ratio_end_to_end_to_consume_json": round(pre["end_to_end_events_per_s"] / pre["consume_json_events_per_s"], 3)
-        if pre.get("consume_json_events_per_s") else None,
-        "ratio_ingest_to_consume_json": round(pre["ingest_events_per_s"] / pre["consume_json_events_per_s"], 3)
-        if pre.get("consume_json_events_per_s") else None,
+        "ratio_end_to_end_to_consume_json": _ratio(pre["end_to_end_events_per_s"], pre.get("consume_json_events_per_s"),
+                                                   3),
+        "ratio_ingest_to_consume_json": _ratio(pre["ingest_events_per_s"], pre.get("consume_json_events_per_s"), 3),
         "two_workers_ingest_events_per_s": (doc.get("two_workers", {}).get("both_busy") or {}).get("events_per_s"),
         "two_workers_ingest_until_all_events_per_s": doc.get("two_workers", {}).get("ingest_events_per_s"),
         "two_workers_end_to_end_events_per_s": doc.get("two_workers", {}).get("end_to_end_events_per_s"),
@@ -556,15 +557,37 @@ def bench_ingest(*, events: int = 200_000, n_users: int = 10, d: int = 25, batch
     return doc
 
 
+def _ratio(a: float | None, b: float | None, digits: int) -> float | None:
+    """``a / b`` rounded, ``None`` when either is unknown (``None``) or ``b`` is 0.
+
+    >>> _ratio(1.0, 3.0, 3), _ratio(None, 3.0, 3), _ratio(1.0, 0.0, 3)
+    (0.333, None, None)
+    """
+    return round(a / b, digits) if a is not None and b else None
+
+
+def _num(value: float | None, spec: str = ">10,.0f") -> str:
+    """``value`` formatted, or ``n/a`` (right-aligned like the numbers) when it was not measurable.
+
+    >>> _num(1234.5), _num(None), _num(0.5, ".3f"), _num(None, ".3f")
+    ('     1,234', '       n/a', '0.500', 'n/a')
+    """
+    return format(value, spec) if value is not None else format("n/a", ">10" if spec.startswith(">10") else "")
+
+
 def _print(doc: dict[str, Any]) -> None:
     pre, sm = doc["preproduced"], doc["summary"]
     print(f"pre-produced ({pre['events']} events in the topic before the worker starts):")
-    print(f"  end-to-end (first commit -> solved model covers all): {sm['end_to_end_events_per_s']:>10,.0f} ev/s")
-    print(f"  ingest only (worker's committed offsets):             {sm['ingest_events_per_s']:>10,.0f} ev/s")
-    print(f"  raw consume, aiokafka getmany (same events, topic):   {sm['raw_consume_events_per_s']:>10,.0f} ev/s")
-    print(f"  raw consume + json.loads:                             {pre['consume_json_events_per_s']:>10,.0f} ev/s")
-    print(f"  raw consume + parse_interaction:                      {pre['consume_parse_events_per_s']:>10,.0f} ev/s")
-    print(f"  ratio end-to-end / raw: {sm['ratio_end_to_end_to_raw']:.3f}   ingest / raw: {sm['ratio_ingest_to_raw']:.3f}")
+    if pre["ingest_events_per_s"] is None:
+        print(f"  (the worker's first commit already held {pre['events_in_first_commit_seen']:,} of the "
+              f"{pre['events']:,} events: no ingest rate to measure; run more --events or on a quieter machine)")
+    print(f"  end-to-end (first commit -> solved model covers all): {_num(sm['end_to_end_events_per_s'])} ev/s")
+    print(f"  ingest only (worker's committed offsets):             {_num(sm['ingest_events_per_s'])} ev/s")
+    print(f"  raw consume, aiokafka getmany (same events, topic):   {_num(sm['raw_consume_events_per_s'])} ev/s")
+    print(f"  raw consume + json.loads:                             {_num(pre['consume_json_events_per_s'])} ev/s")
+    print(f"  raw consume + parse_interaction:                      {_num(pre['consume_parse_events_per_s'])} ev/s")
+    print(f"  ratio end-to-end / raw: {_num(sm['ratio_end_to_end_to_raw'], '.3f')}   ingest / raw: "
+          f"{_num(sm['ratio_ingest_to_raw'], '.3f')}")
     if sm["ingest_events_per_worker_cpu_second"] is None:  # a run shorter than the CPU clock's tick (10 ms)
         print(f"  worker CPU per event: not measurable (the worker's CPU time did not move while it ingested: "
               f"below the CPU clock's 10 ms resolution); cpu seconds {pre['cpu_seconds']}")
@@ -576,14 +599,14 @@ def _print(doc: dict[str, Any]) -> None:
     if "concurrent" in doc:
         c = doc["concurrent"]
         print(f"concurrent (produce {c['events']} events while the worker ingests):")
-        print(f"  end-to-end (first produced -> solved model covers all): {c['end_to_end_events_per_s']:>10,.0f} ev/s")
-        print(f"  ingest (first produced -> all committed):              {c['ingest_events_per_s']:>10,.0f} ev/s")
-        print(f"  produce (aiokafka, from the bench process):            {c['produce_events_per_s']:>10,.0f} ev/s")
+        print(f"  end-to-end (first produced -> solved model covers all): {_num(c['end_to_end_events_per_s'])} ev/s")
+        print(f"  ingest (first produced -> all committed):              {_num(c['ingest_events_per_s'])} ev/s")
+        print(f"  produce (aiokafka, from the bench process):            {_num(c['produce_events_per_s'])} ev/s")
         if c.get("worker_cpu_us_per_event"):
             print(f"  worker CPU per event: {c['worker_cpu_us_per_event']} µs")
-    print(f"  end-to-end / (consume + json.loads): {sm['ratio_end_to_end_to_consume_json']:.3f} (target >= 0.5: "
-          f"{'met' if (sm['ratio_end_to_end_to_consume_json'] or 0) >= 0.5 else 'MISSED'}); ingest only / (consume "
-          f"+ json.loads): {sm['ratio_ingest_to_consume_json']:.3f}")
+    print(f"  end-to-end / (consume + json.loads): {_num(sm['ratio_end_to_end_to_consume_json'], '.3f')} (target >= "
+          f"0.5: {'met' if (sm['ratio_end_to_end_to_consume_json'] or 0) >= 0.5 else 'MISSED'}); ingest only / "
+          f"(consume + json.loads): {_num(sm['ratio_ingest_to_consume_json'], '.3f')}")
     if "two_workers" in doc:
         t = doc["two_workers"]
         share = sm["second_worker_share"]
@@ -592,7 +615,8 @@ def _print(doc: dict[str, Any]) -> None:
         busy = t.get("both_busy") or {}
         print(f"  ingest while both have events left: {busy.get('events_per_s') or float('nan'):>10,.0f} ev/s "
               f"({busy.get('events', 0):,} events in {busy.get('seconds', float('nan'))} s, worker CPU seconds "
-              f"{busy.get('cpu_seconds')}) against one worker's {sm['ingest_events_per_s']:,.0f}: the second adds "
+              f"{busy.get('cpu_seconds')}) against one worker's {_num(sm['ingest_events_per_s'], ',.0f')}: the "
+              f"second adds "
               f"{share if share is not None else float('nan'):.2f} of the first's rate (target >= 0.6: "
               f"{'met' if share is not None and share >= 0.6 else 'MISSED'})")
         until = sm.get("second_worker_share_until_all")

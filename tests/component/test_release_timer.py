@@ -1,6 +1,6 @@
 """The release timer's period (pipeline.release.timers.register): the mode chooses it; local mode polls for folded
-batches within pipeline.modes.local.localmode.RELEASE_POLL_S. Pure wiring: a stand-in records what the timer is
-registered with (no app runs)."""
+batches within pipeline.modes.local.localmode.RELEASE_POLL_S. In process, no services: a stand-in records what the
+timer is registered with (no app runs)."""
 
 from __future__ import annotations
 
