@@ -479,10 +479,7 @@ def bench_population(sizes: list[int], *, events_per_user: tuple[int, int] = (3,
                     row["lost_events"] = producer.produced - row["released"]
                     row["unaccounted_events"] = row["lost_events"] - row["capped_events"]
                     rows.append(row)
-                    ingest = row["ingest_events_per_s"]
-                    ingest_text = (f"{ingest:,} ev/s" if ingest is not None else
-                                   "n/a (every event in one commit: no rate)")
-                    note(f"N = {size:,}: {fill_s:.0f} s, ingest {ingest_text} vs consume + "
+                    note(f"N = {size:,}: {fill_s:.0f} s, ingest {row['ingest_events_per_s']:,} ev/s vs consume + "
                          f"json.loads {row['consume_json_events_per_s']:,} ev/s, used_memory "
                          f"{mem['used_memory'] / 2**20:.1f} MiB, lost {row['lost_events']}")
             finally:
@@ -591,9 +588,8 @@ def _run(args: argparse.Namespace) -> int:
     plot(doc, args.out / "population.png")
     for r in doc["rows"]:
         s = r["serving"]
-        rate = "n/a" if r["ingest_events_per_s"] is None else format(r["ingest_events_per_s"], ">7,")
         print(f"N = {r['users']:>9,}: used_memory {r['used_memory'] / 2**20:8.1f} MiB, ingest "
-              f"{rate} ev/s ({r['ingest_ratio']} of consume + json.loads), worker "
+              f"{r['ingest_events_per_s']:>7,} ev/s ({r['ingest_ratio']} of consume + json.loads), worker "
               f"{r['worker_rss_mb']} MB, web {r['web_rss_mb']} MB, /recommend new user p99 "
               f"{s['recommend_new_user']['p99_ms']} ms, /budget operator {s['budget_operator']['p50_ms']} ms, "
               f"lost {r['lost_events']}")
