@@ -32,7 +32,7 @@ from models.ground.items import popularity_feature
 from models.ground.linalg import ucb_scores, ucb_scores_blas
 from models.policies.popularity import argmax_random
 from models.streaming import ReleasedStats, solve
-from models.streaming.hierarchy import ReleasedHierarchy, prior_direction, solve_hierarchy
+from models.streaming.hierarchy import FLOOR, ReleasedHierarchy, prior_direction, solve_hierarchy
 
 from .aggregate import clip_context
 from .analyzer import Analyzer, AnalyzerState, Batches, DeadLetter, Reports, merge, released_stats
@@ -196,9 +196,12 @@ class LocalItemUCB:
     a candidate ``a`` scores ``x_a . theta + alpha ||x_a||_M + item_scores[a]`` as
     :class:`models.policies.hierarchy.HierarchicalUCB` does. Private, a solve follows each batch's close, as the live
     worker releases within ``RELEASE_POLL_S`` (:mod:`pipeline.modes.local.localmode`) of a batch's fold (the devices
-    added the noise: a release spends nothing); without privacy (a batch per report) every ``tick`` interactions when
-    a batch has closed since the last one. Before any batch, the public prior's ranking. The default (``False``) is
-    unchanged.
+    added the noise: a release spends nothing); without privacy (a batch per report) the content levels every
+    ``tick`` interactions when a batch has closed since the last one, and the item level at every report: without
+    noise it keeps each count whole (``lambda_a = max(count_a, FLOOR m_a)``, ``m_a`` the content model's
+    prediction), so a report moves its item's term alone (the normaliser shifts every item's term alike), exactly as a
+    solve with the content levels of the last tick would. Before any batch, the public prior's ranking. The default
+    (``False``) is unchanged.
 
     >>> import numpy as np
     >>> pol = LocalItemUCB(d=2, n_items=4, epsilon=2.0, batch=200, cap=1, seed=0, share=0.5)
@@ -294,6 +297,8 @@ class LocalItemUCB:
         self.item_scores = np.zeros(n_items)
         self.info: dict[str, float] = {}
         self._solved_batches = -1
+        #: non-private hierarchy: ``FLOOR m_a`` of the last solve with data (the item level's floor), else ``None``
+        self._item_floor: FloatArray | None = None
         if self.hierarchy:
             assert self.features is not None
             self._u0 = prior_direction(self.features)
@@ -360,6 +365,9 @@ class LocalItemUCB:
         if self.analyzer is None:  # non-private: exact sums
             for item, vec in opened:
                 self.b[0] += vec
+                if self._item_floor is not None:  # the item level of the last solve, this count moved
+                    floor = self._item_floor[item]
+                    self.item_scores[item] += math.log(max(self.sums[item] + 1.0, floor) / max(self.sums[item], floor))
                 self.sums[item] += 1.0
             self._pop = popularity_feature(self.sums, total=self.item_reports + n)
             self.item_reports += n
@@ -379,8 +387,8 @@ class LocalItemUCB:
                 self._waiting.append((name, item, vec))
             else:
                 self._open[name] = (item, vec)
-        if self.hierarchy and self.private:  # as the live worker: a release within a poll of the batch's fold
-            self._solve()
+        if self.hierarchy and (self.private or self._item_floor is None):  # as the live worker: a release within
+            self._solve()  # a poll of the batch's fold (non-private: the first, then the item level at each report)
 
     def fold_batch(self, batch: ShuffledBatch) -> None:
         """The server's step (private): one shuffled batch (opened) folded into :attr:`state` by the worker's
@@ -415,9 +423,14 @@ class LocalItemUCB:
             if self.batches == self._solved_batches:  # nothing new released since the last solve
                 return
             assert self.features is not None
-            model = solve_hierarchy(self.released_hierarchy(), self.features, n_units=1, u0=self._u0)
+            released = self.released_hierarchy()
+            model = solve_hierarchy(released, self.features, n_units=1, u0=self._u0)
             self.theta, self.M, self.item_scores, self.info = model.theta, model.M, model.item_scores, model.info
             self._solved_batches = self.batches
+            if not self.private and released.count > 0:  # the pooled content model's prediction m = n p_pool
+                z = self.features @ self.theta[0]
+                p_pool = np.exp(z - z.max())
+                self._item_floor = FLOOR * released.count * p_pool / p_pool.sum()
             return
         ridge = self.lambda_ + self.noise_ridge * float(np.sqrt(self.b_var)) + self.prior_strength
         G = self.gram + ridge * np.eye(self.d)

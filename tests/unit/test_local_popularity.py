@@ -122,3 +122,33 @@ def test_the_served_twin_solves_as_its_batch_closes() -> None:
     assert twin.info["count"] == pytest.approx(400.0)  # the solve saw the closed batch
     assert int(np.argmax(twin.item_scores)) == 5
     assert not np.array_equal(twin.item_scores, before)
+
+
+def test_the_non_private_twin_moves_an_items_term_at_each_report() -> None:
+    """Without privacy each report is its own batch: the twin solves the first and then moves the reported item's
+    term at every report (``log((c + 1) / c)`` above the item level's floor), every other item's term unchanged,
+    between the content levels' solves every ``tick``. So a count ranks as soon as it is made: with ``tick`` beyond
+    the stream, the most listened item tops a pool of all eight after the stream, whose content ranks it otherwise,
+    and the terms agree with a full solve of the same exact release up to the pooled tilt it refits."""
+    twin = LocalItemUCB(d=2, n_items=8, epsilon=4.0, batch=400, cap=1, seed=3, share=0.0, hierarchy=True,
+                        features=F, private=False, tick=10**9)
+    prior_pick = twin.select(0, F, items=np.arange(8))
+    _run(twin)
+    assert twin.info["count"] == pytest.approx(1.0)  # the one solve: the first report's
+    assert twin.sums.tolist() == [float(LISTENS.get(a, 0)) for a in range(8)]
+    assert prior_pick != 5 and twin.select(0, F, items=np.arange(8)) == 5
+    # one more report of item 2: its term alone moves, by log((c + 1) / c)
+    before, c = twin.item_scores.copy(), twin.sums[2]
+    twin.update(0, F[2], 1.0, user="new", item=2, x_item=F[2])
+    moved = twin.item_scores - before
+    assert moved[2] == pytest.approx(np.log((c + 1.0) / c))
+    assert np.count_nonzero(moved) == 1
+    # against a full solve of the exact counts: each listened item's log rate (``x_a . theta + term_a``: its count's
+    # log above the floor) differs from the full solve's by one constant (the normalisers), the tilt refitted or not
+    full = LocalItemUCB(d=2, n_items=8, epsilon=4.0, batch=400, cap=1, seed=3, share=0.0, hierarchy=True,
+                        features=F, private=False, tick=10**9)
+    full.sums, full.b, full.item_reports, full.batches = twin.sums.copy(), twin.b.copy(), twin.item_reports, 2
+    full._solve()
+    listened = sorted(LISTENS)
+    log_rate = (F @ twin.theta[0] + twin.item_scores)[listened]
+    assert np.ptp(log_rate - (F @ full.theta[0] + full.item_scores)[listened]) < 1e-9
