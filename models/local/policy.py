@@ -32,7 +32,7 @@ from models.ground.items import popularity_feature
 from models.ground.linalg import ucb_scores, ucb_scores_blas
 from models.policies.popularity import argmax_random
 from models.streaming import ReleasedStats, solve
-from models.streaming.hierarchy import FLOOR, ReleasedHierarchy, prior_direction, solve_hierarchy
+from models.streaming.hierarchy import ReleasedHierarchy, item_floor, prior_direction, solve_hierarchy
 
 from .aggregate import clip_context
 from .analyzer import Analyzer, AnalyzerState, Batches, DeadLetter, Reports, merge, released_stats
@@ -369,7 +369,8 @@ class LocalItemUCB:
                     floor = self._item_floor[item]
                     self.item_scores[item] += math.log(max(self.sums[item] + 1.0, floor) / max(self.sums[item], floor))
                 self.sums[item] += 1.0
-            self._pop = popularity_feature(self.sums, total=self.item_reports + n)
+            if not self.hierarchy:  # the flat path's item term (the hierarchy serves item_scores)
+                self._pop = popularity_feature(self.sums, total=self.item_reports + n)
             self.item_reports += n
             self.batches += 1
         elif self.codewords is not None:  # the devices' messages (codewords, dummies); m carries nothing
@@ -401,7 +402,7 @@ class LocalItemUCB:
         self.b, self.b_var = self.state.b, float(self.state.var[0])
         if self.state.items is not None:
             self.sums, self.variance = self.state.items, self.state.items_var
-        if self.items is not None:
+        if self.items is not None and not self.hierarchy:
             self._pop = popularity_feature(self.sums, total=self.item_reports + batch.n,
                                            threshold=ITEM_THRESHOLD_STDS * float(np.sqrt(self.variance)))
         self.item_reports += batch.n
@@ -427,10 +428,8 @@ class LocalItemUCB:
             model = solve_hierarchy(released, self.features, n_units=1, u0=self._u0)
             self.theta, self.M, self.item_scores, self.info = model.theta, model.M, model.item_scores, model.info
             self._solved_batches = self.batches
-            if not self.private and released.count > 0:  # the pooled content model's prediction m = n p_pool
-                z = self.features @ self.theta[0]
-                p_pool = np.exp(z - z.max())
-                self._item_floor = FLOOR * released.count * p_pool / p_pool.sum()
+            if not self.private and released.count > 0:
+                self._item_floor = item_floor(self.features, self.theta[0], released.count)
             return
         ridge = self.lambda_ + self.noise_ridge * float(np.sqrt(self.b_var)) + self.prior_strength
         G = self.gram + ridge * np.eye(self.d)

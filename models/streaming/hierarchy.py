@@ -81,7 +81,7 @@ from models.ground.codec import decode_arrays, encode_arrays
 
 __all__ = ["HierarchyLayout", "ReleasedHierarchy", "HierarchyModel", "contribution", "item_shares", "solve_hierarchy",
            "default_shares", "parse_shares", "add_contribution", "add_contributions", "add_rows_in_order", "UNITS_MIN_USERS",
-           "prior_direction", "sure_shrinkage", "content_percentile", "eb_prior_variance", "clear_threshold",
+           "prior_direction", "sure_shrinkage", "content_percentile", "item_floor", "eb_prior_variance", "clear_threshold",
            "units_prior_variance",
            "LEVEL", "SHARES", "REPLACE_SENSITIVITY"]
 
@@ -515,12 +515,17 @@ class HierarchyModel:
     info: dict[str, float]
 
 
+def _rates(F: FloatArray, theta: FloatArray) -> FloatArray:
+    """The tilt ``p(a) ∝ exp(x_a . theta)`` over the catalog."""
+    z = F @ theta
+    p: FloatArray = np.exp(z - z.max())
+    p /= p.sum()
+    return p
+
+
 def _tilt(F: FloatArray, theta: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
     """``(p, mu, Sigma)`` of the tilt ``p(a) ∝ exp(x_a . theta)`` over the catalog."""
-    z = F @ theta
-    z -= z.max()
-    p = np.exp(z)
-    p /= p.sum()
+    p = _rates(F, theta)
     mu = p @ F
     S = (F * p[:, None]).T @ F - np.outer(mu, mu)
     return p, mu, S
@@ -764,6 +769,17 @@ FLOOR = 0.1
 #: the content condition LastFM's held-out 20,000 events fell from 2.61 to 2.26 at ε = 8 (the counts of 12,500
 #: artists ranked by their noise). Post-processing.
 CLEAR_EXCESS = 1.0
+
+
+def item_floor(features: FloatArray, theta: FloatArray, count: float) -> FloatArray:
+    """``FLOOR m_a``, the item level's floor, where ``m_a = count p_pool(a)`` is the pooled tilt ``theta``'s
+    prediction of item ``a``'s count (as :func:`solve_hierarchy` computes it). Without noise the item level keeps
+    each count whole, ``lambda_a = max(count_a, FLOOR m_a)``: a new count moves its own item's term alone.
+
+    >>> item_floor(np.eye(2), np.zeros(2), 40.0).tolist()   # a flat tilt: each of 2 items predicted 20 listens
+    [2.0, 2.0]
+    """
+    return FLOOR * float(count) * _rates(np.asarray(features, dtype=np.float64), np.asarray(theta, dtype=np.float64))
 
 
 def content_percentile(p: FloatArray, items: NDArray[np.int64]) -> float:
